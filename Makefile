@@ -1,0 +1,37 @@
+# The two commands of the README: `make run` and `make test`. Everything they need is installed from here.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STATE := .sluice
+DEV_MODEL := $(STATE)/models/sluice-tiny
+# torch 2.13.0 (CPU, test-only) installs from a wheel already on these machines.
+export PIP_FIND_LINKS ?= /opt/wheels
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install checkpoint run test lint bench-engine clean
+
+$(VENV)/.installed: pyproject.toml setup.py cpu_engine/csrc/paged_attention.c
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip "setuptools>=68" wheel
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+$(DEV_MODEL)/model.safetensors: $(VENV)/.installed
+	$(PY) -m cpu_engine.devckpt --out $(DEV_MODEL)
+
+checkpoint: $(DEV_MODEL)/model.safetensors
+
+test: install checkpoint
+	$(PY) -m pytest -q
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy cpu_engine
+
+bench-engine: install checkpoint
+	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs
+
+clean:
+	rm -rf $(VENV) $(STATE) build *.egg-info

@@ -1,0 +1,162 @@
+"""CPU engine alone (no server): throughput, TTFT and inter-token latency at several concurrencies.
+
+Closed loop: C requests in flight, a new one starts when one finishes; each has a distinct random
+128-token prompt (no prefix-cache hits) and generates exactly 128 tokens (ignore_eos). The engine is
+stepped in this process's main thread, so the numbers are the engine's own.
+
+    .venv/bin/python bench/engine_bench.py --model .sluice/models/sluice-tiny --write-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.report import pct, write_section
+from cpu_engine.config import EngineConfig
+from cpu_engine.engine import LLMEngine
+from cpu_engine.sampling import SamplingParams
+
+
+@dataclass
+class Timeline:
+    added_s: float
+    token_times_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    concurrency: int
+    num_requests: int
+    output_tokens_per_s: float
+    ttft_ms: list[float]
+    itl_ms: list[float]
+    num_preemptions: int
+    median_step_ms: float
+
+
+def run(
+    model: str, concurrency: int, num_requests: int, prompt_len: int, output_len: int, budget: int, seed: int
+) -> Result:
+    cfg = EngineConfig(
+        num_kv_blocks=max(1024, concurrency * (prompt_len + output_len) // 16 + 64),
+        step_token_budget=budget,
+        max_num_running=max(concurrency, 1),
+    )
+    engine = LLMEngine.from_checkpoint(model, cfg)
+    rng = np.random.default_rng(seed)
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    # Warm-up: touch every code path once so first-call costs are not measured.
+    engine.add_request("warmup", rng.integers(0, vocab, prompt_len).tolist(), SamplingParams(max_tokens=4))
+    while engine.has_unfinished():
+        engine.step()
+    timelines: dict[str, Timeline] = {}
+    num_started = 0
+
+    def start_one() -> None:
+        nonlocal num_started
+        rid = f"r{num_started}"
+        timelines[rid] = Timeline(time.perf_counter())
+        engine.add_request(rid, rng.integers(0, vocab, prompt_len).tolist(), params)
+        num_started += 1
+
+    began = time.perf_counter()
+    for _ in range(min(concurrency, num_requests)):
+        start_one()
+    step_ms: list[float] = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        now = time.perf_counter()
+        step_ms.append((now - t0) * 1000)
+        for out in outputs:
+            timelines[out.request_id].token_times_s.extend([now] * len(out.new_token_ids))
+            if out.finished and num_started < num_requests:
+                start_one()
+    elapsed = time.perf_counter() - began
+    ttft = [(t.token_times_s[0] - t.added_s) * 1000 for t in timelines.values()]
+    itl = [float(d) * 1000 for t in timelines.values() for d in np.diff(t.token_times_s)]
+    total = sum(len(t.token_times_s) for t in timelines.values())
+    return Result(
+        concurrency,
+        num_requests,
+        total / elapsed,
+        ttft,
+        itl,
+        engine.stats().num_preemptions_total,
+        float(np.median(step_ms)),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=".sluice/models/sluice-tiny")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--requests-per-slot", type=int, default=4, help="requests = this x concurrency (min 8)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--step-token-budget", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
+    args = ap.parse_args()
+    results = []
+    header = (
+        "| concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms "
+        "| step p50 ms | preemptions |"
+    )
+    print(header)
+    print("|" + "---|" * 9)
+    rows = []
+    for c in args.concurrency:
+        r = run(
+            args.model,
+            c,
+            max(8, args.requests_per_slot * c),
+            args.prompt_len,
+            args.output_len,
+            args.step_token_budget,
+            args.seed + c,
+        )
+        results.append(r)
+        row = (
+            f"| {c} | {r.num_requests} | {r.output_tokens_per_s:,.0f} | {pct(r.ttft_ms, 50):.1f} | "
+            f"{pct(r.ttft_ms, 95):.1f} | {pct(r.itl_ms, 50):.2f} | {pct(r.itl_ms, 95):.2f} | "
+            f"{r.median_step_ms:.2f} | {r.num_preemptions} |"
+        )
+        rows.append(row)
+        print(row, flush=True)
+    by_c = {r.concurrency: r for r in results}
+    gain = ""
+    if 1 in by_c and 32 in by_c:
+        g = by_c[32].output_tokens_per_s / by_c[1].output_tokens_per_s
+        gain = f"Batching gain (tok/s at 32 / tok/s at 1): **{g:.1f}x**"
+        print(gain)
+    if args.write_docs:
+        body = "\n".join(
+            [
+                f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({os.cpu_count()} cores); "
+                f"{args.prompt_len} prompt + {args.output_len} output tokens (ignore_eos), greedy, "
+                f"step token budget {args.step_token_budget}.",
+                "",
+                "```",
+                "make bench-engine   # = .venv/bin/python -m bench.engine_bench --write-docs",
+                "```",
+                "",
+                header,
+                "|" + "---|" * 9,
+                *rows,
+                "",
+                gain,
+            ]
+        )
+        write_section("engine", body)
+
+
+if __name__ == "__main__":
+    main()

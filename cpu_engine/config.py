@@ -1,0 +1,98 @@
+"""Typed configuration: the model's shape (read from a Hugging Face config.json) and the engine's knobs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a Llama-family checkpoint (LlamaForCausalLM and look-alikes)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or ["LlamaForCausalLM"]
+        if raw.get("model_type", "llama") not in ("llama", "mistral") and "LlamaForCausalLM" not in archs:
+            raise ValueError(f"unsupported architecture {archs!r} (model_type={raw.get('model_type')!r})")
+        num_heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        # transformers v5 folds rope_theta and the scaling into "rope_parameters"; v4 files keep them apart.
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None if rope_type == "default" else rope
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        window = raw.get("sliding_window")
+        max_positions = int(raw.get("max_position_embeddings", 2048))
+        if window and raw.get("use_sliding_window", True) and int(window) < max_positions:
+            raise ValueError("sliding-window attention is not supported by the CPU engine")
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads", num_heads)),
+            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            max_position_embeddings=max_positions,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> ModelConfig:
+        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token occupies across all layers (float32 keys and values)."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of the step loop. Budgets are in tokens, sizes in blocks, times in milliseconds."""
+
+    block_size_tokens: int = 16
+    num_kv_blocks: int = 2048
+    # Tokens processed per step (decode tokens + prefill chunks): bounds one step's time.
+    step_token_budget: int = 512
+    max_num_running: int = 256
+    # Fraction of the pool held back at admission so running sequences can grow before preemption.
+    watermark_fraction: float = 0.01
+    enable_prefix_cache: bool = True
+    # Adaptive batch: when set, cap running sequences so the measured step time stays under this target.
+    target_step_ms: float | None = None
+    # Step-time histogram bucket bounds (ms) exported in stats.
+    step_ms_buckets: tuple[float, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+
+    def __post_init__(self) -> None:
+        if self.block_size_tokens <= 0 or self.num_kv_blocks <= 0:
+            raise ValueError("block_size_tokens and num_kv_blocks must be positive")
+        if self.step_token_budget < 1 or self.max_num_running < 1:
+            raise ValueError("step_token_budget and max_num_running must be at least 1")
+        if not 0.0 <= self.watermark_fraction < 1.0:
+            raise ValueError("watermark_fraction must be in [0, 1)")

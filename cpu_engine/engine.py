@@ -1,0 +1,157 @@
+"""The engine loop: add requests, abort them, and step. Single-threaded; see engine_thread for the owner."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cpu_engine.block_pool import BlockPool
+from cpu_engine.config import EngineConfig, ModelConfig
+from cpu_engine.model import KVCache, LlamaModel
+from cpu_engine.runner import ModelRunner
+from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.scheduler import Scheduler
+from cpu_engine.sequence import FinishReason, Sequence
+from cpu_engine.stats import EngineStats, StepTimeHistogram
+from cpu_engine.weights import LlamaWeights, load_llama_weights
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request: its new tokens, and whether it is done."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_prompt_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, model_config: ModelConfig, weights: LlamaWeights, config: EngineConfig) -> None:
+        self.model_config = model_config
+        self.config = config
+        self.block_pool = BlockPool(
+            config.num_kv_blocks, config.block_size_tokens, config.enable_prefix_cache
+        )
+        self.kv_cache = KVCache(model_config, config.num_kv_blocks, config.block_size_tokens)
+        self.runner = ModelRunner(LlamaModel(model_config, weights, self.kv_cache), config.block_size_tokens)
+        self.scheduler = Scheduler(
+            config,
+            self.block_pool,
+            model_config.max_position_embeddings,
+            frozenset(model_config.eos_token_ids),
+        )
+        self.sequences: dict[str, Sequence] = {}
+        self.step_ms = StepTimeHistogram(config.step_ms_buckets)
+        self._ewma_step_ms: float | None = None
+        self._num_steps = 0
+        self._num_generated = 0
+        self._last_num_scheduled = 0
+        self._last_num_context = 0
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
+        model_config = ModelConfig.from_checkpoint(path)
+        return cls(model_config, load_llama_weights(path, model_config), config or EngineConfig())
+
+    # ----- requests -----
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: PriorityClass = PriorityClass.INTERACTIVE,
+        cache_scope: str = "",
+    ) -> None:
+        if request_id in self.sequences:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        seq = Sequence(request_id, prompt_token_ids, params, priority, cache_scope)
+        self.scheduler.add(seq)
+        self.sequences[request_id] = seq
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Drop a request now (between steps) and free its blocks. None if it is unknown or finished."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.abort(request_id)
+        return self._output(seq, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ----- the loop -----
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, and return one output per sequence that produced or finished."""
+        started = time.perf_counter()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        sampled = self.runner.execute(out)
+        finished = self.scheduler.update_from_output(out, sampled)
+        outputs = []
+        for seq, _ in out.scheduled:
+            token = sampled.get(seq.request_id)
+            if token is not None:
+                outputs.append(self._output(seq, [token]))
+        for seq in finished:
+            self.sequences.pop(seq.request_id, None)
+        self._num_steps += 1
+        self._num_generated += len(sampled)
+        self._last_num_scheduled = len(out.scheduled)
+        self._last_num_context = sum(1 for s, n in out.scheduled if s.request_id not in sampled or n > 1)
+        self._observe_step((time.perf_counter() - started) * 1000.0)
+        return outputs
+
+    def _observe_step(self, ms: float) -> None:
+        self.step_ms.observe(ms)
+        target = self.config.target_step_ms
+        if target is None:
+            return
+        # Adaptive batch: shrink the running cap when steps run over the target, grow it back slowly.
+        self._ewma_step_ms = ms if self._ewma_step_ms is None else 0.8 * self._ewma_step_ms + 0.2 * ms
+        num_running = len(self.scheduler.running)
+        if self._ewma_step_ms > target and num_running > 1:
+            self.scheduler.running_cap = max(1, int(num_running * target / self._ewma_step_ms))
+        elif self._ewma_step_ms < 0.9 * target and num_running >= self.scheduler.running_cap:
+            self.scheduler.running_cap = min(self.config.max_num_running, self.scheduler.running_cap + 1)
+
+    def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_tokens,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+        )
+
+    def stats(self) -> EngineStats:
+        pool = self.block_pool
+        return EngineStats(
+            num_blocks_max=pool.num_blocks,
+            num_blocks_used=pool.num_used_blocks,
+            num_blocks_free=pool.num_free_blocks,
+            tokens_per_block=pool.block_size_tokens,
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting,
+            num_scheduled=self._last_num_scheduled,
+            num_context=self._last_num_context,
+            running_cap=self.scheduler.running_cap,
+            num_preemptions_total=self.scheduler.num_preemptions_total,
+            num_steps_total=self._num_steps,
+            num_generated_tokens_total=self._num_generated,
+            num_prefix_query_tokens_total=pool.num_query_tokens,
+            num_prefix_hit_tokens_total=pool.num_hit_tokens,
+            step_ms_bounds=self.step_ms.bounds_ms,
+            step_ms_counts=tuple(self.step_ms.counts),
+            step_ms_sum=self.step_ms.sum_ms,
+        )

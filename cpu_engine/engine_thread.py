@@ -1,0 +1,203 @@
+"""The one owner of an LLMEngine: a thread that steps it; everything else talks to it through queues.
+
+Callers ``submit`` a request and read its ``RequestStream``; tokens accumulate in the stream between
+reads, so a slow reader gets several tokens per read instead of a growing backlog of messages.
+``abort`` reaches the engine at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cpu_engine.engine import LLMEngine, RequestOutput
+from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sequence import FinishReason
+from cpu_engine.stats import EngineStats
+
+
+@dataclass
+class StreamDelta:
+    """Tokens produced since the previous read, and the request's end if it has come."""
+
+    token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_prompt_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class RequestStream:
+    request_id: str
+    on_update: Callable[[], None] | None = None
+    submitted_s: float = field(default_factory=time.monotonic)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _pending: list[int] = field(default_factory=list)
+    _last: RequestOutput | None = None
+    _error: str | None = None
+    _taken_final: bool = False
+
+    def _push(self, out: RequestOutput) -> None:
+        with self._cond:
+            self._pending.extend(out.new_token_ids)
+            self._last = out
+            self._cond.notify_all()
+        if self.on_update is not None:
+            self.on_update()
+
+    def _fail(self, error: str) -> None:
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+        if self.on_update is not None:
+            self.on_update()
+
+    def take(self, timeout_s: float | None = None) -> StreamDelta | None:
+        """Block until there are new tokens or an end; None on timeout or after the final delta."""
+        with self._cond:
+            if self._taken_final:
+                return None
+            ready = self._cond.wait_for(
+                lambda: self._pending or self._error is not None or (self._last and self._last.finished),
+                timeout_s,
+            )
+            return self._take_locked() if ready else None
+
+    def take_nowait(self) -> StreamDelta | None:
+        with self._cond:
+            if self._taken_final or not (
+                self._pending or self._error or (self._last and self._last.finished)
+            ):
+                return None
+            return self._take_locked()
+
+    def _take_locked(self) -> StreamDelta:
+        last = self._last
+        finished = self._error is not None or bool(last and last.finished)
+        delta = StreamDelta(
+            token_ids=self._pending,
+            finished=finished,
+            finish_reason=last.finish_reason if last else None,
+            num_prompt_tokens=last.num_prompt_tokens if last else 0,
+            num_output_tokens=last.num_output_tokens if last else 0,
+            num_cached_prompt_tokens=last.num_cached_prompt_tokens if last else 0,
+            error=self._error,
+        )
+        self._pending = []
+        self._taken_final = finished
+        return delta
+
+
+@dataclass(frozen=True)
+class _Add:
+    stream: RequestStream
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: PriorityClass
+    cache_scope: str
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Abort | _Stop
+
+
+class EngineThread:
+    def __init__(self, engine: LLMEngine, name: str = "sluice-engine") -> None:
+        self._engine = engine
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
+        self._stats = engine.stats()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ----- callers' side (any thread) -----
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: PriorityClass = PriorityClass.INTERACTIVE,
+        cache_scope: str = "",
+        on_update: Callable[[], None] | None = None,
+    ) -> RequestStream:
+        stream = RequestStream(request_id, on_update)
+        self._commands.put(_Add(stream, prompt_token_ids, params, priority, cache_scope))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (never blocks the engine)."""
+        return self._stats
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        self._commands.put(_Stop())
+        self._thread.join(timeout_s)
+
+    # ----- the engine thread -----
+    def _run(self) -> None:
+        engine = self._engine
+        while not self._stopping.is_set():
+            # Block for work only when idle; otherwise apply what arrived and step again.
+            block = not engine.has_unfinished()
+            try:
+                self._apply(self._commands.get(block=block))
+                while True:
+                    self._apply(self._commands.get_nowait())
+            except queue.Empty:
+                pass
+            if self._stopping.is_set():
+                break
+            for out in engine.step():
+                self._deliver(out)
+            self._stats = engine.stats()
+        for request_id, stream in list(self._streams.items()):
+            engine.abort_request(request_id)
+            stream._fail("engine stopped")
+
+    def _apply(self, command: _Command) -> None:
+        if isinstance(command, _Add):
+            stream = command.stream
+            try:
+                self._engine.add_request(
+                    stream.request_id,
+                    command.prompt_token_ids,
+                    command.params,
+                    command.priority,
+                    command.cache_scope,
+                )
+            except ValueError as exc:
+                stream._fail(str(exc))
+                return
+            self._streams[stream.request_id] = stream
+        elif isinstance(command, _Abort):
+            out = self._engine.abort_request(command.request_id)
+            if out is not None:
+                self._deliver(out)
+            self._stats = self._engine.stats()
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        stream._push(out)

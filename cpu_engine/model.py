@@ -1,0 +1,89 @@
+"""The Llama forward pass in numpy over a flat batch of tokens and a paged KV cache.
+
+Every linear layer sees all tokens of the step at once (decode tokens and prefill chunks alike); only
+attention cares which sequence a token belongs to, and it reads keys and values through block tables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cpu_engine.attention import paged_attention, write_kv
+from cpu_engine.config import ModelConfig
+from cpu_engine.rope import RotaryTable
+from cpu_engine.weights import LlamaWeights
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return (x / np.sqrt(variance + eps)) * weight
+
+
+def silu_mul(gate_up: np.ndarray, intermediate: int) -> np.ndarray:
+    gate, up = gate_up[:, :intermediate], gate_up[:, intermediate:]
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+class KVCache:
+    """Per-layer key and value tensors, [num_blocks, block_size, num_kv_heads, head_dim] float32."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size_tokens: int) -> None:
+        shape = (num_blocks, block_size_tokens, cfg.num_key_value_heads, cfg.head_dim)
+        self.keys = [np.zeros(shape, dtype=np.float32) for _ in range(cfg.num_hidden_layers)]
+        self.values = [np.zeros(shape, dtype=np.float32) for _ in range(cfg.num_hidden_layers)]
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            for layer_k, layer_v in zip(self.keys, self.values, strict=True):
+                layer_k[dst] = layer_k[src]
+                layer_v[dst] = layer_v[src]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values, strict=True))
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: LlamaWeights, kv_cache: KVCache) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.kv = kv_cache
+        self.rope = RotaryTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.scale = float(cfg.head_dim) ** -0.5
+        self.q_dim = cfg.num_attention_heads * cfg.head_dim
+        self.kv_dim = cfg.num_key_value_heads * cfg.head_dim
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        seq_index: np.ndarray,
+        block_tables: np.ndarray,
+        slot_mapping: np.ndarray,
+        logits_indices: np.ndarray,
+    ) -> np.ndarray:
+        """Compute keys/values for every token into the cache; return logits for ``logits_indices`` only.
+
+        input_ids, positions, seq_index, slot_mapping: [num_tokens]; block_tables: [num_seqs, max_blocks].
+        Returns float32 [len(logits_indices), vocab].
+        """
+        cfg = self.cfg
+        num_tokens = input_ids.shape[0]
+        hidden = self.w.embed[input_ids]
+        for layer, k_cache, v_cache in zip(self.w.layers, self.kv.keys, self.kv.values, strict=True):
+            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            qkv = x @ layer.wqkv
+            q = qkv[:, : self.q_dim].reshape(num_tokens, cfg.num_attention_heads, cfg.head_dim)
+            k = qkv[:, self.q_dim : self.q_dim + self.kv_dim].reshape(
+                num_tokens, cfg.num_key_value_heads, cfg.head_dim
+            )
+            v = qkv[:, self.q_dim + self.kv_dim :].reshape(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+            q = self.rope.apply(q, positions)
+            k = self.rope.apply(k, positions)
+            write_kv(k_cache, v_cache, k, v, slot_mapping)
+            attn = paged_attention(q, k_cache, v_cache, block_tables, seq_index, positions, self.scale)
+            hidden = hidden + attn.reshape(num_tokens, self.q_dim) @ layer.wo
+            x = rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
+            hidden = hidden + silu_mul(x @ layer.w_gate_up, cfg.intermediate_size) @ layer.w_down
+        last = rms_norm(hidden[logits_indices], self.w.final_norm, cfg.rms_norm_eps)
+        return last @ self.w.lm_head

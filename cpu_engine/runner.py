@@ -1,0 +1,55 @@
+"""Turns one step's schedule into the model's flat input arrays, runs it and samples the next tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cpu_engine.model import LlamaModel
+from cpu_engine.sampling import sample_tokens
+from cpu_engine.scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, block_size_tokens: int) -> None:
+        self.model = model
+        self.block_size_tokens = block_size_tokens
+
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """Run the step; returns the sampled token of every sequence whose chunk reached its last token."""
+        if out.block_copies:
+            self.model.kv.copy_blocks(out.block_copies)
+        bs = self.block_size_tokens
+        num_seqs = len(out.scheduled)
+        max_blocks = max(len(seq.block_table) for seq, _ in out.scheduled)
+        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+        ids: list[int] = []
+        positions_parts: list[np.ndarray] = []
+        seq_index_parts: list[np.ndarray] = []
+        logits_indices: list[int] = []
+        sampling_seqs = []
+        for i, (seq, num_new) in enumerate(out.scheduled):
+            start = seq.num_computed_tokens
+            block_tables[i, : len(seq.block_table)] = seq.block_table
+            ids.extend(seq.token_ids[start : start + num_new])
+            positions_parts.append(np.arange(start, start + num_new, dtype=np.int32))
+            seq_index_parts.append(np.full(num_new, i, dtype=np.int32))
+            if start + num_new == seq.num_tokens:  # this chunk ends the known tokens: sample the next one
+                logits_indices.append(len(ids) - 1)
+                sampling_seqs.append(seq)
+        positions = np.concatenate(positions_parts)
+        seq_index = np.concatenate(seq_index_parts)
+        slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
+        logits = self.model.forward(
+            np.asarray(ids, dtype=np.int64),
+            positions,
+            seq_index,
+            block_tables,
+            slot_mapping,
+            np.asarray(logits_indices, dtype=np.int64),
+        )
+        if not sampling_seqs:
+            return {}
+        tokens = sample_tokens(
+            logits, [s.params for s in sampling_seqs], [s.generator for s in sampling_seqs]
+        )
+        return {seq.request_id: int(t) for seq, t in zip(sampling_seqs, tokens, strict=True)}

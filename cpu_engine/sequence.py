@@ -1,0 +1,87 @@
+"""One request's state inside the engine: its tokens, its place in the KV cache and its lifecycle."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum, StrEnum
+
+import numpy as np
+
+from cpu_engine.sampling import PriorityClass, SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an end-of-sequence or stop token
+    LENGTH = "length"  # max_tokens, or the model's context length
+    ABORT = "abort"  # cancelled by the caller
+
+
+class Sequence:
+    """A request's tokens (prompt then output) and the KV blocks that hold them.
+
+    ``num_computed_tokens`` counts tokens whose keys and values are in the cache; the scheduler moves it
+    forward by whole chunks and a preemption resets it to 0 (recompute). ``block_table`` lists the block
+    ids holding positions ``[i * block_size, (i + 1) * block_size)``.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: PriorityClass = PriorityClass.INTERACTIVE,
+        cache_scope: str = "",
+        arrival_s: float | None = None,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        # Prefix-cache sharing is scoped: blocks are only shared between sequences of one scope (tenant).
+        self.cache_scope = cache_scope
+        self.arrival_s = time.monotonic() if arrival_s is None else arrival_s
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_computed_tokens = 0
+        self.num_cached_prompt_tokens = 0  # prefix-cache hits at the last admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # hashes of the full blocks committed to the prefix cache
+        self.num_preemptions = 0
+        self.admitted_order = -1  # set by the scheduler at admission; higher = more recent
+        self.generator = None if params.greedy else np.random.default_rng(params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """True while more than one token is left to compute (the prompt, or a recompute after preemption)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )

@@ -1,0 +1,128 @@
+"""The engine thread: streams, coalescing, cancellation within a step, stats, adaptive batch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpu_engine.config import EngineConfig
+from cpu_engine.engine import LLMEngine
+from cpu_engine.engine_thread import EngineThread, StreamDelta
+from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sequence import FinishReason
+
+
+@pytest.fixture
+def engine_thread(dev_checkpoint: Path):
+    thread = EngineThread(LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=256)))
+    yield thread
+    thread.close()
+
+
+def drain(stream, timeout_s: float = 30.0) -> list[StreamDelta]:
+    deltas = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        delta = stream.take(timeout_s=1.0)
+        if delta is None:
+            continue
+        deltas.append(delta)
+        if delta.finished:
+            return deltas
+    raise AssertionError("stream did not finish")
+
+
+def test_stream_delivers_every_token_once_and_finishes(engine_thread: EngineThread) -> None:
+    stream = engine_thread.submit("a", list(range(10, 40)), SamplingParams(max_tokens=12, temperature=0))
+    deltas = drain(stream)
+    tokens = [t for d in deltas for t in d.token_ids]
+    assert len(tokens) == 12
+    assert deltas[-1].finish_reason is FinishReason.LENGTH
+    assert deltas[-1].num_prompt_tokens == 30 and deltas[-1].num_output_tokens == 12
+    assert stream.take(timeout_s=0.01) is None  # nothing after the final delta
+
+
+def test_slow_reader_gets_tokens_coalesced(engine_thread: EngineThread) -> None:
+    stream = engine_thread.submit("slow", [5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
+    time.sleep(1.0)  # the engine runs ahead; tokens pile up in the stream, not as 20 messages
+    delta = stream.take(timeout_s=5)
+    assert delta is not None and len(delta.token_ids) > 1
+
+
+def test_abort_frees_blocks_within_a_step(engine_thread: EngineThread) -> None:
+    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    stream = engine_thread.submit("long", list(range(100, 300)), params)
+    first = stream.take(timeout_s=10)
+    assert first is not None and first.token_ids
+    assert engine_thread.stats().num_blocks_used > 0
+    engine_thread.abort("long")
+    deltas = drain(stream, timeout_s=2)
+    assert deltas[-1].finish_reason is FinishReason.ABORT
+    deadline = time.monotonic() + 1.0
+    while engine_thread.stats().num_blocks_used and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stats = engine_thread.stats()
+    assert stats.num_blocks_used == 0 and stats.num_running == 0
+    assert stats.kv_cache_block_metrics()["used"] == 0
+    assert stats.request_metrics()["active"] == 0
+
+
+def test_bad_request_fails_its_stream_only(engine_thread: EngineThread) -> None:
+    bad = engine_thread.submit("bad", [999_999], SamplingParams(max_tokens=2))
+    delta = bad.take(timeout_s=5)
+    assert delta is not None and delta.finished and delta.error and "prompt token ids" in delta.error
+    good = engine_thread.submit("good", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
+    assert drain(good)[-1].finish_reason is not None
+
+
+def test_seeded_sampling_is_reproducible_whatever_shares_the_batch(dev_checkpoint: Path) -> None:
+    def run(extra: int) -> list[int]:
+        engine = LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=128))
+        params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=1234)
+        engine.add_request("x", [3, 4, 5, 6], params)
+        for i in range(extra):
+            engine.add_request(f"n{i}", [7, 8, 9 + i], SamplingParams(max_tokens=16, temperature=1.0, seed=i))
+        tokens: list[int] = []
+        while engine.has_unfinished():
+            tokens += [t for o in engine.step() if o.request_id == "x" for t in o.new_token_ids]
+        return tokens
+
+    assert run(0) == run(5)
+
+
+def test_interactive_is_admitted_before_batch(dev_checkpoint: Path) -> None:
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=128, max_num_running=1))
+    engine.add_request("batch", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0), PriorityClass.BATCH)
+    engine.add_request("chat", [1, 2, 4], SamplingParams(max_tokens=2, temperature=0))
+    first = engine.step()
+    assert [o.request_id for o in first] == ["chat"]
+
+
+def test_adaptive_batch_caps_running_under_a_tight_target(dev_checkpoint: Path) -> None:
+    # The cap gates admission: once steps are measured over the target, newcomers wait.
+    cfg = EngineConfig(num_kv_blocks=512, target_step_ms=0.5, max_num_running=64)
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, cfg)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(f"early{i}", rng.integers(0, 8192, 16).tolist(), params)
+    for _ in range(5):
+        engine.step()
+    for i in range(28):
+        engine.add_request(f"late{i}", rng.integers(0, 8192, 16).tolist(), params)
+    engine.step()
+    stats = engine.stats()
+    assert stats.running_cap < 4 and stats.num_running == 4 and stats.num_waiting == 28
+    while engine.has_unfinished():  # capped, not stuck
+        engine.step()
+
+    relaxed = LLMEngine.from_checkpoint(
+        dev_checkpoint, EngineConfig(num_kv_blocks=512, target_step_ms=10_000)
+    )
+    for i in range(32):
+        relaxed.add_request(f"r{i}", rng.integers(0, 8192, 16).tolist(), params)
+    relaxed.step()
+    assert relaxed.stats().num_running == 32

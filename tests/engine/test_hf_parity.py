@@ -1,0 +1,95 @@
+"""Greedy tokens from our engine equal transformers' LlamaForCausalLM.generate, token for token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpu_engine.config import EngineConfig
+from cpu_engine.engine import LLMEngine
+from cpu_engine.sampling import SamplingParams
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def hf_greedy(model, prompt: list[int], num_new: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=num_new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def hf_model(dev_checkpoint: Path):
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM.from_pretrained(dev_checkpoint, torch_dtype=torch.float32)
+    model.generation_config.eos_token_id = None  # compare fixed-length runs (the engine uses ignore_eos)
+    return model.eval()
+
+
+def run_engine(engine: LLMEngine, prompts: list[list[int]], num_new: int) -> dict[str, list[int]]:
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    produced: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    for _ in range(10_000):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            produced[out.request_id].extend(out.new_token_ids)
+    return produced
+
+
+def test_single_sequences_match(dev_checkpoint: Path, hf_model) -> None:
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=256))
+    rng = np.random.default_rng(1)
+    for length in (1, 7, 16, 33):
+        prompt = rng.integers(0, 8192, length).tolist()
+        got = run_engine(engine, [prompt], 24)["r0"]
+        assert got == hf_greedy(hf_model, prompt, 24), f"prompt length {length}"
+
+
+def test_sixteen_together_with_chunked_prefill_and_preemption(dev_checkpoint: Path, hf_model) -> None:
+    rng = np.random.default_rng(2)
+    lengths = [3, 9, 17, 30, 41, 64, 77, 100, 5, 12, 140, 23, 55, 88, 33, 200]
+    prompts = [rng.integers(0, 8192, n).tolist() for n in lengths]
+    num_new = 20
+    # Budget 48 splits every long prompt into chunks; 40 blocks of 16 cannot hold all 16 at once.
+    cfg = EngineConfig(num_kv_blocks=40, step_token_budget=48, watermark_fraction=0.0)
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, cfg)
+    got = run_engine(engine, prompts, num_new)
+    assert engine.stats().num_preemptions_total > 0, "the pool was meant to force preemption"
+    assert engine.block_pool.num_used_blocks == 0
+    for i, prompt in enumerate(prompts):
+        assert got[f"r{i}"] == hf_greedy(hf_model, prompt, num_new), f"sequence {i} (prompt {len(prompt)})"
+
+
+def test_shared_prefix_hits_and_still_match(dev_checkpoint: Path, hf_model) -> None:
+    rng = np.random.default_rng(3)
+    system = rng.integers(0, 8192, 48).tolist()  # three full blocks shared by every prompt
+    prompts = [system + rng.integers(0, 8192, n).tolist() for n in (0, 5, 20)]
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=128))
+    first = run_engine(engine, prompts[:1], 12)
+    assert first["r0"] == hf_greedy(hf_model, prompts[0], 12)
+    engine2_outputs = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(
+            f"again{i}", prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        )
+        engine2_outputs[f"again{i}"] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            engine2_outputs[out.request_id].extend(out.new_token_ids)
+    stats = engine.stats()
+    assert stats.num_prefix_hit_tokens_total >= 47 * 3  # whole-prompt hit recomputes its last token
+    for i, prompt in enumerate(prompts):
+        assert engine2_outputs[f"again{i}"] == hf_greedy(hf_model, prompt, 12)
