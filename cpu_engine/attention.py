@@ -1,0 +1,117 @@
+"""Attention over the paged KV cache: the native kernel, its plain-numpy reference, and the KV write.
+
+Layouts (all float32 unless said):
+    q, out:            [num_tokens, num_heads, head_dim]
+    k_cache, v_cache:  [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables:      int32 [num_seqs, max_blocks_per_seq]
+    seq_index:         int32 [num_tokens], the block_tables row of each token
+    positions:         int32 [num_tokens], token t attends to positions 0..positions[t] of its sequence
+Position p of a sequence lives in block ``block_tables[s, p // block_size]`` at offset ``p % block_size``.
+Query head h reads kv head ``h // (num_heads // num_kv_heads)`` (grouped-query attention).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+# NOTE: the kernel's OpenMP runtime (libgomp) reads OMP_WAIT_POLICY once, when the extension loads it.
+# Its default lets idle threads spin for a while after each call, which steals a core from the OpenBLAS
+# matmul that follows; passive threads sleep instead. An explicit setting in the environment wins. This
+# has no effect if another module already loaded libgomp (torch ships its own copy under the same name).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+try:
+    from cpu_engine import _paged_attention as _native
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "the paged attention kernel cpu_engine._paged_attention is not built; "
+        "run `pip install -e .` (or `python setup.py build_ext --inplace`) in the repository root"
+    ) from exc
+
+# Which code the kernel was compiled to: "avx512" or "portable".
+KERNEL_SIMD: str = _native.simd
+
+
+def paged_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_index: np.ndarray,
+    positions: np.ndarray,
+    scale: float,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Causal softmax(q·kᵀ·scale)·v of every token over its own sequence's cached keys and values.
+
+    Every token's own key and value must already be in the cache (see ``write_kv``). Arrays must have
+    exactly the dtypes of the module docstring and be C-contiguous: nothing is converted or copied, and
+    a wrong argument raises TypeError (type, dtype) or ValueError (shape, layout, out-of-range id or
+    position). ``out`` (default: a new array) may be ``q`` itself. Returns ``out``.
+    """
+    if out is None:
+        out = np.empty_like(q)
+    _native.paged_attention(out, q, k_cache, v_cache, block_tables, seq_index, positions, float(scale))
+    return out
+
+
+def reference_paged_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_index: np.ndarray,
+    positions: np.ndarray,
+    scale: float,
+) -> np.ndarray:
+    """The test oracle: the same contract as ``paged_attention``, one token and head at a time, in float64."""
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = np.empty((num_tokens, num_heads, head_dim), dtype=np.float32)
+    for t in range(num_tokens):
+        context = np.arange(int(positions[t]) + 1)
+        blocks = block_tables[seq_index[t], context // block_size]
+        keys = k_cache[blocks, context % block_size].astype(np.float64)  # [context, num_kv_heads, head_dim]
+        values = v_cache[blocks, context % block_size].astype(np.float64)
+        for h in range(num_heads):
+            scores = keys[:, h // group] @ q[t, h].astype(np.float64) * scale
+            weights = np.exp(scores - scores.max())
+            out[t, h] = weights @ values[:, h // group] / weights.sum()
+    return out
+
+
+def write_kv(
+    k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray
+) -> None:
+    """Store token i's key and value ([num_tokens, num_kv_heads, head_dim]) at flat slot ``slot_mapping[i]``.
+
+    A slot is ``block_id * block_size + offset``. Raises ValueError on a shape mismatch or a slot outside
+    the cache (numpy would wrap a negative slot around silently).
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_slots = num_blocks * block_size
+    expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
+    if slot_mapping.ndim != 1 or k.shape != expected or v.shape != expected:
+        raise ValueError(
+            f"write_kv: want k and v of shape {expected} for {slot_mapping.shape[0]} slots, "
+            f"got k {k.shape}, v {v.shape}, slot_mapping {slot_mapping.shape}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"write_kv: k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
+    if slot_mapping.size and (slot_mapping.min() < 0 or slot_mapping.max() >= num_slots):
+        raise ValueError(
+            f"write_kv: slots must lie in [0, {num_slots}), got {slot_mapping.min()}..{slot_mapping.max()}"
+        )
+    _flat_slots(k_cache)[slot_mapping] = k
+    _flat_slots(v_cache)[slot_mapping] = v
+
+
+def _flat_slots(cache: np.ndarray) -> np.ndarray:
+    """A [num_slots, num_kv_heads, head_dim] view of a cache; raises rather than copy."""
+    if not cache.flags.c_contiguous:
+        raise ValueError("write_kv: the KV cache must be C-contiguous")
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    return cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)

@@ -1,0 +1,571 @@
+/*
+ * Paged attention for the CPU engine: one kernel for decode and chunked prefill.
+ *
+ * paged_attention(out, q, k_cache, v_cache, block_tables, seq_index, positions, scale) -> None
+ *   q, out            float32 [num_tokens, num_heads, head_dim], C-contiguous (out written in place;
+ *                     out may be q itself)
+ *   k_cache, v_cache  float32 [num_blocks, block_size, num_kv_heads, head_dim], C-contiguous
+ *   block_tables      int32 [num_seqs, max_blocks_per_seq], C-contiguous
+ *   seq_index         int32 [num_tokens]: the block_tables row of each token
+ *   positions         int32 [num_tokens]: token t attends to positions 0..positions[t] of its sequence
+ *
+ * Work is split over (token, kv head) items, run in parallel with OpenMP (as many threads as OpenMP
+ * allows, at most one per item; the GIL is released). An item handles all query heads of its GQA group
+ * together, walking the context in chunks of 16 positions: the chunk's K and V rows are fetched once
+ * (prefetched a few chunks ahead) and stay in L1 while every head of the group uses them. Softmax is the
+ * online (running max) form, updated once per chunk, in float32, in base 2 (log2(e) is folded into the
+ * scale).
+ *
+ * Two implementations of an item: AVX-512 (used when the compiler targets it) and portable C. Both are
+ * always built; `paged_attention_portable` exposes the portable one so the tests keep it honest.
+ *
+ * Threads: cpu_engine/attention.py sets OMP_WAIT_POLICY=PASSIVE before this module loads libgomp, so
+ * idle OpenMP threads sleep instead of spinning against the OpenBLAS matmuls between calls.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <float.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define PA_HAVE_AVX512 1
+#else
+#define PA_HAVE_AVX512 0
+#endif
+
+#define CHUNK 16 /* positions per softmax update; one AVX-512 register of scores */
+#define LOG2E 1.4426950408889634f
+/* NOTE: -ffast-math assumes no infinities, so "minus infinity" is the most negative finite float. */
+#define NEG_BIG (-FLT_MAX)
+
+typedef struct {
+    const float *q;
+    const float *k_cache;
+    const float *v_cache;
+    const int32_t *block_tables;
+    const int32_t *seq_index;
+    const int32_t *positions;
+    float *out;
+    npy_intp num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+    float scale_log2; /* scale * log2(e): scores come out in base 2 */
+} pa_problem;
+
+/* Per-thread scratch, in floats: scaled q and the accumulator of a group (padded to whole 16-lane
+ * vectors), running max and sum per head, and the probabilities of one chunk for two heads. The
+ * portable path uses a prefix of the same layout. */
+static npy_intp scratch_floats(const pa_problem *pb) {
+    npy_intp group = pb->num_heads / pb->num_kv_heads;
+    npy_intp padded = (pb->head_dim + 15) / 16 * 16;
+    npy_intp n = 2 * group * padded + 2 * group + 2 * CHUNK;
+    return (n + 15) / 16 * 16;
+}
+
+/* Element offset of position `pos` of a sequence, within k_cache / v_cache, at kv head 0. */
+static inline npy_intp row_offset(const pa_problem *pb, const int32_t *table, npy_intp pos) {
+    npy_intp block = table[pos / pb->block_size];
+    return (block * pb->block_size + pos % pb->block_size) * pb->num_kv_heads * pb->head_dim;
+}
+
+/* Offsets of positions p0..p0+n-1 (n <= CHUNK), walking blocks without a division per position. */
+static inline void chunk_offsets(const pa_problem *pb, const int32_t *table, npy_intp p0, int n,
+                                 npy_intp kv_offset, npy_intp *offsets) {
+    npy_intp blk = p0 / pb->block_size, in_blk = p0 % pb->block_size;
+    npy_intp row = pb->num_kv_heads * pb->head_dim;
+    for (int j = 0; j < n; ++j) {
+        offsets[j] = ((npy_intp)table[blk] * pb->block_size + in_blk) * row + kv_offset;
+        if (++in_blk == pb->block_size) {
+            in_blk = 0;
+            ++blk;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Portable implementation.                                                                         */
+
+/* 2^x for x <= 0 (results below 2^-126 flush to 0); no libm, so the module has no link dependency. */
+static inline float exp2_scalar(float x) {
+    if (x < -126.0f) return 0.0f;
+    float n = (float)(int32_t)(x - 0.5f); /* x <= 0: truncation rounds to nearest */
+    float f = (x - n) * 0.6931471805599453f; /* 2^(x-n) = e^f, |f| <= ln2/2 */
+    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 +
+              f * (1.0f / 720 + f * (1.0f / 5040)))))));
+    union { float f; int32_t i; } bits;
+    bits.i = ((int32_t)n + 127) << 23;
+    return p * bits.f;
+}
+
+static void item_portable(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
+    const npy_intp group = pb->num_heads / pb->num_kv_heads, d = pb->head_dim;
+    const npy_intp head0 = t * pb->num_heads + kvh * group;
+    const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t] * pb->max_blocks;
+    const npy_intp limit = pb->positions[t];
+    float *qs = scratch, *acc = scratch + group * d, *m = acc + group * d, *l = m + group;
+
+    for (npy_intp g = 0; g < group; ++g) {
+        for (npy_intp i = 0; i < d; ++i) qs[g * d + i] = pb->q[(head0 + g) * d + i] * pb->scale_log2;
+        for (npy_intp i = 0; i < d; ++i) acc[g * d + i] = 0.0f;
+        m[g] = NEG_BIG;
+        l[g] = 0.0f;
+    }
+    for (npy_intp pos = 0; pos <= limit; ++pos) {
+        const npy_intp off = row_offset(pb, table, pos) + kvh * d;
+        const float *k = pb->k_cache + off, *v = pb->v_cache + off;
+        for (npy_intp g = 0; g < group; ++g) {
+            float s = 0.0f;
+            const float *qg = qs + g * d;
+#pragma omp simd reduction(+ : s)
+            for (npy_intp i = 0; i < d; ++i) s += qg[i] * k[i];
+            float *ag = acc + g * d;
+            if (s > m[g]) { /* a new maximum: rescale what was accumulated so far */
+                float corr = exp2_scalar(m[g] - s);
+                l[g] *= corr;
+#pragma omp simd
+                for (npy_intp i = 0; i < d; ++i) ag[i] *= corr;
+                m[g] = s;
+            }
+            float w = exp2_scalar(s - m[g]);
+            l[g] += w;
+#pragma omp simd
+            for (npy_intp i = 0; i < d; ++i) ag[i] += w * v[i];
+        }
+    }
+    for (npy_intp g = 0; g < group; ++g) {
+        float inv = 1.0f / l[g];
+        for (npy_intp i = 0; i < d; ++i) pb->out[(head0 + g) * d + i] = acc[g * d + i] * inv;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* AVX-512 implementation.                                                                          */
+#if PA_HAVE_AVX512
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define AHEAD 4 /* chunks prefetched ahead of the one being computed */
+
+/* 2^x for x <= 0, 16 lanes: x = n + f with |f| <= 1/2, 2^f = e^(f ln2) by its Taylor series to degree 7
+ * (relative error < 1e-8 before rounding), and scalef applies 2^n (underflowing cleanly to 0). */
+ALWAYS_INLINE __m512 exp2_512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.6931471805599453f));
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Sums of four vectors, folded within 128-bit lanes: lane group k holds partial sums [a, b, c, d]. */
+ALWAYS_INLINE __m512 fold4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd));
+    __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd));
+    return _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+}
+
+/* Finish fold4 over 16 vectors: lane j of the result is the full sum of vector j. */
+ALWAYS_INLINE __m512 fold16(__m512 w0, __m512 w1, __m512 w2, __m512 w3) {
+    __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(w2, w3, 0x88), _mm512_shuffle_f32x4(w2, w3, 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x, z, 0x88), _mm512_shuffle_f32x4(x, z, 0xDD));
+}
+
+ALWAYS_INLINE __mmask16 chunk_mask(npy_intp c, npy_intp nvec, __mmask16 tail) {
+    return c == nvec - 1 ? tail : (__mmask16)0xFFFF;
+}
+
+ALWAYS_INLINE int chunk_len(npy_intp limit, npy_intp p0) {
+    return limit + 1 - p0 < CHUNK ? (int)(limit + 1 - p0) : CHUNK;
+}
+
+/* Ask for the key and value rows of a chunk (each row: head_dim floats, i.e. a few cache lines). */
+ALWAYS_INLINE void prefetch_chunk(const pa_problem *pb, const npy_intp *offsets, int n, npy_intp d) {
+    for (int j = 0; j < n; ++j) {
+        const char *k = (const char *)(pb->k_cache + offsets[j]), *v = (const char *)(pb->v_cache + offsets[j]);
+        for (npy_intp byte = 0; byte < d * (npy_intp)sizeof(float); byte += 64) {
+            _mm_prefetch(k + byte, _MM_HINT_T1);
+            _mm_prefetch(v + byte, _MM_HINT_T1);
+        }
+    }
+}
+
+/* Scores of NR heads (qs rows, nvec vectors each) against n <= 16 key rows: lane j = q . k_j. */
+ALWAYS_INLINE void qk_chunk(const float *qs, npy_intp padded, int NR, const float *k_cache,
+                            const npy_intp *offsets, int n, npy_intp nvec, __mmask16 tail, __m512 *s) {
+    __m512 w[2][4];
+    for (int jq = 0; jq < 4; ++jq) {
+        __m512 v[2][4];
+        for (int jj = 0; jj < 4; ++jj) {
+            for (int r = 0; r < NR; ++r) v[r][jj] = _mm512_setzero_ps();
+            int j = jq * 4 + jj;
+            if (j >= n) continue;
+            const float *k = k_cache + offsets[j];
+            for (npy_intp c = 0; c < nvec; ++c) {
+                __m512 kc = _mm512_maskz_loadu_ps(chunk_mask(c, nvec, tail), k + 16 * c);
+                for (int r = 0; r < NR; ++r)
+                    v[r][jj] = _mm512_fmadd_ps(_mm512_loadu_ps(qs + r * padded + 16 * c), kc, v[r][jj]);
+            }
+        }
+        for (int r = 0; r < NR; ++r) w[r][jq] = fold4(v[r][0], v[r][1], v[r][2], v[r][3]);
+    }
+    for (int r = 0; r < NR; ++r) s[r] = fold16(w[r][0], w[r][1], w[r][2], w[r][3]);
+}
+
+/* acc[r] = acc[r] * corr[r] + sum_j p[r][j] * v_j for NR heads, four vectors of head_dim at a time. */
+ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p, const float *corr,
+                            const float *v_cache, const npy_intp *offsets, int n, npy_intp nvec,
+                            __mmask16 tail) {
+    for (npy_intp c0 = 0; c0 < nvec; c0 += 4) {
+        const int nc = nvec - c0 < 4 ? (int)(nvec - c0) : 4;
+        __m512 a[2][4];
+        for (int r = 0; r < NR; ++r) {
+            __m512 cr = _mm512_set1_ps(corr[r]);
+            for (int i = 0; i < nc; ++i)
+                a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * padded + 16 * (c0 + i)), cr);
+        }
+        for (int j = 0; j < n; ++j) {
+            const float *v = v_cache + offsets[j] + 16 * c0;
+            __m512 pj[2];
+            for (int r = 0; r < NR; ++r) pj[r] = _mm512_set1_ps(p[r * CHUNK + j]);
+            for (int i = 0; i < nc; ++i) {
+                __m512 vc = _mm512_maskz_loadu_ps(chunk_mask(c0 + i, nvec, tail), v + 16 * i);
+                for (int r = 0; r < NR; ++r) a[r][i] = _mm512_fmadd_ps(pj[r], vc, a[r][i]);
+            }
+        }
+        for (int r = 0; r < NR; ++r)
+            for (int i = 0; i < nc; ++i) _mm512_storeu_ps(acc + r * padded + 16 * (c0 + i), a[r][i]);
+    }
+}
+
+/* One chunk for NR (1 or 2) heads: scores, online-softmax update, accumulation of values. */
+ALWAYS_INLINE void heads_chunk(const pa_problem *pb, float *qs, float *acc, float *m, float *l, float *p,
+                               npy_intp padded, int NR, const npy_intp *offsets, int n, npy_intp nvec,
+                               __mmask16 tail) {
+    __m512 s[2];
+    float corr[2];
+    const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+    qk_chunk(qs, padded, NR, pb->k_cache, offsets, n, nvec, tail, s);
+    for (int r = 0; r < NR; ++r) {
+        float m_new = _mm512_mask_reduce_max_ps(valid, s[r]);
+        if (m_new < m[r]) m_new = m[r];
+        corr[r] = _mm512_cvtss_f32(exp2_512(_mm512_set1_ps(m[r] - m_new)));
+        __m512 pr = _mm512_maskz_mov_ps(valid, exp2_512(_mm512_sub_ps(s[r], _mm512_set1_ps(m_new))));
+        l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(pr);
+        m[r] = m_new;
+        _mm512_storeu_ps(p + r * CHUNK, pr);
+    }
+    pv_chunk(acc, padded, NR, p, corr, pb->v_cache, offsets, n, nvec, tail);
+}
+
+ALWAYS_INLINE void item_avx512_body(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch,
+                                    npy_intp d) {
+    const npy_intp group = pb->num_heads / pb->num_kv_heads;
+    const npy_intp nvec = (d + 15) / 16, padded = nvec * 16;
+    const __mmask16 tail = (__mmask16)(d % 16 ? (1u << (d % 16)) - 1u : 0xFFFFu);
+    const npy_intp head0 = t * pb->num_heads + kvh * group;
+    const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t] * pb->max_blocks;
+    const npy_intp limit = pb->positions[t];
+    float *qs = scratch, *acc = qs + group * padded, *m = acc + group * padded, *l = m + group;
+    float *p = l + group;
+    npy_intp offsets[AHEAD + 1][CHUNK];
+
+    const __m512 scale = _mm512_set1_ps(pb->scale_log2);
+    for (npy_intp g = 0; g < group; ++g) {
+        const float *qg = pb->q + (head0 + g) * d;
+        for (npy_intp c = 0; c < nvec; ++c) {
+            __m512 x = _mm512_maskz_loadu_ps(chunk_mask(c, nvec, tail), qg + 16 * c);
+            _mm512_storeu_ps(qs + g * padded + 16 * c, _mm512_mul_ps(x, scale));
+            _mm512_storeu_ps(acc + g * padded + 16 * c, _mm512_setzero_ps());
+        }
+        m[g] = NEG_BIG;
+        l[g] = 0.0f;
+    }
+    /* NOTE: chunk i is computed while the rows of chunks i+1..i+AHEAD are on their way in from memory
+     * (a ring of offsets); without this the kernel waits on DRAM whenever the cache is cold. */
+    for (int a = 0; a < AHEAD && a * CHUNK <= limit; ++a) {
+        chunk_offsets(pb, table, a * CHUNK, chunk_len(limit, a * CHUNK), kvh * d, offsets[a]);
+        prefetch_chunk(pb, offsets[a], chunk_len(limit, a * CHUNK), d);
+    }
+    for (npy_intp i = 0; i * CHUNK <= limit; ++i) {
+        const npy_intp ahead = (i + AHEAD) * CHUNK;
+        if (ahead <= limit) {
+            npy_intp *o = offsets[(i + AHEAD) % (AHEAD + 1)];
+            chunk_offsets(pb, table, ahead, chunk_len(limit, ahead), kvh * d, o);
+            prefetch_chunk(pb, o, chunk_len(limit, ahead), d);
+        }
+        const npy_intp *o = offsets[i % (AHEAD + 1)];
+        const int n = chunk_len(limit, i * CHUNK);
+        npy_intp g = 0;
+        for (; g + 2 <= group; g += 2)
+            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 2, o, n, nvec, tail);
+        if (g < group)
+            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 1, o, n, nvec, tail);
+    }
+    for (npy_intp g = 0; g < group; ++g) {
+        const __m512 inv = _mm512_set1_ps(1.0f / l[g]);
+        float *og = pb->out + (head0 + g) * d;
+        for (npy_intp c = 0; c < nvec; ++c)
+            _mm512_mask_storeu_ps(og + 16 * c, chunk_mask(c, nvec, tail),
+                                  _mm512_mul_ps(_mm512_loadu_ps(acc + g * padded + 16 * c), inv));
+    }
+}
+
+/* head_dim as a compile-time constant for the common sizes, so the loops over it unroll. */
+static void item_avx512(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
+    switch (pb->head_dim) {
+    case 64: item_avx512_body(pb, t, kvh, scratch, 64); break;
+    case 128: item_avx512_body(pb, t, kvh, scratch, 128); break;
+    default: item_avx512_body(pb, t, kvh, scratch, pb->head_dim); break;
+    }
+}
+#endif /* PA_HAVE_AVX512 */
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Driver.                                                                                          */
+
+typedef void (*item_fn)(const pa_problem *, npy_intp, npy_intp, float *);
+
+static void run_items(const pa_problem *pb, npy_intp num_tokens, item_fn item, float *scratch,
+                      npy_intp stride, int num_threads) {
+    const npy_intp num_items = num_tokens * pb->num_kv_heads;
+#pragma omp parallel num_threads(num_threads)
+    {
+#ifdef _OPENMP
+        float *mine = scratch + (npy_intp)omp_get_thread_num() * stride;
+#else
+        float *mine = scratch;
+#endif
+        /* Items differ in cost (each token has its own context length): hand them out dynamically. */
+#pragma omp for schedule(dynamic, 1)
+        for (npy_intp w = 0; w < num_items; ++w) item(pb, w / pb->num_kv_heads, w % pb->num_kv_heads, mine);
+    }
+}
+
+/* ---- argument checking ---- */
+
+static PyArrayObject *as_array(PyObject *obj, const char *name, int typenum, int ndim, const char *shape) {
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != typenum || PyArray_ISBYTESWAPPED(a)) {
+        PyArray_Descr *want = PyArray_DescrFromType(typenum);
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %S, got %S", name, (PyObject *)want,
+                     (PyObject *)PyArray_DESCR(a));
+        Py_DECREF(want);
+        return NULL;
+    }
+    if (PyArray_NDIM(a) != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s must have %d dimensions %s, got %d", name, ndim, shape,
+                     PyArray_NDIM(a));
+        return NULL;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous (use np.ascontiguousarray)", name);
+        return NULL;
+    }
+    return a;
+}
+
+static int overlaps(PyArrayObject *a, PyArrayObject *b) {
+    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
+    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a0 < b0 + PyArray_NBYTES(b) &&
+           b0 < a0 + PyArray_NBYTES(a);
+}
+
+/* Every token's sequence row and position, and every block id a token will read. */
+static int check_tokens(const pa_problem *pb, npy_intp num_tokens, npy_intp num_seqs, npy_intp num_blocks) {
+    const npy_intp capacity = pb->max_blocks * pb->block_size;
+    npy_intp *blocks_needed = PyMem_Calloc(num_seqs > 0 ? num_seqs : 1, sizeof(npy_intp));
+    if (blocks_needed == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int ok = 0;
+    for (npy_intp t = 0; t < num_tokens; ++t) {
+        const npy_intp s = pb->seq_index[t], pos = pb->positions[t];
+        if (s < 0 || s >= num_seqs) {
+            PyErr_Format(PyExc_ValueError, "seq_index[%zd] = %zd is outside block_tables' %zd rows", t, s,
+                         num_seqs);
+            goto done;
+        }
+        if (pos < 0 || pos >= capacity) {
+            PyErr_Format(PyExc_ValueError,
+                         "positions[%zd] = %zd is outside the block table (%zd blocks of %zd positions)", t,
+                         pos, pb->max_blocks, pb->block_size);
+            goto done;
+        }
+        if (pos / pb->block_size + 1 > blocks_needed[s]) blocks_needed[s] = pos / pb->block_size + 1;
+    }
+    for (npy_intp s = 0; s < num_seqs; ++s) {
+        const int32_t *row = pb->block_tables + s * pb->max_blocks;
+        for (npy_intp b = 0; b < blocks_needed[s]; ++b) {
+            if (row[b] < 0 || row[b] >= num_blocks) {
+                PyErr_Format(PyExc_ValueError,
+                             "block_tables[%zd, %zd] = %d is not a block id in [0, %zd), and a token reads it",
+                             s, b, (int)row[b], num_blocks);
+                goto done;
+            }
+        }
+    }
+    ok = 1;
+done:
+    PyMem_Free(blocks_needed);
+    return ok ? 0 : -1;
+}
+
+/* NOTE: not isfinite(): -ffast-math lets the compiler assume every double is finite. */
+static int is_finite(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return ((bits >> 52) & 0x7FF) != 0x7FF;
+}
+
+/* Checks every argument and fills *pb; returns the number of tokens, or -1 with an exception set. */
+static npy_intp parse_problem(PyObject *args, pa_problem *pb) {
+    PyObject *o_out, *o_q, *o_k, *o_v, *o_bt, *o_si, *o_pos;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOOOOOOd:paged_attention", &o_out, &o_q, &o_k, &o_v, &o_bt, &o_si, &o_pos,
+                          &scale))
+        return -1;
+    PyArrayObject *out, *q, *k, *v, *bt, *si, *pos;
+    if (!(q = as_array(o_q, "q", NPY_FLOAT32, 3, "[num_tokens, num_heads, head_dim]")) ||
+        !(k = as_array(o_k, "k_cache", NPY_FLOAT32, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
+        !(v = as_array(o_v, "v_cache", NPY_FLOAT32, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
+        !(bt = as_array(o_bt, "block_tables", NPY_INT32, 2, "[num_seqs, max_blocks_per_seq]")) ||
+        !(si = as_array(o_si, "seq_index", NPY_INT32, 1, "[num_tokens]")) ||
+        !(pos = as_array(o_pos, "positions", NPY_INT32, 1, "[num_tokens]")) ||
+        !(out = as_array(o_out, "out", NPY_FLOAT32, 3, "[num_tokens, num_heads, head_dim]")))
+        return -1;
+    const npy_intp *qs = PyArray_DIMS(q), *ks = PyArray_DIMS(k);
+    const npy_intp num_tokens = qs[0];
+    if (!PyArray_SAMESHAPE(k, v)) {
+        PyErr_SetString(PyExc_ValueError, "k_cache and v_cache must have the same shape");
+        return -1;
+    }
+    if (ks[3] != qs[2]) {
+        PyErr_Format(PyExc_ValueError, "head_dim differs: q has %zd, the KV cache has %zd", qs[2], ks[3]);
+        return -1;
+    }
+    if (qs[2] < 1 || ks[1] < 1 || ks[2] < 1 || qs[1] % ks[2] != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "need head_dim >= 1, block_size >= 1 and num_heads (%zd) a positive multiple of "
+                     "num_kv_heads (%zd)",
+                     qs[1], ks[2]);
+        return -1;
+    }
+    if (PyArray_DIM(si, 0) != num_tokens || PyArray_DIM(pos, 0) != num_tokens) {
+        PyErr_Format(PyExc_ValueError, "seq_index and positions must have num_tokens = %zd entries, got %zd, %zd",
+                     num_tokens, PyArray_DIM(si, 0), PyArray_DIM(pos, 0));
+        return -1;
+    }
+    if (!PyArray_SAMESHAPE(out, q)) {
+        PyErr_SetString(PyExc_ValueError, "out must have the shape of q");
+        return -1;
+    }
+    if (!PyArray_ISWRITEABLE(out)) {
+        PyErr_SetString(PyExc_ValueError, "out must be writeable");
+        return -1;
+    }
+    /* NOTE: out may be q itself (an item reads its q rows before writing the same rows of out). */
+    if ((overlaps(out, q) && PyArray_BYTES(out) != PyArray_BYTES(q)) || overlaps(out, k) || overlaps(out, v) ||
+        overlaps(out, bt) || overlaps(out, si) || overlaps(out, pos)) {
+        PyErr_SetString(PyExc_ValueError, "out must not overlap the other arrays (it may be q itself)");
+        return -1;
+    }
+    if (!is_finite(scale)) {
+        PyErr_SetString(PyExc_ValueError, "scale must be finite");
+        return -1;
+    }
+    *pb = (pa_problem){
+        .q = PyArray_DATA(q), .k_cache = PyArray_DATA(k), .v_cache = PyArray_DATA(v),
+        .block_tables = PyArray_DATA(bt), .seq_index = PyArray_DATA(si), .positions = PyArray_DATA(pos),
+        .out = PyArray_DATA(out), .num_heads = qs[1], .num_kv_heads = ks[2], .head_dim = qs[2],
+        .block_size = ks[1], .max_blocks = PyArray_DIM(bt, 1), .scale_log2 = (float)(scale * LOG2E),
+    };
+    if (check_tokens(pb, num_tokens, PyArray_DIM(bt, 0), ks[0]) < 0) return -1;
+    return num_tokens;
+}
+
+static PyObject *run(PyObject *args, item_fn item) {
+    pa_problem pb;
+    const npy_intp num_tokens = parse_problem(args, &pb);
+    if (num_tokens < 0) return NULL;
+    const npy_intp num_items = num_tokens * pb.num_kv_heads;
+    if (num_items == 0) Py_RETURN_NONE;
+#ifdef _OPENMP
+    int num_threads = omp_get_max_threads();
+#else
+    int num_threads = 1;
+#endif
+    if (num_threads > num_items) num_threads = (int)num_items;
+    const npy_intp stride = scratch_floats(&pb);
+    float *scratch = aligned_alloc(64, (size_t)(stride * num_threads) * sizeof(float));
+    if (scratch == NULL) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    run_items(&pb, num_tokens, item, scratch, stride, num_threads);
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    Py_RETURN_NONE;
+}
+
+static PyObject *paged_attention(PyObject *self, PyObject *args) {
+    (void)self;
+#if PA_HAVE_AVX512
+    return run(args, item_avx512);
+#else
+    return run(args, item_portable);
+#endif
+}
+
+static PyObject *paged_attention_portable(PyObject *self, PyObject *args) {
+    (void)self;
+    return run(args, item_portable);
+}
+
+#define SIGNATURE "(out, q, k_cache, v_cache, block_tables, seq_index, positions, scale)"
+
+static PyMethodDef methods[] = {
+    {"paged_attention", paged_attention, METH_VARARGS,
+     "paged_attention" SIGNATURE " -> None\n--\n\n"
+     "Causal attention of each token over its sequence's paged KV cache, written into out."},
+    {"paged_attention_portable", paged_attention_portable, METH_VARARGS,
+     "paged_attention_portable" SIGNATURE " -> None\n--\n\n"
+     "The same, always through the portable (non-SIMD-intrinsics) code; for tests."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_paged_attention",
+    .m_doc = "Paged attention kernel for the CPU engine.",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__paged_attention(void) {
+    import_array();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddStringConstant(m, "simd", PA_HAVE_AVX512 ? "avx512" : "portable") < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
