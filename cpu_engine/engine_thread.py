@@ -7,6 +7,7 @@ reads, so a slow reader gets several tokens per read instead of a growing backlo
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -17,6 +18,8 @@ from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import PriorityClass, SamplingParams
 from cpu_engine.sequence import FinishReason
 from cpu_engine.stats import EngineStats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -166,12 +169,23 @@ class EngineThread:
                 pass
             if self._stopping.is_set():
                 break
-            for out in engine.step():
+            try:
+                outputs = engine.step()
+            except Exception as exc:  # a bug or a bad tensor: fail what is in flight, keep serving
+                log.exception("engine step failed; failing %d in-flight requests", len(self._streams))
+                self._fail_all(f"engine error: {exc}")
+                continue
+            for out in outputs:
                 self._deliver(out)
             self._stats = engine.stats()
+        self._fail_all("engine stopped")
+
+    def _fail_all(self, error: str) -> None:
         for request_id, stream in list(self._streams.items()):
-            engine.abort_request(request_id)
-            stream._fail("engine stopped")
+            self._engine.abort_request(request_id)
+            stream._fail(error)
+        self._streams.clear()
+        self._stats = self._engine.stats()
 
     def _apply(self, command: _Command) -> None:
         if isinstance(command, _Add):

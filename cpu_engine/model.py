@@ -70,6 +70,7 @@ class LlamaModel:
         cfg = self.cfg
         num_tokens = input_ids.shape[0]
         hidden = self.w.embed[input_ids]
+        cos, sin = self.rope.gather(positions)
         for layer, k_cache, v_cache in zip(self.w.layers, self.kv.keys, self.kv.values, strict=True):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             qkv = x @ layer.wqkv
@@ -78,8 +79,8 @@ class LlamaModel:
                 num_tokens, cfg.num_key_value_heads, cfg.head_dim
             )
             v = qkv[:, self.q_dim + self.kv_dim :].reshape(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
-            q = self.rope.apply(q, positions)
-            k = self.rope.apply(k, positions)
+            q = self.rope.apply(q, cos, sin)
+            k = self.rope.apply(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, block_tables, seq_index, positions, self.scale)
             hidden = hidden + attn.reshape(num_tokens, self.q_dim) @ layer.wo

@@ -48,10 +48,12 @@ class RotaryTable:
         self.sin = np.sin(freqs).astype(np.float32)
         self.half = head_dim // 2
 
-    def apply(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Rotate ``x`` ([num_tokens, num_heads, head_dim]) by each token's position."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+    def gather(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin for these positions, shaped to broadcast over heads: [num_tokens, 1, head_dim // 2]."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+    def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Rotate ``x`` ([num_tokens, num_heads, head_dim]) by the angles from ``gather``."""
         x1, x2 = x[..., : self.half], x[..., self.half :]
         out = np.empty_like(x)
         out[..., : self.half] = x1 * cos - x2 * sin

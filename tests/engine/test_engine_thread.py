@@ -126,3 +126,29 @@ def test_adaptive_batch_caps_running_under_a_tight_target(dev_checkpoint: Path) 
         relaxed.add_request(f"r{i}", rng.integers(0, 8192, 16).tolist(), params)
     relaxed.step()
     assert relaxed.stats().num_running == 32
+
+
+def test_a_failing_step_fails_in_flight_requests_and_the_engine_keeps_serving(dev_checkpoint: Path) -> None:
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=64))
+    real_step = engine.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real_step()
+
+    engine.step = flaky_step  # type: ignore[method-assign]
+    thread = EngineThread(engine)
+    try:
+        doomed = thread.submit(
+            "doomed", [1, 2, 3], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+        )
+        last = drain(doomed)[-1]
+        assert last.error is not None and "boom" in last.error
+        assert engine.block_pool.num_used_blocks == 0
+        fine = thread.submit("fine", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
+        assert drain(fine)[-1].finish_reason is FinishReason.LENGTH
+    finally:
+        thread.close()
