@@ -1,4 +1,4 @@
-"""Shared fixtures for the engine tests."""
+"""Fixtures shared by every test folder."""
 
 from __future__ import annotations
 
