@@ -1,0 +1,280 @@
+"""The CPU engine as a decoupled Triton Python-backend model: a thin shell around sluice.triton.converters.
+
+Threads and what they own:
+- Triton's thread calls ``execute``: it converts each request and submits it to the engine, never waits.
+- The engine thread (``EngineThread``) owns the engine; a stream it updates is marked dirty in a queue.
+- A small pool of ``_Sender`` threads, each with its own requests (map, lock, dirty queue), sends for
+  each dirty stream the tokens produced since its last response (so a response carries several tokens
+  when sending falls behind, instead of a growing backlog), and once per engine step asks Triton whether
+  each of its requests was cancelled, aborting those in the engine.
+- One metrics thread copies engine stats into Triton's metrics every ``stats_interval_ms``.
+
+Every request ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: an empty one after
+its tokens, or an error response. Clients see the empty one only if they ask for it
+(``enable_empty_final_response``); either way it is what ends a one-request gRPC stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from cpu_engine.engine import LLMEngine
+from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
+from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
+from sluice.triton.converters import (
+    COUNTER_FAMILIES,
+    INPUT_NAMES,
+    EngineRequest,
+    counter_totals,
+    gauge_values,
+    parameters_from_config,
+    request_from_tensors,
+    response_tensors,
+)
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# The sender wakes at least this often while requests are live, to check cancellation between tokens.
+_BUSY_POLL_S = 0.005
+_IDLE_POLL_S = 0.1
+_DRAIN_TIMEOUT_S = 5.0
+# Sender threads. A send waits ~0.3 ms on an IPC round trip with the GIL released, so more threads
+# overlap their waits; on 2 cores a second one measured no gain (it competes with the engine thread).
+_NUM_SENDERS = 1
+_GAUGE_DESCRIPTIONS = {
+    KV_CACHE_FAMILY: "KV cache blocks (max, free, used, tokens_per block, fraction used)",
+    REQUEST_FAMILY: "Requests (active, scheduled, context, waiting, max running)",
+}
+
+
+@dataclass
+class _Live:
+    """A request owed a final response. Only the sender thread touches it after ``execute``."""
+
+    request: Any  # pb_utils.InferenceRequest: kept alive until the final response is sent
+    sender: Any  # pb_utils.InferenceResponseSender
+    stream: RequestStream
+    streaming: bool
+    tokens: list[int] = field(default_factory=list)  # non-streaming: every token so far
+    cancelled: bool = False
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("the CPU engine model must be decoupled")
+        params = parameters_from_config(config.get("parameters", {}))
+        engine = LLMEngine.from_checkpoint(params.checkpoint_dir, params.engine)
+        self._vocab_size = engine.model_config.vocab_size
+        self._max_context_tokens = engine.model_config.max_position_embeddings
+        instance = args["model_instance_name"]
+        self._engine = EngineThread(engine, name=f"engine-{instance}")
+        self._id_prefix = f"{instance}-"
+        self._next_id = itertools.count()
+        check_period_s = params.cancellation_check_period_ms / 1000.0
+        self._senders = [
+            _Sender(self._engine, f"sender{i}-{instance}", check_period_s) for i in range(_NUM_SENDERS)
+        ]
+        self._metrics = _MetricsExporter(args["model_name"], args["model_version"], self._engine.stats())
+        self._stopping = threading.Event()
+        self._metrics_thread = threading.Thread(
+            target=self._metrics_loop, args=(params.stats_interval_ms / 1000.0,),
+            name=f"metrics-{instance}", daemon=True,
+        )  # fmt: skip
+        self._metrics_thread.start()
+        pb_utils.Logger.log_info(
+            f"CPU engine loaded from {params.checkpoint_dir}: {params.engine.num_kv_blocks} KV blocks "
+            f"of {params.engine.block_size_tokens} tokens"
+        )
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self._admit(request)
+        return None  # decoupled: responses go through each request's sender
+
+    def finalize(self) -> None:
+        self._engine.close()  # fails the streams still running; the senders turn them into error responses
+        deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+        while any(s.num_live for s in self._senders) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopping.set()
+        for sender in self._senders:
+            sender.stop()
+        self._metrics_thread.join(timeout=2.0)
+
+    def _admit(self, request: Any) -> None:
+        response_sender = request.get_response_sender()
+        try:
+            tensors = {}
+            for name in INPUT_NAMES:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    tensors[name] = tensor.as_numpy()
+            converted = request_from_tensors(tensors, self._vocab_size, self._max_context_tokens)
+        except ValueError as exc:
+            _send_error(response_sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            return
+        number = next(self._next_id)
+        sender = self._senders[number % len(self._senders)]
+        sender.submit(f"{self._id_prefix}{number}", converted, request, response_sender)
+
+    def _metrics_loop(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            self._metrics.update(self._engine.stats())
+
+
+class _Sender:
+    """A sender thread and the requests assigned to it: their map, its lock, and their dirty queue.
+
+    The thread sends, for each stream marked dirty, what it produced since its last response, and asks
+    Triton whether each of its requests was cancelled once per engine step (at most once per
+    ``check_period_s``; while idle, at every wake-up).
+    """
+
+    def __init__(self, engine: EngineThread, name: str, check_period_s: float) -> None:
+        self._engine = engine
+        self._check_period_s = check_period_s
+        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()  # guards _live: Triton's thread adds, this sender removes
+        self._dirty: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    def submit(self, request_id: str, converted: EngineRequest, request: Any, response_sender: Any) -> None:
+        # Held across submit so this thread, woken by the stream's first update, finds the entry.
+        with self._lock:
+            stream = self._engine.submit(
+                request_id,
+                converted.prompt_token_ids,
+                converted.params,
+                converted.priority,
+                converted.cache_scope,
+                on_update=functools.partial(self._dirty.put, request_id),
+            )
+            self._live[request_id] = _Live(request, response_sender, stream, converted.streaming)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        last_step, last_check_s = -1, 0.0
+        while not self._stopping.is_set():
+            dirty: set[str] = set()
+            try:
+                dirty.add(self._dirty.get(timeout=_BUSY_POLL_S if self._live else _IDLE_POLL_S))
+                while True:
+                    dirty.add(self._dirty.get_nowait())
+            except queue.Empty:
+                pass
+            for request_id in dirty:
+                self._flush(request_id)
+            # NOTE: is_cancelled() is an IPC round trip per request, hence at most once per engine step.
+            step, now = self._engine.stats().num_steps_total, time.monotonic()
+            if (step != last_step or not dirty) and now - last_check_s >= self._check_period_s:
+                last_step, last_check_s = step, now
+                self._abort_cancelled()
+
+    def _flush(self, request_id: str) -> None:
+        with self._lock:
+            live = self._live.get(request_id)
+        if live is None:
+            return
+        delta = live.stream.take_nowait()
+        if delta is None:
+            return
+        done = delta.finished  # an error delta is finished too
+        try:
+            if delta.error is not None:
+                _send_error(live.sender, delta.error, pb_utils.TritonError.INTERNAL)
+            else:
+                self._send_tokens(live, delta)
+                if done:
+                    live.sender.send(flags=_FINAL)
+        except Exception as exc:  # Triton refused the response: stop the work and end the request
+            pb_utils.Logger.log_warn(f"{request_id}: sending failed ({exc}); aborting")
+            self._engine.abort(request_id)
+            done = True
+            with contextlib.suppress(Exception):  # it may be the final send itself that failed
+                live.sender.send(flags=_FINAL)
+        if done:
+            with self._lock:
+                self._live.pop(request_id, None)
+
+    def _send_tokens(self, live: _Live, delta: StreamDelta) -> None:
+        if live.cancelled:
+            return  # nobody is listening
+        if live.streaming:
+            if delta.token_ids or delta.finished:
+                tensors = response_tensors(delta.token_ids, delta if delta.finished else None)
+                live.sender.send(_response(tensors))
+        else:
+            live.tokens.extend(delta.token_ids)
+            if delta.finished:
+                live.sender.send(_response(response_tensors(live.tokens, delta)))
+
+    def _abort_cancelled(self) -> None:
+        with self._lock:
+            live_items = list(self._live.items())
+        for request_id, live in live_items:
+            if not live.cancelled and live.request.is_cancelled():
+                live.cancelled = True
+                self._engine.abort(request_id)  # the engine's final ABORT delta closes the request
+
+
+class _MetricsExporter:
+    """Engine stats as Triton custom metrics: TensorRT-LLM's gauge families plus Sluice's counters."""
+
+    def __init__(self, model_name: str, model_version: str, stats: EngineStats) -> None:
+        labels = {"model": model_name, "version": model_version}
+        gauge = pb_utils.MetricFamily.GAUGE
+        counter = pb_utils.MetricFamily.COUNTER
+        # NOTE: families must stay referenced: Triton drops a family whose Python object is collected.
+        self._families = {
+            name: pb_utils.MetricFamily(name=name, description=text, kind=gauge)
+            for name, text in _GAUGE_DESCRIPTIONS.items()
+        }
+        self._families.update(
+            {
+                name: pb_utils.MetricFamily(name=name, description=text, kind=counter)
+                for name, text in COUNTER_FAMILIES.items()
+            }
+        )
+        self._gauges = {
+            key: self._families[key[0]].Metric(labels={**labels, key[1]: key[2]})
+            for key in gauge_values(stats)
+        }
+        self._counters = {name: self._families[name].Metric(labels=labels) for name in COUNTER_FAMILIES}
+        self._last_totals = dict.fromkeys(COUNTER_FAMILIES, 0.0)
+        self.update(stats)
+
+    def update(self, stats: EngineStats) -> None:
+        for key, value in gauge_values(stats).items():
+            self._gauges[key].set(value)
+        for name, total in counter_totals(stats).items():
+            if total > self._last_totals[name]:
+                self._counters[name].increment(total - self._last_totals[name])
+                self._last_totals[name] = total
+
+
+def _response(tensors: dict[str, Any]) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+
+def _send_error(sender: Any, message: str, code: Any) -> None:
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=_FINAL)

@@ -1,0 +1,140 @@
+"""Render the CPU engine's Triton model repository from ``model_repository/cpu_engine/``.
+
+    render_model_repository(Path(".sluice/model_repository"), CpuEngineModelSettings(checkpoint_dir=...))
+
+writes ``<out>/<model_name>/config.pbtxt`` (the template with every ``${placeholder}`` filled) and
+``<out>/<model_name>/1/model.py``, replacing whatever that model folder held before.
+``python -m sluice.triton.render --out DIR --checkpoint-dir DIR`` does the same from a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from string import Template
+
+from cpu_engine.config import EngineConfig
+
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
+TEMPLATE_NAME = "config.pbtxt.template"
+_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def fill_template(template: str, values: Mapping[str, object]) -> str:
+    """Substitute ``${key}`` placeholders; refuse keys the template lacks and placeholders left unfilled.
+
+    Values are written inside pbtxt strings or as numbers, so quotes, backslashes and newlines are refused.
+    """
+    tmpl = Template(template)
+    if not tmpl.is_valid():
+        raise ValueError("the template has a malformed placeholder")
+    wanted = set(tmpl.get_identifiers())
+    unknown = sorted(set(values) - wanted)
+    missing = sorted(wanted - set(values))
+    if unknown:
+        raise ValueError(f"keys not in the template: {', '.join(unknown)}")
+    if missing:
+        raise ValueError(f"placeholders without a value: {', '.join(missing)}")
+    text = {k: str(v) for k, v in values.items()}
+    for key, value in text.items():
+        if any(c in value for c in '"\\\n'):
+            raise ValueError(f"value for {key!r} must not contain quotes, backslashes or newlines")
+    return tmpl.substitute(text)
+
+
+@dataclass(frozen=True)
+class CpuEngineModelSettings:
+    """Everything the template asks for. Engine defaults are ``EngineConfig``'s."""
+
+    checkpoint_dir: Path
+    model_name: str = "sluice-tiny"
+    # Requests Triton may hand to one execute() call (not a token batch: the engine batches by itself).
+    max_batch_size: int = 64
+    num_kv_blocks: int = EngineConfig.num_kv_blocks
+    block_size_tokens: int = EngineConfig.block_size_tokens
+    step_token_budget: int = EngineConfig.step_token_budget
+    max_num_running: int = EngineConfig.max_num_running
+    target_step_ms: float | None = None
+    stats_interval_ms: float = 100.0
+    # 0: check every live request for cancellation once per engine step.
+    cancellation_check_period_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not _MODEL_NAME_RE.match(self.model_name):
+            raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {self.model_name!r}")
+        if self.max_batch_size < 1 or self.stats_interval_ms <= 0:
+            raise ValueError("max_batch_size and stats_interval_ms must be positive")
+        if self.cancellation_check_period_ms < 0:
+            raise ValueError("cancellation_check_period_ms must be >= 0")
+        if self.target_step_ms is not None and self.target_step_ms <= 0:
+            raise ValueError("target_step_ms must be positive when set")
+        EngineConfig(  # the engine's own checks, at render time rather than at model load
+            block_size_tokens=self.block_size_tokens,
+            num_kv_blocks=self.num_kv_blocks,
+            step_token_budget=self.step_token_budget,
+            max_num_running=self.max_num_running,
+        )
+
+    def template_values(self) -> dict[str, str]:
+        values = {k: str(v) for k, v in asdict(self).items()}
+        values["checkpoint_dir"] = str(Path(self.checkpoint_dir).resolve())
+        values["target_step_ms"] = "" if self.target_step_ms is None else str(self.target_step_ms)
+        return values
+
+
+def render_model_repository(
+    out_dir: Path, settings: CpuEngineModelSettings, source_dir: Path = SOURCE_DIR
+) -> Path:
+    """Write the model folder under ``out_dir`` and return it. The folder is swapped in whole."""
+    config = fill_template((source_dir / TEMPLATE_NAME).read_text(), settings.template_values())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / settings.model_name
+    staging = Path(tempfile.mkdtemp(prefix=f".{settings.model_name}.", dir=out_dir))
+    try:
+        (staging / "config.pbtxt").write_text(config)
+        (staging / "1").mkdir()
+        shutil.copy2(source_dir / "1" / "model.py", staging / "1" / "model.py")
+        staging.chmod(0o755)  # mkdtemp makes it 0700
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Render the CPU engine's Triton model repository.")
+    parser.add_argument("--out", required=True, type=Path, help="model repository folder to write into")
+    parser.add_argument("--checkpoint-dir", required=True, type=Path)
+    parser.add_argument("--model-name", default=CpuEngineModelSettings.model_name)
+    parser.add_argument("--num-kv-blocks", type=int, default=CpuEngineModelSettings.num_kv_blocks)
+    parser.add_argument("--block-size-tokens", type=int, default=CpuEngineModelSettings.block_size_tokens)
+    parser.add_argument("--step-token-budget", type=int, default=CpuEngineModelSettings.step_token_budget)
+    parser.add_argument("--max-num-running", type=int, default=CpuEngineModelSettings.max_num_running)
+    parser.add_argument("--target-step-ms", type=float, default=None)
+    parser.add_argument("--cancellation-check-period-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    settings = CpuEngineModelSettings(
+        checkpoint_dir=args.checkpoint_dir,
+        model_name=args.model_name,
+        num_kv_blocks=args.num_kv_blocks,
+        block_size_tokens=args.block_size_tokens,
+        step_token_budget=args.step_token_budget,
+        max_num_running=args.max_num_running,
+        target_step_ms=args.target_step_ms,
+        cancellation_check_period_ms=args.cancellation_check_period_ms,
+    )
+    print(render_model_repository(args.out, settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

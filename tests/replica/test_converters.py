@@ -1,0 +1,212 @@
+"""The pure converters and the renderer, without a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from cpu_engine.engine_thread import StreamDelta
+from cpu_engine.sampling import PriorityClass
+from cpu_engine.sequence import FinishReason
+from cpu_engine.stats import EngineStats
+from sluice.triton.converters import (
+    COUNTER_FAMILIES,
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    EngineRequest,
+    counter_totals,
+    gauge_values,
+    parameters_from_config,
+    request_from_tensors,
+    request_tensors,
+    response_tensors,
+)
+from sluice.triton.render import CpuEngineModelSettings, fill_template, render_model_repository
+
+VOCAB = 8192
+
+
+def convert(prompt: list[int] | None = None, max_tokens: int = 8, **kwargs: Any) -> EngineRequest:
+    return request_from_tensors(request_tensors(prompt or [5, 6, 7], max_tokens, **kwargs), VOCAB)
+
+
+def test_defaults_are_greedy_interactive_unscoped() -> None:
+    req = convert(prompt=[1, 2, 3], max_tokens=9)
+    assert req.prompt_token_ids == [1, 2, 3] and req.streaming
+    assert req.params.max_tokens == 9 and req.params.greedy and req.params.stop_token_ids == ()
+    assert req.priority is PriorityClass.INTERACTIVE and req.cache_scope == ""
+
+
+def test_sampling_inputs_follow_tensorrt_llm() -> None:
+    assert not convert(top_p=0.9).params.greedy  # any sampling input: temperature defaults to 1
+    assert convert(top_p=0.0).params.top_p == 1.0  # 0 is "no top-p cut"
+    assert convert(temperature=0.0, top_k=5).params.greedy
+    params = convert(temperature=0.5, top_k=40, top_p=0.75, seed=2**63 + 5).params
+    assert (params.temperature, params.top_k, params.top_p, params.seed) == (0.5, 40, 0.75, 2**63 + 5)
+
+
+def test_end_id_joins_the_stop_ids_unless_eos_is_ignored() -> None:
+    assert convert(end_id=2, stop_token_ids=[9, 2]).params.stop_token_ids == (9, 2)
+    ignoring = convert(end_id=2, stop_token_ids=[9], ignore_eos=True).params
+    assert ignoring.stop_token_ids == (9,) and ignoring.ignore_eos
+
+
+def test_extras_priority_scope_and_streaming() -> None:
+    req = convert(priority=1, cache_scope="acme", streaming=False)
+    assert req.priority is PriorityClass.BATCH and req.cache_scope == "acme" and not req.streaming
+
+
+def test_input_lengths_trims_padding() -> None:
+    tensors = request_tensors([4, 5, 6, 0, 0], 3)
+    tensors["input_lengths"] = np.array([[3]], dtype=np.int32)
+    assert request_from_tensors(tensors, VOCAB).prompt_token_ids == [4, 5, 6]
+
+
+def test_a_prompt_must_leave_room_for_output() -> None:
+    tensors = request_tensors(list(range(3, 13)), 4)
+    assert len(request_from_tensors(tensors, VOCAB, max_context_tokens=11).prompt_token_ids) == 10
+    with pytest.raises(ValueError, match="a prompt of 10 tokens reaches the model's context of 10"):
+        request_from_tensors(tensors, VOCAB, max_context_tokens=10)
+
+
+def test_shapes_without_the_batch_dimension_are_accepted() -> None:
+    tensors = {k: v.reshape(-1) for k, v in request_tensors([4, 5], 3).items()}
+    assert request_from_tensors(tensors, VOCAB).prompt_token_ids == [4, 5]
+
+
+def _edit(**changes: np.ndarray | None) -> dict[str, np.ndarray]:
+    tensors = request_tensors([5, 6, 7], 4)
+    for name, value in changes.items():
+        if value is None:
+            tensors.pop(name)
+        else:
+            tensors[name] = value
+    return tensors
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        (_edit(input_ids=None), "input 'input_ids' is required"),
+        (_edit(bogus=np.zeros(1)), "unknown input(s): bogus"),
+        (_edit(input_ids=np.array([[1, 2], [3, 4]], np.int32)), "batch size 1"),
+        (_edit(input_ids=np.array([[1.0, 2.0]], np.float32)), "input_ids must be integers"),
+        (_edit(input_ids=np.array([[1, -2, 3]], np.int32)), "input_ids[1] = -2 is outside the vocabulary"),
+        (_edit(input_lengths=np.array([[9]], np.int32)), "input_lengths must be in [1, 3]"),
+        (_edit(request_output_len=np.array([[0]], np.int32)), "max_tokens must be at least 1"),
+        (_edit(stop_token_ids=np.array([[VOCAB]], np.int32)), "stop_token_ids[0] = 8192"),
+        (_edit(end_id=np.array([[-1]], np.int32)), "end_id[0] = -1"),
+        (_edit(priority=np.array([[3]], np.int32)), "priority must be one of [0, 1]"),
+        (_edit(temperature=np.array([[np.nan]], np.float32)), "temperature must be finite"),
+        (_edit(temperature=np.array([[-1.0]], np.float32)), "temperature must be >= 0"),
+        (_edit(runtime_top_k=np.array([[-1]], np.int32)), "top_k must be >= 0"),
+        (_edit(cache_scope=np.array([[b"\xff"]], np.object_)), "cache_scope must be UTF-8"),
+        (_edit(cache_scope=np.array([[b"x" * 300]], np.object_)), "at most 256 bytes"),
+        (_edit(streaming=np.array([[1.0]], np.float32)), "streaming must hold one boolean"),
+    ],
+)
+def test_bad_requests_raise_clear_value_errors(tensors: dict[str, np.ndarray], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        request_from_tensors(tensors, VOCAB)
+    assert message in str(info.value)
+
+
+def test_response_tensors_mirror_tensorrt_llm_shapes() -> None:
+    out = response_tensors([7, 8, 9])
+    assert set(out) == {"output_ids", "sequence_length"}
+    assert out["output_ids"].shape == (1, 1, 3) and out["output_ids"].dtype == np.int32
+    assert out["sequence_length"].tolist() == [[3]]
+    final = StreamDelta([9], True, FinishReason.STOP, 12, 5, 4)
+    out = response_tensors([9], final)
+    assert set(out) == set(OUTPUT_NAMES)
+    assert out["finish_reason"].tolist() == [[b"stop"]]
+    assert out["num_prompt_tokens"].tolist() == [[12]] and out["num_cached_tokens"].tolist() == [[4]]
+    assert response_tensors([], final)["output_ids"].shape == (1, 1, 0)
+
+
+def _params(**overrides: str) -> dict[str, dict[str, str]]:
+    raw = {
+        "checkpoint_dir": "/ckpt",
+        "num_kv_blocks": "64",
+        "block_size_tokens": "16",
+        "step_token_budget": "256",
+        "max_num_running": "8",
+        "target_step_ms": "",
+        "stats_interval_ms": "100",
+        "cancellation_check_period_ms": "0",
+    } | overrides
+    return {k: {"string_value": v} for k, v in raw.items()}
+
+
+def test_parameters_parse_into_an_engine_config() -> None:
+    parsed = parameters_from_config(_params())
+    assert parsed.checkpoint_dir == Path("/ckpt") and parsed.stats_interval_ms == 100.0
+    assert parsed.engine.num_kv_blocks == 64 and parsed.engine.max_num_running == 8
+    assert parsed.engine.target_step_ms is None
+    assert parameters_from_config(_params(target_step_ms="25")).engine.target_step_ms == 25.0
+    with pytest.raises(ValueError, match="'num_kv_blocks' must be an integer"):
+        parameters_from_config(_params(num_kv_blocks="lots"))
+    with pytest.raises(ValueError, match="'max_num_running' is missing"):
+        parameters_from_config({k: v for k, v in _params().items() if k != "max_num_running"})
+
+
+def test_stats_become_trt_llm_gauges_and_sluice_counters() -> None:
+    stats = EngineStats(
+        num_blocks_max=100, num_blocks_used=25, num_blocks_free=75, tokens_per_block=16,
+        num_running=3, num_waiting=2, num_scheduled=3, num_context=1, running_cap=64,
+        num_preemptions_total=4, num_steps_total=10, num_generated_tokens_total=30,
+        num_prefix_query_tokens_total=200, num_prefix_hit_tokens_total=50, step_ms_sum=123.0,
+    )  # fmt: skip
+    gauges = gauge_values(stats)
+    assert gauges[("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction")] == 0.25
+    assert gauges[("nv_trt_llm_request_metrics", "request_type", "active")] == 5
+    assert gauges[("nv_trt_llm_request_metrics", "request_type", "max")] == 64
+    totals = counter_totals(stats)
+    assert set(totals) == set(COUNTER_FAMILIES)
+    assert totals["sluice_engine_preemptions_total"] == 4 and totals["sluice_engine_step_ms_total"] == 123.0
+
+
+def test_fill_template_refuses_unknown_and_missing_keys() -> None:
+    assert fill_template('a: "${x}" b: ${y}', {"x": "1", "y": 2}) == 'a: "1" b: 2'
+    with pytest.raises(ValueError, match="keys not in the template: z"):
+        fill_template("${x}", {"x": 1, "z": 2})
+    with pytest.raises(ValueError, match="placeholders without a value: y"):
+        fill_template("${x} ${y}", {"x": 1})
+    with pytest.raises(ValueError, match="must not contain quotes"):
+        fill_template('"${x}"', {"x": 'a"b'})
+
+
+def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
+    settings = CpuEngineModelSettings(checkpoint_dir=tmp_path / "ckpt", num_kv_blocks=99, target_step_ms=30)
+    model_dir = render_model_repository(tmp_path / "repo", settings)
+    assert model_dir == tmp_path / "repo" / "sluice-tiny"
+    assert (model_dir / "1" / "model.py").is_file()
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.name == "sluice-tiny" and config.backend == "python"
+    assert config.model_transaction_policy.decoupled and config.max_batch_size == 64
+    assert [i.name for i in config.input] == list(INPUT_NAMES)
+    assert [o.name for o in config.output] == list(OUTPUT_NAMES)
+    assert {i.name for i in config.input if not i.optional} == {
+        "input_ids", "input_lengths", "request_output_len"
+    }  # fmt: skip
+    parsed = parameters_from_config(
+        json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
+    )
+    assert parsed.checkpoint_dir == (tmp_path / "ckpt").resolve()
+    assert parsed.engine.num_kv_blocks == 99 and parsed.engine.target_step_ms == 30.0
+    # Rendering again replaces the folder whole.
+    (model_dir / "stale.txt").write_text("x")
+    render_model_repository(tmp_path / "repo", settings)
+    assert not (model_dir / "stale.txt").exists()
+
+
+def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model name"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, model_name="bad name")
+    with pytest.raises(ValueError, match="num_kv_blocks"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, num_kv_blocks=0)

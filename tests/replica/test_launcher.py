@@ -1,0 +1,115 @@
+"""The launcher: failures surface Triton's log, nothing is left running, the CLI stops on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sluice.triton.launcher import TritonLaunchError, TritonServer, TritonServerConfig
+from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (the unique shm prefix of one test's server)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_stop_leaves_no_process_behind(start_replica: Callable[[str], TritonServer]) -> None:
+    server = start_replica("stopcheck")
+    prefix = server.config.effective_shm_prefix
+    pid = server.pid
+    assert pid is not None and len(processes_mentioning(prefix)) >= 2  # the server and its backend stub
+    server.stop()
+    assert processes_mentioning(prefix) == []
+    assert list(Path("/dev/shm").glob(f"{prefix}*")) == []  # nor a shared-memory region
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    server.stop()  # idempotent
+
+
+def test_a_model_that_fails_to_load_surfaces_the_log(tmp_path: Path, three_free_ports: list[int]) -> None:
+    repo = tmp_path / "repo"
+    render_model_repository(repo, CpuEngineModelSettings(checkpoint_dir=tmp_path / "no-such-checkpoint"))
+    http, grpc, metrics = three_free_ports
+    prefix = f"sluice_fail_{os.getpid()}_"
+    config = TritonServerConfig(
+        model_repository=repo,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        state_dir=tmp_path / "state",
+        shm_prefix=prefix,
+    )
+    server = TritonServer(config)
+    with pytest.raises(TritonLaunchError) as info:
+        server.start()
+    assert "no-such-checkpoint" in str(info.value)  # the model's own error, from Triton's log
+    assert not server.is_running() and processes_mentioning(prefix) == []
+
+
+def test_a_taken_port_is_refused_before_launch(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = TritonServerConfig(model_repository=tmp_path, http_port=port, grpc_port=port + 1)
+        with pytest.raises(TritonLaunchError, match=f"port 127.0.0.1:{port} is already in use"):
+            TritonServer(config).start()
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        TritonServerConfig(model_repository=Path("."), http_port=9000, grpc_port=9000)
+    with pytest.raises(ValueError, match="shm_prefix"):
+        TritonServerConfig(model_repository=Path("."), shm_prefix="a/b")
+
+
+def test_cli_runs_until_interrupted(
+    model_repository: Path, tmp_path: Path, three_free_ports: list[int]
+) -> None:
+    http, grpc, metrics = three_free_ports
+    prefix = f"sluice_cli_{os.getpid()}_"
+    cli = subprocess.Popen(
+        [
+            sys.executable, "-m", "sluice.triton.launcher",
+            "--model-repository", str(model_repository), "--state-dir", str(tmp_path / "state"),
+            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+            "--shm-prefix", prefix,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert cli.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in cli.stderr:
+            if line.startswith("tritonserver ready") or time.monotonic() > deadline:
+                break
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5) as resp:
+            assert resp.status == 200
+        cli.send_signal(signal.SIGINT)
+        assert cli.wait(timeout=20) == 130
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert processes_mentioning(prefix) == []

@@ -1,0 +1,249 @@
+"""model.py under a named fake of triton_python_backend_utils, with the real engine: no server.
+
+As in tensorrtllm_backend's tests, the Triton utilities are stubbed; requests and response senders are
+recorded so the sending, coalescing, cancellation and metrics paths can be checked one by one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from sluice.triton.converters import request_tensors
+from sluice.triton.render import SOURCE_DIR
+
+FINAL = 1
+
+
+class FakeTritonError:
+    INVALID_ARG, INTERNAL, CANCELLED = "INVALID_ARG", "INTERNAL", "CANCELLED"
+
+    def __init__(self, message: str, code: str = "INTERNAL") -> None:
+        self.message, self.code = message, code
+
+
+class FakeTensor:
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self.name, self.array = name, array
+
+    def as_numpy(self) -> np.ndarray:
+        return self.array
+
+
+class FakeResponse:
+    def __init__(self, output_tensors: list[FakeTensor] | None = None, error: Any = None) -> None:
+        self.tensors = {t.name: t.array for t in output_tensors or []}
+        self.error = error
+
+
+class FakeSender:
+    """Records (response, flags); ``delay_s`` makes sending slow, as the real response path is."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.sent: list[tuple[FakeResponse | None, int]] = []
+        self.delay_s = delay_s
+        self.finished = threading.Event()
+
+    def send(self, response: FakeResponse | None = None, flags: int = 0) -> None:
+        time.sleep(self.delay_s)
+        self.sent.append((response, flags))
+        if flags & FINAL:
+            self.finished.set()
+
+    def token_ids(self) -> list[list[int]]:
+        return [r.tensors["output_ids"].reshape(-1).tolist() for r, _ in self.sent if r and r.tensors]
+
+
+class FakeRequest:
+    def __init__(self, tensors: dict[str, np.ndarray], sender: FakeSender | None = None) -> None:
+        self.inputs = {name: FakeTensor(name, arr) for name, arr in tensors.items()}
+        self.sender = sender or FakeSender()
+        self.cancelled = False
+        self.num_cancel_checks = 0
+
+    def get_response_sender(self) -> FakeSender:
+        return self.sender
+
+    def is_cancelled(self) -> bool:
+        self.num_cancel_checks += 1
+        return self.cancelled
+
+
+class FakeMetric:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels, self.value = labels, 0.0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def increment(self, value: float) -> None:
+        self.value += value
+
+
+class FakeMetricFamily:
+    GAUGE, COUNTER = "GAUGE", "COUNTER"
+    created: ClassVar[dict[str, FakeMetricFamily]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name, self.kind = name, kind
+        self.metrics: list[FakeMetric] = []
+        FakeMetricFamily.created[name] = self
+
+    def Metric(self, labels: dict[str, str]) -> FakeMetric:  # Triton's spelling
+        metric = FakeMetric(labels)
+        self.metrics.append(metric)
+        return metric
+
+    def value(self, **labels: str) -> float:
+        return next(m.value for m in self.metrics if labels.items() <= m.labels.items())
+
+
+def fake_pb_utils() -> types.ModuleType:
+    module = types.ModuleType("triton_python_backend_utils")
+    module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL  # type: ignore[attr-defined]
+    module.TritonError = FakeTritonError  # type: ignore[attr-defined]
+    module.TritonModelException = RuntimeError  # type: ignore[attr-defined]
+    module.Tensor = FakeTensor  # type: ignore[attr-defined]
+    module.InferenceResponse = FakeResponse  # type: ignore[attr-defined]
+    module.MetricFamily = FakeMetricFamily  # type: ignore[attr-defined]
+    module.Logger = types.SimpleNamespace(  # type: ignore[attr-defined]
+        log_info=lambda msg: None, log_warn=lambda msg: None, log_error=lambda msg: None
+    )
+    module.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)  # type: ignore[attr-defined]
+    module.using_decoupled_model_transaction_policy = (  # type: ignore[attr-defined]
+        lambda config: config["model_transaction_policy"]["decoupled"]
+    )
+    return module
+
+
+@pytest.fixture
+def model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    FakeMetricFamily.created = {}
+    spec = importlib.util.spec_from_file_location("cpu_engine_triton_model", SOURCE_DIR / "1" / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    parameters = {
+        "checkpoint_dir": str(dev_checkpoint),
+        "num_kv_blocks": "256",
+        "block_size_tokens": "16",
+        "step_token_budget": "512",
+        "max_num_running": "64",
+        "target_step_ms": "",
+        "stats_interval_ms": "10",
+        "cancellation_check_period_ms": "0",
+    }
+    config = {
+        "model_transaction_policy": {"decoupled": True},
+        "parameters": {k: {"string_value": v} for k, v in parameters.items()},
+    }
+    instance = module.TritonPythonModel()
+    instance.initialize(
+        {
+            "model_config": json.dumps(config),
+            "model_instance_name": "sluice-tiny_0_0",
+            "model_name": "sluice-tiny",
+            "model_version": "1",
+        }
+    )
+    yield instance
+    instance.finalize()
+
+
+def wait_final(request: FakeRequest, timeout_s: float = 20.0) -> None:
+    assert request.sender.finished.wait(timeout_s), "no final response"
+
+
+def test_streaming_sends_tokens_then_an_empty_final_response(model: Any) -> None:
+    request = FakeRequest(request_tensors([5, 6, 7], 10, ignore_eos=True))
+    model.execute([request])
+    wait_final(request)
+    sent = request.sender.sent
+    assert sum(len(ids) for ids in request.sender.token_ids()) == 10
+    assert sent[-1] == (None, FINAL)  # the final flag travels alone
+    assert all(flags == 0 for _, flags in sent[:-1])
+    last = sent[-2][0]
+    assert last is not None and last.tensors["finish_reason"].tolist() == [[b"length"]]
+    assert all("finish_reason" not in r.tensors for r, _ in sent[:-2] if r)
+
+
+def test_a_slow_sender_gets_tokens_coalesced_not_queued(model: Any) -> None:
+    request = FakeRequest(request_tensors([5, 6, 7], 60, ignore_eos=True), FakeSender(delay_s=0.05))
+    model.execute([request])
+    wait_final(request)
+    chunks = request.sender.token_ids()
+    assert sum(len(c) for c in chunks) == 60
+    assert len(chunks) < 60 and max(len(c) for c in chunks) > 1
+
+
+def test_non_streaming_sends_one_response(model: Any) -> None:
+    request = FakeRequest(request_tensors([5, 6, 7], 12, streaming=False, ignore_eos=True))
+    model.execute([request])
+    wait_final(request)
+    assert [len(c) for c in request.sender.token_ids()] == [12]
+    assert len(request.sender.sent) == 2
+
+
+def test_bad_input_gets_one_final_error_response(model: Any) -> None:
+    request = FakeRequest(request_tensors([5, 99_999], 4))
+    model.execute([request])
+    wait_final(request, 1.0)
+    [(response, flags)] = request.sender.sent
+    assert flags == FINAL and response is not None
+    assert response.error.code == "INVALID_ARG" and "outside the vocabulary" in response.error.message
+
+
+def test_a_cancelled_request_is_aborted_within_a_step(model: Any) -> None:
+    request = FakeRequest(request_tensors(list(range(3, 200)), 500, ignore_eos=True))
+    other = FakeRequest(request_tensors([5, 6, 7], 500, ignore_eos=True))
+    model.execute([request, other])
+    deadline = time.monotonic() + 10
+    while not request.sender.token_ids() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert request.sender.token_ids(), "the request never started"
+    steps_at_cancel = model._engine.stats().num_steps_total
+    request.cancelled = True
+    wait_final(request, 2.0)
+    # One step to notice, one to apply the abort; slack for a sender thread starved of the GIL.
+    assert model._engine.stats().num_steps_total - steps_at_cancel <= 5
+    assert request.sender.sent[-1] == (None, FINAL)
+    assert sum(len(c) for c in request.sender.token_ids()) < 500
+    assert request.num_cancel_checks > 1
+    assert not other.sender.finished.is_set()  # only the cancelled one was aborted
+
+
+def test_engine_stats_reach_the_metric_families(model: Any) -> None:
+    families = FakeMetricFamily.created
+    assert families["nv_trt_llm_kv_cache_block_metrics"].kind == "GAUGE"
+    assert families["sluice_engine_steps_total"].kind == "COUNTER"
+    kv = families["nv_trt_llm_kv_cache_block_metrics"]
+    assert kv.value(kv_cache_block_type="max", model="sluice-tiny", version="1") == 256
+    request = FakeRequest(request_tensors([5, 6, 7], 8, ignore_eos=True))
+    model.execute([request])
+    wait_final(request)
+    time.sleep(0.05)  # two stats intervals
+    assert families["sluice_engine_generated_tokens_total"].value() == 8
+    assert families["sluice_engine_steps_total"].value() >= 8
+    assert kv.value(kv_cache_block_type="used") == 0
+
+
+def test_finalize_ends_live_requests_with_an_error(model: Any) -> None:
+    request = FakeRequest(request_tensors([5, 6, 7], 1000, ignore_eos=True))
+    model.execute([request])
+    time.sleep(0.05)
+    model.finalize()
+    wait_final(request, 1.0)
+    response, flags = request.sender.sent[-1]
+    assert flags == FINAL and response is not None and "engine stopped" in response.error.message
