@@ -8,9 +8,9 @@ DEV_MODEL := $(STATE)/models/sluice-tiny
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install checkpoint run test lint bench-engine clean
+.PHONY: install checkpoint repository run test lint bench-engine clean
 
-$(VENV)/.installed: pyproject.toml setup.py cpu_engine/csrc/paged_attention.c
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip "setuptools>=68" wheel
 	$(PY) -m pip install -q -e '.[test]'
@@ -23,12 +23,21 @@ $(DEV_MODEL)/model.safetensors: $(VENV)/.installed
 
 checkpoint: $(DEV_MODEL)/model.safetensors
 
+$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(wildcard model_repository/cpu_engine/*.template model_repository/cpu_engine/1/*.py)
+	$(PY) -m sluice.triton.render --out $(STATE)/model_repository --checkpoint-dir $(DEV_MODEL) --model-name sluice-tiny
+
+repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt
+
+# Serves the CPU engine in a real tritonserver (HTTP 8000, gRPC 8001, metrics 8002); Ctrl-C stops it.
+run: install checkpoint repository
+	exec $(PY) -m sluice.triton.launcher --model-repository $(STATE)/model_repository --state-dir $(STATE)/triton
+
 test: install checkpoint
 	$(PY) -m pytest -q
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy cpu_engine
+	$(PY) -m mypy cpu_engine sluice
 
 bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import PriorityClass, SamplingParams
@@ -20,6 +21,14 @@ from cpu_engine.sequence import FinishReason
 from cpu_engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
+
+
+class StreamError(StrEnum):
+    """Why a stream ended without finishing: the caller's fault, or the engine's."""
+
+    INVALID_REQUEST = "invalid_request"  # refused at add (bad token ids, too long for the model or pool)
+    ENGINE_ERROR = "engine_error"  # a step failed; the request may be retried
+    ENGINE_STOPPED = "engine_stopped"
 
 
 @dataclass
@@ -33,6 +42,7 @@ class StreamDelta:
     num_output_tokens: int
     num_cached_prompt_tokens: int
     error: str | None = None
+    error_kind: StreamError | None = None
 
 
 @dataclass
@@ -44,6 +54,7 @@ class RequestStream:
     _pending: list[int] = field(default_factory=list)
     _last: RequestOutput | None = None
     _error: str | None = None
+    _error_kind: StreamError | None = None
     _taken_final: bool = False
 
     def _push(self, out: RequestOutput) -> None:
@@ -54,9 +65,10 @@ class RequestStream:
         if self.on_update is not None:
             self.on_update()
 
-    def _fail(self, error: str) -> None:
+    def _fail(self, kind: StreamError, error: str) -> None:
         with self._cond:
             self._error = error
+            self._error_kind = kind
             self._cond.notify_all()
         if self.on_update is not None:
             self.on_update()
@@ -91,6 +103,7 @@ class RequestStream:
             num_output_tokens=last.num_output_tokens if last else 0,
             num_cached_prompt_tokens=last.num_cached_prompt_tokens if last else 0,
             error=self._error,
+            error_kind=self._error_kind,
         )
         self._pending = []
         self._taken_final = finished
@@ -173,17 +186,17 @@ class EngineThread:
                 outputs = engine.step()
             except Exception as exc:  # a bug or a bad tensor: fail what is in flight, keep serving
                 log.exception("engine step failed; failing %d in-flight requests", len(self._streams))
-                self._fail_all(f"engine error: {exc}")
+                self._fail_all(StreamError.ENGINE_ERROR, f"engine error: {exc}")
                 continue
             for out in outputs:
                 self._deliver(out)
             self._stats = engine.stats()
-        self._fail_all("engine stopped")
+        self._fail_all(StreamError.ENGINE_STOPPED, "engine stopped")
 
-    def _fail_all(self, error: str) -> None:
+    def _fail_all(self, kind: StreamError, error: str) -> None:
         for request_id, stream in list(self._streams.items()):
             self._engine.abort_request(request_id)
-            stream._fail(error)
+            stream._fail(kind, error)
         self._streams.clear()
         self._stats = self._engine.stats()
 
@@ -199,7 +212,7 @@ class EngineThread:
                     command.cache_scope,
                 )
             except ValueError as exc:
-                stream._fail(str(exc))
+                stream._fail(StreamError.INVALID_REQUEST, str(exc))
                 return
             self._streams[stream.request_id] = stream
         elif isinstance(command, _Abort):

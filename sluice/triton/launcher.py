@@ -358,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # SIGTERM to us ends like Ctrl-C: through the finally below, which stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still stop what we started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     server = TritonServer(config, echo_log=True)
     try:
         server.start()

@@ -10,7 +10,7 @@ import pytest
 
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
-from cpu_engine.engine_thread import EngineThread, StreamDelta
+from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
 from cpu_engine.sampling import PriorityClass, SamplingParams
 from cpu_engine.sequence import FinishReason
 
@@ -74,6 +74,7 @@ def test_bad_request_fails_its_stream_only(engine_thread: EngineThread) -> None:
     bad = engine_thread.submit("bad", [999_999], SamplingParams(max_tokens=2))
     delta = bad.take(timeout_s=5)
     assert delta is not None and delta.finished and delta.error and "prompt token ids" in delta.error
+    assert delta.error_kind is StreamError.INVALID_REQUEST
     good = engine_thread.submit("good", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0))
     assert drain(good)[-1].finish_reason is not None
 
@@ -147,6 +148,7 @@ def test_a_failing_step_fails_in_flight_requests_and_the_engine_keeps_serving(de
         )
         last = drain(doomed)[-1]
         assert last.error is not None and "boom" in last.error
+        assert last.error_kind is StreamError.ENGINE_ERROR
         assert engine.block_pool.num_used_blocks == 0
         fine = thread.submit("fine", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
         assert drain(fine)[-1].finish_reason is FinishReason.LENGTH

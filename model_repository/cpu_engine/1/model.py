@@ -29,7 +29,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from cpu_engine.engine import LLMEngine
-from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
+from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, StreamError
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.triton.converters import (
     COUNTER_FAMILIES,
@@ -201,7 +201,12 @@ class _Sender:
         done = delta.finished  # an error delta is finished too
         try:
             if delta.error is not None:
-                _send_error(live.sender, delta.error, pb_utils.TritonError.INTERNAL)
+                code = (
+                    pb_utils.TritonError.INVALID_ARG
+                    if delta.error_kind is StreamError.INVALID_REQUEST
+                    else pb_utils.TritonError.INTERNAL
+                )
+                _send_error(live.sender, delta.error, code)
             else:
                 self._send_tokens(live, delta)
                 if done:
