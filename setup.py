@@ -1,7 +1,10 @@
-"""Builds the CPU engine's one native kernel (paged attention); everything else is in pyproject.toml."""
+"""Builds the CPU engine's native kernels (paged attention, bf16 linear); the rest is in pyproject.toml."""
 
 import numpy as np
 from setuptools import Extension, setup
+
+# -march=native: the kernels are built on the machine that runs them (make installs them locally).
+COMPILE_ARGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-std=c11"]
 
 setup(
     ext_modules=[
@@ -9,9 +12,15 @@ setup(
             "cpu_engine._paged_attention",
             sources=["cpu_engine/csrc/paged_attention.c"],
             include_dirs=[np.get_include()],
-            # -march=native: the kernel is built on the machine that runs it (make installs it locally).
-            extra_compile_args=["-O3", "-march=native", "-fopenmp", "-ffast-math", "-std=c11"],
+            extra_compile_args=COMPILE_ARGS,
             extra_link_args=["-fopenmp"],
-        )
+        ),
+        Extension(
+            "cpu_engine._linear",
+            sources=["cpu_engine/csrc/linear_bf16.c"],
+            include_dirs=[np.get_include()],
+            extra_compile_args=COMPILE_ARGS,
+            extra_link_args=["-fopenmp"],
+        ),
     ]
 )

@@ -38,7 +38,9 @@ class LLMEngine:
             config.num_kv_blocks, config.block_size_tokens, config.enable_prefix_cache
         )
         self.kv_cache = KVCache(model_config, config.num_kv_blocks, config.block_size_tokens)
-        self.runner = ModelRunner(LlamaModel(model_config, weights, self.kv_cache), config.block_size_tokens)
+        self.runner = ModelRunner(
+            LlamaModel(model_config, weights, self.kv_cache, config.dtype), config.block_size_tokens
+        )
         self.scheduler = Scheduler(
             config,
             self.block_pool,

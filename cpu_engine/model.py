@@ -6,12 +6,44 @@ attention cares which sequence a token belongs to, and it reads keys and values 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from cpu_engine.attention import paged_attention, write_kv
-from cpu_engine.config import ModelConfig
+from cpu_engine.config import LinearDType, ModelConfig
+from cpu_engine.linear import PackedLinear
 from cpu_engine.rope import RotaryTable
 from cpu_engine.weights import LlamaWeights
+
+Linear = Callable[[np.ndarray], np.ndarray]
+
+
+class DenseLinear:
+    """float32 ``x @ W`` through numpy's BLAS: exact reference numerics, about a third of bf16's speed."""
+
+    __slots__ = ("weight",)
+
+    def __init__(self, weight: np.ndarray) -> None:
+        self.weight = weight
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.weight
+
+
+def make_linear(weight: np.ndarray, dtype: LinearDType) -> Linear:
+    return DenseLinear(weight) if dtype == "float32" else PackedLinear(weight)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: np.ndarray
+    qkv: Linear
+    o: Linear
+    post_attn_norm: np.ndarray
+    gate_up: Linear
+    down: Linear
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -44,10 +76,25 @@ class KVCache:
 
 
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, weights: LlamaWeights, kv_cache: KVCache) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: LlamaWeights, kv_cache: KVCache, dtype: LinearDType = "bfloat16"
+    ) -> None:
         self.cfg = cfg
-        self.w = weights
         self.kv = kv_cache
+        self.embed = weights.embed
+        self.final_norm = weights.final_norm
+        self.lm_head = make_linear(weights.lm_head, dtype)
+        self.layers = [
+            _Layer(
+                input_norm=lw.input_norm,
+                qkv=make_linear(lw.wqkv, dtype),
+                o=make_linear(lw.wo, dtype),
+                post_attn_norm=lw.post_attn_norm,
+                gate_up=make_linear(lw.w_gate_up, dtype),
+                down=make_linear(lw.w_down, dtype),
+            )
+            for lw in weights.layers
+        ]
         self.rope = RotaryTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.scale = float(cfg.head_dim) ** -0.5
         self.q_dim = cfg.num_attention_heads * cfg.head_dim
@@ -69,11 +116,11 @@ class LlamaModel:
         """
         cfg = self.cfg
         num_tokens = input_ids.shape[0]
-        hidden = self.w.embed[input_ids]
+        hidden = self.embed[input_ids]
         cos, sin = self.rope.gather(positions)
-        for layer, k_cache, v_cache in zip(self.w.layers, self.kv.keys, self.kv.values, strict=True):
+        for layer, k_cache, v_cache in zip(self.layers, self.kv.keys, self.kv.values, strict=True):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            qkv = x @ layer.wqkv
+            qkv = layer.qkv(x)
             q = qkv[:, : self.q_dim].reshape(num_tokens, cfg.num_attention_heads, cfg.head_dim)
             k = qkv[:, self.q_dim : self.q_dim + self.kv_dim].reshape(
                 num_tokens, cfg.num_key_value_heads, cfg.head_dim
@@ -83,8 +130,8 @@ class LlamaModel:
             k = self.rope.apply(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, block_tables, seq_index, positions, self.scale)
-            hidden = hidden + attn.reshape(num_tokens, self.q_dim) @ layer.wo
+            hidden = hidden + layer.o(attn.reshape(num_tokens, self.q_dim))
             x = rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
-            hidden = hidden + silu_mul(x @ layer.w_gate_up, cfg.intermediate_size) @ layer.w_down
-        last = rms_norm(hidden[logits_indices], self.w.final_norm, cfg.rms_norm_eps)
-        return last @ self.w.lm_head
+            hidden = hidden + layer.down(silu_mul(layer.gate_up(x), cfg.intermediate_size))
+        last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps)
+        return self.lm_head(last)

@@ -75,7 +75,7 @@ def test_family_checkpoint_matches_transformers(tmp_path: Path, family: str) -> 
     # The reference runs in float32 on the same (upcast) weights the engine loads.
     ref = transformers.LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     ref.generation_config.eos_token_id = None
-    engine = LLMEngine.from_checkpoint(path, EngineConfig(num_kv_blocks=64))
+    engine = LLMEngine.from_checkpoint(path, EngineConfig(num_kv_blocks=64, dtype="float32"))
     rng = np.random.default_rng(0)
     for n, prompt_len in enumerate((5, 70)):  # 70 > original_max_position_embeddings: scaling matters
         prompt = rng.integers(3, 512, prompt_len).tolist()

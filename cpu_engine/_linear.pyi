@@ -1,0 +1,27 @@
+"""Type stub of the native kernel built from csrc/linear_bf16.c (see cpu_engine.linear)."""
+
+import numpy as np
+
+simd: str
+TILE_N: int
+openmp_wake_us: float
+
+def pack_bf16(w: np.ndarray, /) -> np.ndarray: ...
+def linear_bf16(
+    out: np.ndarray,
+    x: np.ndarray,
+    packed: np.ndarray,
+    K: int,
+    N: int,
+    accumulate: bool = False,
+    num_threads: int = 0,
+) -> None: ...
+def linear_bf16_portable(
+    out: np.ndarray,
+    x: np.ndarray,
+    packed: np.ndarray,
+    K: int,
+    N: int,
+    accumulate: bool = False,
+    num_threads: int = 0,
+) -> None: ...
