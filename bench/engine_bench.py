@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.report import pct, write_section
-from cpu_engine.config import EngineConfig
+from cpu_engine.config import EngineConfig, LinearDType
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
 
@@ -41,9 +41,17 @@ class Result:
 
 
 def run(
-    model: str, concurrency: int, num_requests: int, prompt_len: int, output_len: int, budget: int, seed: int
+    model: str,
+    concurrency: int,
+    num_requests: int,
+    prompt_len: int,
+    output_len: int,
+    budget: int,
+    seed: int,
+    dtype: LinearDType,
 ) -> Result:
     cfg = EngineConfig(
+        dtype=dtype,
         num_kv_blocks=max(1024, concurrency * (prompt_len + output_len) // 16 + 64),
         step_token_budget=budget,
         max_num_running=max(concurrency, 1),
@@ -104,39 +112,42 @@ def main() -> None:
     ap.add_argument("--step-token-budget", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     args = ap.parse_args()
-    results = []
     header = (
-        "| concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms "
-        "| step p50 ms | preemptions |"
+        "| linear dtype | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
+        "| ITL p95 ms | step p50 ms | preemptions |"
     )
     print(header)
-    print("|" + "---|" * 9)
-    rows = []
-    for c in args.concurrency:
-        r = run(
-            args.model,
-            c,
-            max(8, args.requests_per_slot * c),
-            args.prompt_len,
-            args.output_len,
-            args.step_token_budget,
-            args.seed + c,
-        )
-        results.append(r)
-        row = (
-            f"| {c} | {r.num_requests} | {r.output_tokens_per_s:,.0f} | {pct(r.ttft_ms, 50):.1f} | "
-            f"{pct(r.ttft_ms, 95):.1f} | {pct(r.itl_ms, 50):.2f} | {pct(r.itl_ms, 95):.2f} | "
-            f"{r.median_step_ms:.2f} | {r.num_preemptions} |"
-        )
-        rows.append(row)
-        print(row, flush=True)
-    by_c = {r.concurrency: r for r in results}
-    gain = ""
-    if 1 in by_c and 32 in by_c:
-        g = by_c[32].output_tokens_per_s / by_c[1].output_tokens_per_s
-        gain = f"Batching gain (tok/s at 32 / tok/s at 1): **{g:.1f}x**"
-        print(gain)
+    print("|" + "---|" * 10)
+    rows, gains = [], []
+    for dtype in args.dtype:
+        results = {}
+        for c in args.concurrency:
+            num_requests = max(8, args.requests_per_slot * c)
+            r = run(
+                args.model,
+                c,
+                num_requests,
+                args.prompt_len,
+                args.output_len,
+                args.step_token_budget,
+                args.seed + c,
+                dtype,
+            )
+            results[c] = r
+            row = (
+                f"| {dtype} | {c} | {r.num_requests} | {r.output_tokens_per_s:,.0f} | "
+                f"{pct(r.ttft_ms, 50):.1f} | "
+                f"{pct(r.ttft_ms, 95):.1f} | {pct(r.itl_ms, 50):.2f} | {pct(r.itl_ms, 95):.2f} | "
+                f"{r.median_step_ms:.2f} | {r.num_preemptions} |"
+            )
+            rows.append(row)
+            print(row, flush=True)
+        if 1 in results and 32 in results:
+            g = results[32].output_tokens_per_s / results[1].output_tokens_per_s
+            gains.append(f"- {dtype}: batching gain (tok/s at 32 / tok/s at 1) **{g:.1f}x**")
+            print(gains[-1])
     if args.write_docs:
         body = "\n".join(
             [
@@ -149,10 +160,10 @@ def main() -> None:
                 "```",
                 "",
                 header,
-                "|" + "---|" * 9,
+                "|" + "---|" * 10,
                 *rows,
                 "",
-                gain,
+                *gains,
             ]
         )
         write_section("engine", body)
