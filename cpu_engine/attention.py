@@ -12,23 +12,9 @@ Query head h reads kv head ``h // (num_heads // num_kv_heads)`` (grouped-query a
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-# NOTE: the kernel's OpenMP runtime (libgomp) reads OMP_WAIT_POLICY once, when the extension loads it.
-# Its default lets idle threads spin for a while after each call, which steals a core from the OpenBLAS
-# matmul that follows; passive threads sleep instead. An explicit setting in the environment wins. This
-# has no effect if another module already loaded libgomp (torch ships its own copy under the same name).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-try:
-    from cpu_engine import _paged_attention as _native
-except ImportError as exc:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "the paged attention kernel cpu_engine._paged_attention is not built; "
-        "run `pip install -e .` (or `python setup.py build_ext --inplace`) in the repository root"
-    ) from exc
+from cpu_engine.native import paged_attention_ext as _native
 
 # Which code the kernel was compiled to: "avx512" or "portable".
 KERNEL_SIMD: str = _native.simd

@@ -11,23 +11,9 @@ from rounding its operands, which mostly averages out over K; the accumulation i
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-# NOTE: the same setting as cpu_engine/attention.py, for the same reason (both kernels share one libgomp,
-# and whichever loads it first fixes its policy): idle OpenMP threads sleep rather than spin. Waking
-# them costs 10-20 us per call in this VM, which the kernel weighs when it sizes its team (see
-# _native.openmp_wake_us); GOMP_SPINCOUNT=10000 (spin about 0.3 ms, then sleep) would remove that cost.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-try:
-    from cpu_engine import _linear as _native
-except ImportError as exc:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "the bf16 linear kernel cpu_engine._linear is not built; "
-        "run `pip install -e .` (or `python setup.py build_ext --inplace`) in the repository root"
-    ) from exc
+from cpu_engine.native import linear_ext as _native
 
 # Which code the kernel was compiled to: "avx512_bf16" or "portable".
 KERNEL_SIMD: str = _native.simd
