@@ -1,0 +1,236 @@
+"""What the SQL-backed stores share: numbered migrations, an SQLite connection on its own thread, a pool.
+
+Each store (the usage ledger, the tenant store) owns a numbered list of ``Migration``s under a component
+name; ``schema_migrations`` records ``(component, version)`` for each one applied, so the lists never
+collide and applying them again is a no-op. Both backends run the same list: a migration carries one
+script per dialect.
+
+SQLite is reached through the standard library's ``sqlite3`` on one dedicated thread (``SqliteDb``) rather
+than through aiosqlite: that is all aiosqlite does, this keeps one dependency fewer, and it lets a store
+run a whole transaction as one plain function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# NOTE: one key for every migration run in a database, held for the run's transaction: two processes
+# starting at once apply each migration exactly once (the second waits, then finds nothing to do).
+_PG_MIGRATION_LOCK_KEY = 0x511CE_0001  # "sluice" + 1: any fixed bigint will do
+
+_SCHEMA_MIGRATIONS_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    component TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    applied_at TEXT NOT NULL,
+    PRIMARY KEY (component, version)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step. ``version`` numbers are 1, 2, 3, ... within a component; scripts may hold
+    several statements separated by ``;`` (no ``;`` inside literals)."""
+
+    version: int
+    name: str
+    sqlite: str
+    postgres: str
+
+
+def check_migrations(migrations: Sequence[Migration]) -> None:
+    """Versions must run 1..n in order: a gap or a repeat is a programming error."""
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(migrations) + 1)):
+        raise ValueError(f"migration versions must be 1..{len(migrations)} in order, got {versions}")
+
+
+def _utc_now_text() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+# ---------------------------------------------------------------------------------------------- SQLite
+
+
+class SqliteDb:
+    """One SQLite connection, used only from one worker thread; ``run`` awaits a function of it.
+
+    Every call is serialised on that thread, so a function passed to ``run`` is a transaction no other
+    call in this process interleaves with. Other processes are kept out by SQLite's own locks (WAL mode,
+    a busy timeout, and ``BEGIN IMMEDIATE`` for writes).
+    """
+
+    def __init__(self, path: Path, *, busy_timeout_s: float = 5.0) -> None:
+        self.path = path
+        self._busy_timeout_s = busy_timeout_s
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sqlite-{self.path.name}")
+        self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no implicit transactions; each store writes BEGIN IMMEDIATE ... COMMIT.
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._use_wal(conn)
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """WAL (readers never block the writer). The mode is stored in the file, so only the first opener
+        switches it; switching needs a lock SQLite's busy handler does not wait for, hence the retry."""
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                if mode == "wal":
+                    return
+                raise RuntimeError(f"SQLite database {self.path} refused WAL mode (got {mode!r})")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the connection's thread and return its result.
+
+        Once called, ``fn`` runs even if the caller is cancelled (the await raises; ``close`` waits for it).
+        """
+        if self._executor is None or self._conn is None:
+            raise RuntimeError(f"SQLite database {self.path} is not open")
+        job = asyncio.get_running_loop().run_in_executor(self._executor, fn, self._conn)
+        # NOTE: shielded, or cancelling the caller would cancel a job still queued behind others.
+        return await asyncio.shield(job)
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        if self._conn is not None:
+            await self.run(lambda conn: conn.close())
+        self._executor.shutdown(wait=True)
+        self._executor, self._conn = None, None
+
+
+def transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """``fn`` inside ``BEGIN IMMEDIATE`` (the write lock taken up front, so no upgrade deadlock)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def apply_sqlite_migrations(
+    conn: sqlite3.Connection, component: str, migrations: Sequence[Migration]
+) -> list[int]:
+    """Apply the pending ones in one transaction; return the versions applied (empty when up to date)."""
+    check_migrations(migrations)
+
+    def apply(c: sqlite3.Connection) -> list[int]:
+        c.execute(_SCHEMA_MIGRATIONS_DDL)
+        done = {
+            v for (v,) in c.execute("SELECT version FROM schema_migrations WHERE component = ?", (component,))
+        }
+        applied = []
+        for m in migrations:
+            if m.version in done:
+                continue
+            for stmt in _statements(m.sqlite):
+                c.execute(stmt)
+            c.execute(
+                "INSERT INTO schema_migrations (component, version, name, applied_at) VALUES (?, ?, ?, ?)",
+                (component, m.version, m.name, _utc_now_text()),
+            )
+            applied.append(m.version)
+        return applied
+
+    applied = transaction(conn, apply)
+    if applied:
+        log.info("sqlite: applied %s migrations %s", component, applied)
+    return applied
+
+
+# ------------------------------------------------------------------------------------------ PostgreSQL
+
+
+async def open_pg_pool(url: str, *, max_size: int, name: str) -> AsyncConnectionPool:
+    """An opened pool of autocommit connections; fails here (not on first use) if the server is not there."""
+    pool = AsyncConnectionPool(
+        url, min_size=1, max_size=max_size, open=False, name=name, kwargs={"autocommit": True}
+    )
+    try:
+        await pool.open(wait=True, timeout=10.0)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+async def apply_pg_migrations(
+    pool: AsyncConnectionPool, component: str, migrations: Sequence[Migration]
+) -> list[int]:
+    """Apply the pending ones in one transaction under an advisory lock; return the versions applied."""
+    check_migrations(migrations)
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_MIGRATION_LOCK_KEY,))
+        # NOTE: created under the lock: concurrent CREATE TABLE IF NOT EXISTS can still collide.
+        await conn.execute(_SCHEMA_MIGRATIONS_DDL)
+        cur = await conn.execute("SELECT version FROM schema_migrations WHERE component = %s", (component,))
+        done = {v for (v,) in await cur.fetchall()}
+        applied = []
+        for m in migrations:
+            if m.version in done:
+                continue
+            for stmt in _statements(m.postgres):
+                await conn.execute(stmt.encode())  # bytes: our own literal DDL, not a LiteralString
+            await conn.execute(
+                "INSERT INTO schema_migrations (component, version, name, applied_at)"
+                " VALUES (%s, %s, %s, %s)",
+                (component, m.version, m.name, _utc_now_text()),
+            )
+            applied.append(m.version)
+    if applied:
+        log.info("postgresql: applied %s migrations %s", component, applied)
+    return applied
+
+
+def describe_pg_url(url: str) -> str:
+    """``host:port/dbname`` for logs: never the password."""
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable database_url>"
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '?')}"

@@ -1,0 +1,1 @@
+"""The usage ledger: one row per (tenant, request), PostgreSQL in production, SQLite embedded."""

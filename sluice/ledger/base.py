@@ -1,0 +1,63 @@
+"""The ledger's one interface; every backend passes the same contract tests (tests/core/test_ledger.py)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import datetime
+
+from sluice.domain import UsageRecord, UsageReport
+
+
+class UsageLedger(ABC):
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and apply pending schema migrations (idempotent)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def record(self, rec: UsageRecord) -> bool:
+        """Insert ``rec``; True if written, False if (tenant_id, request_id) was already there (no change).
+
+        Once called, the write completes even if the caller is cancelled while awaiting it (the await
+        raises, the row still lands; ``close()`` waits for it).
+        """
+
+    @abstractmethod
+    async def query(
+        self,
+        tenant_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        model: str | None = None,
+        limit: int = 100,
+    ) -> UsageReport:
+        """Totals over the filter and the newest ``limit`` rows, for ``tenant_id`` only.
+
+        The time range is on ``finished_at``: ``since <= finished_at < until``. Rows come newest first
+        (``finished_at``, then ``request_id``, descending), with timezone-aware UTC timestamps.
+        """
+
+
+def _check_aware(name: str, ts: datetime | None) -> None:
+    if ts is not None and ts.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware (UTC), got naive {ts.isoformat()}")
+
+
+def check_record(rec: UsageRecord) -> None:
+    """What every backend refuses before touching storage."""
+    if not rec.tenant_id or not rec.request_id:
+        raise ValueError("tenant_id and request_id must be non-empty")
+    if rec.prompt_tokens < 0 or rec.output_tokens < 0:
+        raise ValueError(f"token counts must be >= 0, got {rec.prompt_tokens}, {rec.output_tokens}")
+    _check_aware("started_at", rec.started_at)
+    _check_aware("finished_at", rec.finished_at)
+
+
+def check_query_args(since: datetime | None, until: datetime | None, limit: int) -> None:
+    _check_aware("since", since)
+    _check_aware("until", until)
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")

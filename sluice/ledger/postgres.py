@@ -1,0 +1,134 @@
+"""The production ledger: PostgreSQL through a psycopg async connection pool."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from sluice.db import apply_pg_migrations, open_pg_pool
+from sluice.domain import Outcome, UsageRecord, UsageReport, UsageTotals
+from sluice.ledger.base import UsageLedger, check_query_args, check_record
+from sluice.ledger.migrations import COMPONENT, MIGRATIONS
+
+_COLUMNS = (
+    "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
+    " started_at, finished_at"
+)
+
+
+def _from_row(row: tuple[Any, ...]) -> UsageRecord:
+    t, r, m, v, p, o, s, started, finished = row
+    return UsageRecord(
+        tenant_id=t,
+        request_id=r,
+        model=m,
+        model_version=v,
+        prompt_tokens=p,
+        output_tokens=o,
+        status=Outcome(s),
+        started_at=started.astimezone(UTC),
+        finished_at=finished.astimezone(UTC),
+    )
+
+
+class PostgresLedger(UsageLedger):
+    def __init__(self, url: str, *, pool_max_size: int = 10) -> None:
+        self._url = url
+        self._pool_max_size = pool_max_size
+        self._pool: AsyncConnectionPool | None = None
+        self._in_flight: set[asyncio.Task[bool]] = set()
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        if self._pool is None:
+            raise RuntimeError("PostgresLedger is not open")
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool = await open_pg_pool(self._url, max_size=self._pool_max_size, name="ledger")
+        try:
+            await apply_pg_migrations(pool, COMPONENT, MIGRATIONS)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._in_flight:  # writes whose callers were cancelled: let them land
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def record(self, rec: UsageRecord) -> bool:
+        check_record(rec)
+        # NOTE: the write runs in its own task, shielded: a caller cancelled mid-write (a client disconnect
+        # reaching the request's finally) must not lose the row. close() waits for writes still in flight.
+        task = asyncio.create_task(self._insert(rec))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+        return await asyncio.shield(task)
+
+    async def _insert(self, rec: UsageRecord) -> bool:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                f"INSERT INTO usage ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (tenant_id, request_id) DO NOTHING",
+                (
+                    rec.tenant_id,
+                    rec.request_id,
+                    rec.model,
+                    rec.model_version,
+                    rec.prompt_tokens,
+                    rec.output_tokens,
+                    rec.status.value,
+                    rec.started_at,
+                    rec.finished_at,
+                ),
+            )
+            return cur.rowcount == 1
+
+    async def query(
+        self,
+        tenant_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        model: str | None = None,
+        limit: int = 100,
+    ) -> UsageReport:
+        check_query_args(since, until, limit)
+        where, params = ["tenant_id = %s"], list[object]([tenant_id])
+        if since is not None:
+            where.append("finished_at >= %s")
+            params.append(since)
+        if until is not None:
+            where.append("finished_at < %s")
+            params.append(until)
+        if model is not None:
+            where.append("model = %s")
+            params.append(model)
+        cond = " AND ".join(where)
+        async with self.pool.connection() as conn, conn.transaction():
+            # REPEATABLE READ: the totals and the rows see the same snapshot.
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur = await conn.execute(
+                "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0)"
+                f" FROM usage WHERE {cond}",
+                params,
+            )
+            totals = await cur.fetchone()
+            assert totals is not None  # an aggregate always returns one row
+            n, p, o = totals
+            cur = await conn.execute(
+                f"SELECT {_COLUMNS} FROM usage WHERE {cond}"
+                " ORDER BY finished_at DESC, request_id DESC LIMIT %s",
+                [*params, limit],
+            )
+            rows = await cur.fetchall()
+        return UsageReport(UsageTotals(int(n), int(p), int(o)), [_from_row(r) for r in rows])

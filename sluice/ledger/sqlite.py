@@ -1,0 +1,118 @@
+"""The embedded ledger: one SQLite file (``<state_dir>/sluice.db`` by default)."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sluice.db import SqliteDb, apply_sqlite_migrations
+from sluice.domain import Outcome, UsageRecord, UsageReport, UsageTotals
+from sluice.ledger.base import UsageLedger, check_query_args, check_record
+from sluice.ledger.migrations import COMPONENT, MIGRATIONS
+
+_COLUMNS = (
+    "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
+    " started_at, finished_at"
+)
+
+
+def to_text(ts: datetime) -> str:
+    """Fixed-width UTC ISO-8601, so text order is time order."""
+    return ts.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _from_row(row: tuple[Any, ...]) -> UsageRecord:
+    t, r, m, v, p, o, s, started, finished = row
+    return UsageRecord(
+        tenant_id=t,
+        request_id=r,
+        model=m,
+        model_version=v,
+        prompt_tokens=p,
+        output_tokens=o,
+        status=Outcome(s),
+        started_at=datetime.fromisoformat(started),
+        finished_at=datetime.fromisoformat(finished),
+    )
+
+
+class SqliteLedger(UsageLedger):
+    def __init__(self, path: Path) -> None:
+        self._db = SqliteDb(path)
+
+    async def open(self) -> None:
+        await self._db.open()
+        await self._db.run(lambda conn: apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS))
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def record(self, rec: UsageRecord) -> bool:
+        check_record(rec)
+        params = (
+            rec.tenant_id,
+            rec.request_id,
+            rec.model,
+            rec.model_version,
+            rec.prompt_tokens,
+            rec.output_tokens,
+            rec.status.value,
+            to_text(rec.started_at),
+            to_text(rec.finished_at),
+        )
+
+        def insert(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                f"INSERT INTO usage ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (tenant_id, request_id) DO NOTHING",
+                params,
+            )
+            return cur.rowcount == 1
+
+        # NOTE: one statement, so atomic without BEGIN. A cancelled caller does not stop the write
+        # (SqliteDb.run is shielded) and close() runs the connection's queue dry before closing.
+        return await self._db.run(insert)
+
+    async def query(
+        self,
+        tenant_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        model: str | None = None,
+        limit: int = 100,
+    ) -> UsageReport:
+        check_query_args(since, until, limit)
+        where, params = ["tenant_id = ?"], [tenant_id]
+        if since is not None:
+            where.append("finished_at >= ?")
+            params.append(to_text(since))
+        if until is not None:
+            where.append("finished_at < ?")
+            params.append(to_text(until))
+        if model is not None:
+            where.append("model = ?")
+            params.append(model)
+        cond = " AND ".join(where)
+
+        def read(conn: sqlite3.Connection) -> UsageReport:
+            # One read transaction: the totals and the rows see the same snapshot.
+            conn.execute("BEGIN")
+            try:
+                n, p, o = conn.execute(
+                    "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0)"
+                    f" FROM usage WHERE {cond}",
+                    params,
+                ).fetchone()
+                rows = conn.execute(
+                    f"SELECT {_COLUMNS} FROM usage WHERE {cond}"
+                    " ORDER BY finished_at DESC, request_id DESC LIMIT ?",
+                    [*params, limit],
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return UsageReport(UsageTotals(n, p, o), [_from_row(r) for r in rows])
+
+        return await self._db.run(read)

@@ -1,0 +1,165 @@
+"""Sluice's configuration: one typed object, from ``SLUICE_*`` environment variables, read once at start.
+
+Call ``get_settings()`` (cached) at start-up; never read ``os.environ`` elsewhere. Every default is for the
+embedded dev set-up (``make run``): state under ``.sluice/``, SQLite, Triton on loopback. An unknown
+``SLUICE_*`` variable, or a value out of range, fails at start with ``SettingsError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "SLUICE_"
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
+
+
+class SettingsError(ValueError):
+    """The configuration is wrong; the message names the ``SLUICE_*`` variable(s) and what is allowed."""
+
+
+class Settings(BaseSettings):
+    """Every knob, with its unit in its name. Environment: ``SLUICE_<FIELD NAME IN CAPITALS>``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    # Where runtime state lives (checkpoint, SQLite file, telemetry); git-ignored.
+    state_dir: Path = Path(".sluice")
+
+    # Storage. No URL: an SQLite file at <state_dir>/sluice.db (see ``sqlite_path``).
+    database_url: str | None = None
+    database_pool_max_size: int = Field(10, ge=1, le=200)
+    redis_url: str | None = None
+
+    # Gateway.
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(8080, ge=1, le=65535)
+    max_body_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    request_deadline_s: float = Field(60.0, gt=0, le=3600)
+    telemetry_path: Path  # default <state_dir>/telemetry.jsonl
+    tenant_cache_ttl_s: float = Field(5.0, ge=0, le=3600)  # 0: every request goes to the store
+    dev_tenants: bool = True  # seed acme/sk-acme-dev and globex/sk-globex-dev
+
+    # Engine and model.
+    engine_client: Literal["triton", "inprocess"] = "triton"
+    triton_grpc_url: str = "127.0.0.1:8001"
+    triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
+    model_name: str = "sluice-tiny"
+    checkpoint_dir: Path  # default <state_dir>/models/<model_name>
+
+    # Deterministic limits, checked before any engine work.
+    max_prompt_tokens: int = Field(1536, ge=1, le=1_000_000)
+    max_output_tokens: int = Field(512, ge=1, le=1_000_000)
+    # None, as OpenAI: a request without max_tokens may use min(max_output_tokens, context - prompt).
+    default_max_tokens: int | None = Field(None, ge=1)
+
+    def __init__(self, **values: Any) -> None:
+        check_unknown_env(os.environ)
+        super().__init__(**values)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_defaults(cls, data: Any) -> Any:
+        """Paths under ``state_dir`` unless given: moving the state directory moves them all."""
+        if isinstance(data, dict):
+            state_dir = Path(data.get("state_dir") or ".sluice")
+            model_name = data.get("model_name") or "sluice-tiny"
+            data.setdefault("checkpoint_dir", state_dir / "models" / str(model_name))
+            data.setdefault("telemetry_path", state_dir / "telemetry.jsonl")
+        return data
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                "must be a PostgreSQL URL (postgresql://user@host:port/dbname), or unset for SQLite"
+            )
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL, or unset")
+        return v
+
+    @field_validator("triton_grpc_url")
+    @classmethod
+    def _check_grpc_url(cls, v: str) -> str:
+        if not _HOST_PORT.match(v):
+            raise ValueError("must be host:port without a scheme, e.g. 127.0.0.1:8001")
+        return v
+
+    @field_validator("triton_metrics_url")
+    @classmethod
+    def _check_metrics_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s):// URL, e.g. http://127.0.0.1:8002/metrics")
+        return v
+
+    @field_validator("model_name")
+    @classmethod
+    def _check_model_name(cls, v: str) -> str:
+        if not _MODEL_NAME.match(v):
+            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.default_max_tokens is not None and self.default_max_tokens > self.max_output_tokens:
+            raise ValueError(
+                f"default_max_tokens ({self.default_max_tokens}) must be <= max_output_tokens "
+                f"({self.max_output_tokens})"
+            )
+        return self
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The embedded database file, used when ``database_url`` is unset."""
+        return self.state_dir / "sluice.db"
+
+
+def env_names() -> list[str]:
+    """Every ``SLUICE_*`` variable Sluice reads."""
+    return sorted(ENV_PREFIX + name.upper() for name in Settings.model_fields)
+
+
+def check_unknown_env(environ: Mapping[str, str]) -> None:
+    """Fail on a ``SLUICE_*`` variable no setting reads (usually a typo that would be silently ignored)."""
+    valid = set(env_names())
+    unknown = sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in valid)
+    if unknown:
+        raise SettingsError(
+            f"unknown environment variable(s) {', '.join(unknown)}; "
+            f"valid names are: {', '.join(sorted(valid))}"
+        )
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment (and ``overrides``, which win), or ``SettingsError`` saying why not."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            where = f"{ENV_PREFIX}{field.upper()}" if field in Settings.model_fields else field
+            problems.append(f"{where}={err.get('input')!r}: {err['msg']}")
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once. Tests that change the environment call
+    ``get_settings.cache_clear()``."""
+    return load_settings()

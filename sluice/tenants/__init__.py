@@ -1,0 +1,1 @@
+"""Tenants and their API keys: who is calling. PostgreSQL in production, SQLite embedded."""

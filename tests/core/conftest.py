@@ -1,0 +1,68 @@
+"""Storage backends for the contract suites: every test runs on SQLite and on the real PostgreSQL.
+
+PostgreSQL: one database per test session (``sluice_test_<hex>``, created here and dropped at the end)
+and one schema per test inside it, reached through ``search_path``, so each test starts empty. The
+PostgreSQL params skip, saying why, only when the server cannot be reached. The server is
+``TEST_POSTGRES_ADMIN_URL`` (default: postgres on 127.0.0.1:5432, trust auth).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from psycopg import sql
+from storage_backends import Backend, postgres_backend, sqlite_backend
+
+ADMIN_URL = os.environ.get("TEST_POSTGRES_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+_PG_UNREACHABLE: list[str] = []  # why the PostgreSQL params skip, when they do
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str | None]:
+    """A database created for this run (URL), or None with the reason in ``_PG_UNREACHABLE``."""
+    try:
+        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        reason = " ".join(str(exc).split())
+        _PG_UNREACHABLE.append(f"PostgreSQL at {ADMIN_URL} unreachable: {reason}")
+        yield None
+        return
+    dbname = f"sluice_test_{uuid.uuid4().hex[:12]}"
+    with admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        try:
+            base, _, _ = ADMIN_URL.rpartition("/")
+            yield f"{base}/{dbname}"
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+
+
+@pytest.fixture
+def pg_schema_url(pg_database: str | None) -> str:
+    """A URL whose connections see only a fresh, empty schema of the run's database."""
+    if pg_database is None:
+        pytest.skip(_PG_UNREACHABLE[0])
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    return f"{pg_database}?options={quote(f'-c search_path={schema}')}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return sqlite_backend(tmp_path)
+    return postgres_backend(request.getfixturevalue("pg_schema_url"))

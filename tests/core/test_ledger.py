@@ -1,0 +1,194 @@
+"""The usage ledger's contract, run over every backend (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from storage_backends import Backend
+
+from sluice.domain import Outcome, UsageRecord
+from sluice.ledger.base import UsageLedger
+
+pytestmark = pytest.mark.anyio
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def rec(tenant_id: str = "acme", request_id: str = "req-1", **kw: object) -> UsageRecord:
+    fields: dict[str, object] = dict(
+        tenant_id=tenant_id,
+        request_id=request_id,
+        model="sluice-tiny",
+        model_version="1",
+        prompt_tokens=10,
+        output_tokens=5,
+        status=Outcome.FINISHED,
+        started_at=T0,
+        finished_at=T0 + timedelta(seconds=1),
+    )
+    fields.update(kw)
+    return UsageRecord(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def ledger(backend: Backend) -> AsyncIterator[UsageLedger]:
+    ledger = backend.make_ledger()
+    await ledger.open()
+    try:
+        yield ledger
+    finally:
+        await ledger.close()
+
+
+async def test_record_then_query_round_trips(ledger: UsageLedger) -> None:
+    r = rec(status=Outcome.CANCELLED, output_tokens=3)
+    assert await ledger.record(r) is True
+    report = await ledger.query("acme")
+    assert report.rows == [r]
+    assert report.totals.num_requests == 1
+    assert (report.totals.prompt_tokens, report.totals.output_tokens) == (10, 3)
+    got = report.rows[0]
+    assert got.finished_at.utcoffset() == timedelta(0) and got.status is Outcome.CANCELLED
+
+
+async def test_other_timezones_come_back_as_the_same_instant_in_utc(ledger: UsageLedger) -> None:
+    plus2 = timezone(timedelta(hours=2))
+    r = rec(started_at=T0.astimezone(plus2), finished_at=(T0 + timedelta(seconds=1)).astimezone(plus2))
+    await ledger.record(r)
+    (got,) = (await ledger.query("acme")).rows
+    assert got.finished_at == r.finished_at and got.finished_at.tzinfo is not None
+    assert got.finished_at.utcoffset() == timedelta(0)
+
+
+async def test_duplicate_is_not_written_and_first_row_is_unchanged(ledger: UsageLedger) -> None:
+    first = rec(output_tokens=5)
+    assert await ledger.record(first) is True
+    assert await ledger.record(rec(output_tokens=99, status=Outcome.FAILED)) is False
+    report = await ledger.query("acme")
+    assert report.rows == [first]
+    assert report.totals.num_requests == 1 and report.totals.output_tokens == 5
+
+
+async def test_same_request_id_in_two_tenants_is_two_rows(ledger: UsageLedger) -> None:
+    assert await ledger.record(rec("acme", "r"))
+    assert await ledger.record(rec("globex", "r"))
+    assert len((await ledger.query("acme")).rows) == 1
+    assert len((await ledger.query("globex")).rows) == 1
+
+
+async def test_a_tenant_never_sees_another_tenants_rows_or_totals(ledger: UsageLedger) -> None:
+    for i in range(3):
+        await ledger.record(rec("acme", f"a{i}", prompt_tokens=1, output_tokens=1))
+    for i in range(5):
+        await ledger.record(rec("globex", f"g{i}", prompt_tokens=100, output_tokens=100))
+    acme = await ledger.query("acme")
+    assert {r.tenant_id for r in acme.rows} == {"acme"}
+    assert (acme.totals.num_requests, acme.totals.prompt_tokens, acme.totals.output_tokens) == (3, 3, 3)
+    nobody = await ledger.query("initech")
+    assert nobody.rows == [] and nobody.totals.num_requests == 0 and nobody.totals.output_tokens == 0
+
+
+async def test_time_range_model_filters_limit_and_order(ledger: UsageLedger) -> None:
+    hour = timedelta(hours=1)
+    for i in range(4):  # finished at T0, T0+1h, T0+2h, T0+3h; odd ones on another model
+        await ledger.record(
+            rec(
+                request_id=f"r{i}",
+                model="other" if i % 2 else "sluice-tiny",
+                prompt_tokens=i,
+                output_tokens=10 * i,
+                started_at=T0 + i * hour - timedelta(seconds=1),
+                finished_at=T0 + i * hour,
+            )
+        )
+    everything = await ledger.query("acme")
+    assert [r.request_id for r in everything.rows] == ["r3", "r2", "r1", "r0"]  # newest first
+
+    ranged = await ledger.query("acme", since=T0 + hour, until=T0 + 3 * hour)  # since <= t < until
+    assert [r.request_id for r in ranged.rows] == ["r2", "r1"]
+    assert (ranged.totals.num_requests, ranged.totals.prompt_tokens, ranged.totals.output_tokens) == (
+        2,
+        3,
+        30,
+    )
+
+    assert [r.request_id for r in (await ledger.query("acme", since=T0 + 3 * hour)).rows] == ["r3"]
+    assert [r.request_id for r in (await ledger.query("acme", until=T0 + hour)).rows] == ["r0"]
+
+    other = await ledger.query("acme", model="other")
+    assert [r.request_id for r in other.rows] == ["r3", "r1"] and other.totals.output_tokens == 40
+    both = await ledger.query("acme", model="other", since=T0 + 2 * hour)
+    assert [r.request_id for r in both.rows] == ["r3"]
+
+    limited = await ledger.query("acme", limit=1)  # totals cover the whole filter, rows only `limit`
+    assert [r.request_id for r in limited.rows] == ["r3"] and limited.totals.num_requests == 4
+    assert (await ledger.query("acme", limit=0)).rows == []
+
+
+async def test_concurrent_records_of_one_key_write_exactly_one_row(
+    ledger: UsageLedger, backend: Backend
+) -> None:
+    attempts = [rec(request_id="dup", output_tokens=i) for i in range(40)]
+    written = await asyncio.gather(*(ledger.record(r) for r in attempts))
+    assert written.count(True) == 1
+    winner = attempts[written.index(True)]
+    assert (await ledger.query("acme")).rows == [winner]
+    assert len(await backend.read_table("usage")) == 1
+
+
+async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend: Backend) -> None:
+    a, b = backend.make_ledger(), backend.make_ledger()
+    await asyncio.gather(a.open(), b.open())  # two "processes" starting at once on an empty database
+    try:
+        await a.record(rec())
+        c = backend.make_ledger()
+        await c.open()  # nothing left to apply: the data survives
+        assert len((await c.query("acme")).rows) == 1
+        await c.close()
+    finally:
+        await a.close()
+        await b.close()
+    applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
+    assert [row[1] for row in applied] == [1]
+
+
+async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await ledger.record(rec(finished_at=datetime(2026, 1, 1)))
+    with pytest.raises(ValueError, match=">= 0"):
+        await ledger.record(rec(output_tokens=-1))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await ledger.query("acme", since=datetime(2026, 1, 1))
+    assert (await ledger.query("acme")).rows == []
+
+
+def test_records_hold_no_text_fields() -> None:
+    """The ledger stores counts, never prompt or output text: guard the record's shape."""
+    assert {f.name for f in dataclasses.fields(UsageRecord)} == {
+        "tenant_id",
+        "request_id",
+        "model",
+        "model_version",
+        "prompt_tokens",
+        "output_tokens",
+        "status",
+        "started_at",
+        "finished_at",
+    }
+
+
+async def test_a_write_lands_even_if_its_caller_is_cancelled(backend: Backend) -> None:
+    """The gateway writes the row in a request's finally, possibly while the request is being cancelled."""
+    ledger = backend.make_ledger()
+    await ledger.open()
+    caller = asyncio.create_task(ledger.record(rec(request_id="cancelled-caller")))
+    await asyncio.sleep(0)  # the caller reaches its await on the write
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await ledger.close()
+    assert [row[1] for row in await backend.read_table("usage")] == ["cancelled-caller"]

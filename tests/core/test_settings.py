@@ -1,0 +1,108 @@
+"""Settings: defaults for the embedded dev set-up, derived paths, range checks, unknown names refused."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice.settings import Settings, SettingsError, env_names, get_settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No SLUICE_* variable from the caller's shell leaks in; get_settings() reads afresh."""
+    for name in list(os.environ):
+        if name.upper().startswith("SLUICE_"):
+            monkeypatch.delenv(name)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def test_defaults_are_the_embedded_dev_setup() -> None:
+    s = get_settings()
+    assert s.state_dir == Path(".sluice")
+    assert s.database_url is None and s.sqlite_path == Path(".sluice/sluice.db")
+    assert s.redis_url is None
+    assert (s.gateway_host, s.gateway_port) == ("127.0.0.1", 8080)
+    assert s.engine_client == "triton"
+    assert s.triton_grpc_url == "127.0.0.1:8001"
+    assert s.triton_metrics_url == "http://127.0.0.1:8002/metrics"
+    assert s.model_name == "sluice-tiny"
+    assert s.checkpoint_dir == Path(".sluice/models/sluice-tiny")
+    assert s.telemetry_path == Path(".sluice/telemetry.jsonl")
+    assert (s.max_prompt_tokens, s.max_output_tokens, s.default_max_tokens) == (1536, 512, None)
+    assert s.request_deadline_s == 60.0 and s.max_body_bytes == 1024 * 1024
+    assert s.tenant_cache_ttl_s == 5.0 and s.dev_tenants is True
+
+
+def test_read_once_and_cached() -> None:
+    assert get_settings() is get_settings()
+
+
+def test_environment_overrides_and_derived_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_STATE_DIR", "/srv/sluice")
+    monkeypatch.setenv("SLUICE_GATEWAY_PORT", "9090")
+    monkeypatch.setenv("SLUICE_ENGINE_CLIENT", "inprocess")
+    monkeypatch.setenv("SLUICE_DEV_TENANTS", "false")
+    monkeypatch.setenv("SLUICE_DATABASE_URL", "postgresql://sluice@db:5432/sluice")
+    s = get_settings()
+    assert s.gateway_port == 9090 and s.engine_client == "inprocess" and s.dev_tenants is False
+    assert s.checkpoint_dir == Path("/srv/sluice/models/sluice-tiny")
+    assert s.telemetry_path == Path("/srv/sluice/telemetry.jsonl")
+    assert s.sqlite_path == Path("/srv/sluice/sluice.db")
+    assert s.database_url == "postgresql://sluice@db:5432/sluice"
+    # An explicit path wins over the derived one.
+    monkeypatch.setenv("SLUICE_CHECKPOINT_DIR", "/models/x")
+    assert load_settings().checkpoint_dir == Path("/models/x")
+
+
+def test_an_unknown_sluice_variable_fails_naming_it_and_the_valid_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICE_GATEWAY_PROT", "9090")
+    with pytest.raises(SettingsError) as exc:
+        get_settings()
+    message = str(exc.value)
+    assert "SLUICE_GATEWAY_PROT" in message
+    assert all(name in message for name in env_names())
+    assert "SLUICE_GATEWAY_PORT" in env_names()
+    with pytest.raises(SettingsError):
+        Settings()  # constructing directly checks too
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("SLUICE_GATEWAY_PORT", "70000", "less than or equal to 65535"),
+        ("SLUICE_GATEWAY_PORT", "http", "valid integer"),
+        ("SLUICE_MAX_PROMPT_TOKENS", "0", "greater than or equal to 1"),
+        ("SLUICE_REQUEST_DEADLINE_S", "0", "greater than 0"),
+        ("SLUICE_TENANT_CACHE_TTL_S", "-1", "greater than or equal to 0"),
+        ("SLUICE_ENGINE_CLIENT", "vllm", "'triton' or 'inprocess'"),
+        ("SLUICE_DATABASE_URL", "mysql://x", "PostgreSQL URL"),
+        ("SLUICE_REDIS_URL", "localhost:6379", "redis://"),
+        ("SLUICE_TRITON_GRPC_URL", "grpc://127.0.0.1:8001", "host:port"),
+        ("SLUICE_TRITON_METRICS_URL", "127.0.0.1:8002", "http"),
+        ("SLUICE_MODEL_NAME", "no spaces", "letters, digits"),
+        ("SLUICE_MAX_BODY_BYTES", "10", "greater than or equal to 1024"),
+    ],
+)
+def test_out_of_range_values_fail_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, fragment: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as exc:
+        get_settings()
+    assert name in str(exc.value) and fragment in str(exc.value)
+
+
+def test_default_max_tokens_must_fit_max_output_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_DEFAULT_MAX_TOKENS", "600")
+    with pytest.raises(SettingsError, match="default_max_tokens"):
+        get_settings()
+    monkeypatch.setenv("SLUICE_MAX_OUTPUT_TOKENS", "1024")
+    assert get_settings().default_max_tokens == 600
