@@ -1,7 +1,9 @@
-"""Per-call time of the paged attention kernel against the best plain-numpy gather + matmul we could write.
+"""Per-call time of the paged attention kernel, over a float32 and a bf16 KV cache, against the best
+plain-numpy gather + matmul we could write (float32).
 
-Shapes are the dev model's (4 heads, 2 kv heads, head_dim 64, block 16, float32): decode of 32 and 64
-sequences at context 192, and one 512-token prefill chunk. Prints the median of repeated runs, in ms.
+Shapes are the dev model's (4 heads, 2 kv heads, head_dim 64, block 16): decode of 32 and 64 sequences at
+context 192, and one 512-token prefill chunk. Prints the median of repeated runs, in ms; the two cache
+dtypes are timed in alternation, call by call, so that noise from other processes hits both alike.
 
     python bench/attention_bench.py [--repeats 200] [--num-caches 1] [--interleave]
 
@@ -18,11 +20,11 @@ import argparse
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cpu_engine.attention import KERNEL_SIMD, paged_attention, reference_paged_attention
+from cpu_engine.attention import KERNEL_SIMD, paged_attention, reference_paged_attention, to_bf16_bits
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 64, 16
 
@@ -65,6 +67,11 @@ def make_case(num_seqs: int, context_tokens: int, chunk_tokens: int, seed: int =
         positions=np.tile(np.arange(context_tokens - chunk_tokens, context_tokens, dtype=np.int32), num_seqs),
         scale=HEAD_DIM**-0.5,
     )
+
+
+def as_bf16_case(case: Case) -> Case:
+    """The same case with its caches rounded to bfloat16 (uint16 bits)."""
+    return replace(case, k_cache=to_bf16_bits(case.k_cache), v_cache=to_bf16_bits(case.v_cache))
 
 
 def _softmax_rows(scores: np.ndarray) -> np.ndarray:
@@ -123,25 +130,46 @@ def numpy_prefill(case: Case) -> np.ndarray:
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: first touches, thread start
-    times = []
+    return median_ms_alternating([fn], repeats)[0]
+
+
+def median_ms_alternating(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median ms of each of fns, timed one call of each in turn."""
+    for fn in fns:
+        fn()  # warm-up: first touches, thread start
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+        for fn, fn_times in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            fn_times.append(time.perf_counter() - start)
+    return [float(np.median(fn_times)) * 1e3 for fn_times in times]
 
 
 def bench_case(name: str, cases: list[Case], numpy_fn: Callable[[Case], np.ndarray], repeats: int) -> None:
-    """Median per-call ms of the kernel and of numpy_fn, each call on the next of `cases` in turn."""
+    """Median per-call ms of the kernel over float32 and bf16 caches and of numpy_fn (float32), each call
+    on the next of `cases` in turn."""
     out = np.empty_like(cases[0].q)
-    expected = reference_paged_attention(*cases[0].args())
-    np.testing.assert_allclose(paged_attention(*cases[0].args(), out=out), expected, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(numpy_fn(cases[0]), expected, rtol=1e-4, atol=1e-5)
-    turn = itertools.cycle(cases)
-    kernel_ms = median_ms(lambda: paged_attention(*next(turn).args(), out=out), repeats)
-    numpy_ms = median_ms(lambda: numpy_fn(next(turn)), max(repeats // 4, 5))
-    print(f"{name:<34} kernel {kernel_ms:8.3f} ms   numpy {numpy_ms:8.3f} ms   x{numpy_ms / kernel_ms:5.1f}")
+    bf16_cases = [as_bf16_case(case) for case in cases]
+    for case in (cases[0], bf16_cases[0]):
+        expected = reference_paged_attention(*case.args())
+        np.testing.assert_allclose(paged_attention(*case.args(), out=out), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        numpy_fn(cases[0]), reference_paged_attention(*cases[0].args()), rtol=1e-4, atol=1e-5
+    )
+    f32_turn, bf16_turn = itertools.cycle(cases), itertools.cycle(bf16_cases)
+    f32_ms, bf16_ms = median_ms_alternating(
+        [
+            lambda: paged_attention(*next(f32_turn).args(), out=out),
+            lambda: paged_attention(*next(bf16_turn).args(), out=out),
+        ],
+        repeats,
+    )
+    numpy_ms = median_ms(lambda: numpy_fn(next(f32_turn)), max(repeats // 4, 5))
+    print(
+        f"{name:<34} kernel f32 {f32_ms:7.3f} ms   bf16 {bf16_ms:7.3f} ms (x{f32_ms / bf16_ms:4.2f})   "
+        f"numpy f32 {numpy_ms:7.3f} ms"
+    )
 
 
 def bench_interleaved(case: Case, repeats: int) -> None:
@@ -177,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         f"kernel: {KERNEL_SIMD}; heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}, "
-        f"block {BLOCK_SIZE}, float32; {args.num_caches} KV cache(s) in turn"
+        f"block {BLOCK_SIZE}; {args.num_caches} KV cache(s) of each dtype in turn"
     )
     seeds = range(args.num_caches)
     for num_seqs in (32, 64):

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# Linear layers: "bfloat16" (weights and activations rounded to bf16, float32 accumulation; about 3x the
-# speed on CPUs with AVX-512 BF16) or "float32" (numpy/BLAS, numerically the reference).
+# The engine's number format, for linear layers AND the KV cache: "bfloat16" (weights and activations
+# rounded to bf16, float32 accumulation, about 3x the speed on CPUs with AVX-512 BF16; keys and values
+# stored as bf16, halving the bytes attention reads, math still float32) or "float32" (numpy/BLAS and a
+# float32 cache: numerically the reference, which the parity tests against transformers use).
 LinearDType = Literal["float32", "bfloat16"]
 
 
@@ -72,7 +74,8 @@ class ModelConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of KV cache one token occupies across all layers (float32 keys and values)."""
+        """Bytes of KV cache one token occupies across all layers with float32 keys and values (half
+        that with EngineConfig.dtype "bfloat16")."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
 
 
@@ -80,6 +83,7 @@ class ModelConfig:
 class EngineConfig:
     """Knobs of the step loop. Budgets are in tokens, sizes in blocks, times in milliseconds."""
 
+    # Number format of the linear layers and the KV cache (see LinearDType).
     dtype: LinearDType = "bfloat16"
     block_size_tokens: int = 16
     num_kv_blocks: int = 2048

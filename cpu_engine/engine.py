@@ -37,7 +37,9 @@ class LLMEngine:
         self.block_pool = BlockPool(
             config.num_kv_blocks, config.block_size_tokens, config.enable_prefix_cache
         )
-        self.kv_cache = KVCache(model_config, config.num_kv_blocks, config.block_size_tokens)
+        self.kv_cache = KVCache(
+            model_config, config.num_kv_blocks, config.block_size_tokens, dtype=config.dtype
+        )
         self.runner = ModelRunner(
             LlamaModel(model_config, weights, self.kv_cache, config.dtype), config.block_size_tokens
         )

@@ -57,12 +57,17 @@ def silu_mul(gate_up: np.ndarray, intermediate: int) -> np.ndarray:
 
 
 class KVCache:
-    """Per-layer key and value tensors, [num_blocks, block_size, num_kv_heads, head_dim] float32."""
+    """Per-layer key and value tensors, [num_blocks, block_size, num_kv_heads, head_dim]: float32 for
+    dtype "float32", uint16 bfloat16 bits (half the bytes; see cpu_engine.attention) for "bfloat16"."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size_tokens: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, num_blocks: int, block_size_tokens: int, *, dtype: LinearDType
+    ) -> None:
         shape = (num_blocks, block_size_tokens, cfg.num_key_value_heads, cfg.head_dim)
-        self.keys = [np.zeros(shape, dtype=np.float32) for _ in range(cfg.num_hidden_layers)]
-        self.values = [np.zeros(shape, dtype=np.float32) for _ in range(cfg.num_hidden_layers)]
+        element = np.uint16 if dtype == "bfloat16" else np.float32
+        self.dtype = dtype
+        self.keys = [np.zeros(shape, dtype=element) for _ in range(cfg.num_hidden_layers)]
+        self.values = [np.zeros(shape, dtype=element) for _ in range(cfg.num_hidden_layers)]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         for src, dst in copies:

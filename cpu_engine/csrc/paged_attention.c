@@ -4,7 +4,9 @@
  * paged_attention(out, q, k_cache, v_cache, block_tables, seq_index, positions, scale) -> None
  *   q, out            float32 [num_tokens, num_heads, head_dim], C-contiguous (out written in place;
  *                     out may be q itself)
- *   k_cache, v_cache  float32 [num_blocks, block_size, num_kv_heads, head_dim], C-contiguous
+ *   k_cache, v_cache  [num_blocks, block_size, num_kv_heads, head_dim], C-contiguous, both float32 or both
+ *                     uint16 holding bfloat16 bits (widened to float32 as they are loaded: all math
+ *                     is float32 either way; bf16 halves the bytes read, which is what bounds decode)
  *   block_tables      int32 [num_seqs, max_blocks_per_seq], C-contiguous
  *   seq_index         int32 [num_tokens]: the block_tables row of each token
  *   positions         int32 [num_tokens]: token t attends to positions 0..positions[t] of its sequence
@@ -18,6 +20,14 @@
  *
  * Two implementations of an item: AVX-512 (used when the compiler targets it) and portable C. Both are
  * always built; `paged_attention_portable` exposes the portable one so the tests keep it honest.
+ *
+ * write_kv_bf16(cache, x, slot_mapping) -> None
+ *   cache             uint16 [num_blocks, block_size, num_kv_heads, head_dim], C-contiguous (bf16 bits)
+ *   x                 float32 [num_tokens, num_kv_heads, head_dim]; each token's row contiguous, rows at
+ *                     any stride (a column slice of the fused qkv output is fine)
+ *   slot_mapping      int64 [num_tokens]: token i goes to flat slot slot_mapping[i] of the cache
+ * Rounds x to the nearest bf16 (ties to even; NaN stays NaN) and stores it: numpy takes ~10x as long for
+ * a decode step's few thousand values, mostly in per-operation overhead.
  *
  * Threads: cpu_engine/attention.py sets OMP_WAIT_POLICY=PASSIVE before this module loads libgomp, so
  * idle OpenMP threads sleep instead of spinning against the OpenBLAS matmuls between calls.
@@ -35,7 +45,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512F__)
+/* NOTE: BW and VL too, for the 16 x uint16 masked loads of a bf16 cache (every AVX-512 CPU but Xeon Phi). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define PA_HAVE_AVX512 1
 #else
@@ -49,23 +60,25 @@
 
 typedef struct {
     const float *q;
-    const float *k_cache;
-    const float *v_cache;
+    const void *k_cache; /* float32, or uint16 bf16 bits when kv_bf16 */
+    const void *v_cache;
     const int32_t *block_tables;
     const int32_t *seq_index;
     const int32_t *positions;
     float *out;
     npy_intp num_heads, num_kv_heads, head_dim, block_size, max_blocks;
     float scale_log2; /* scale * log2(e): scores come out in base 2 */
+    int kv_bf16;      /* the caches hold bfloat16 bits (uint16) rather than float32 */
 } pa_problem;
 
 /* Per-thread scratch, in floats: scaled q and the accumulator of a group (padded to whole 16-lane
- * vectors), running max and sum per head, and the probabilities of one chunk for two heads. The
- * portable path uses a prefix of the same layout. */
+ * vectors), running max and sum per head, and the probabilities of one chunk for two heads; then one
+ * key and one value row widened from bf16 (portable path only, which lays out the rest the same way
+ * with head_dim for padded). */
 static npy_intp scratch_floats(const pa_problem *pb) {
     npy_intp group = pb->num_heads / pb->num_kv_heads;
     npy_intp padded = (pb->head_dim + 15) / 16 * 16;
-    npy_intp n = 2 * group * padded + 2 * group + 2 * CHUNK;
+    npy_intp n = 2 * group * padded + 2 * group + 2 * CHUNK + 2 * padded;
     return (n + 15) / 16 * 16;
 }
 
@@ -104,12 +117,24 @@ static inline float exp2_scalar(float x) {
     return p * bits.f;
 }
 
+/* Row `off` of a cache as floats: in place for float32, widened into `buf` (d floats) for bf16. */
+static inline const float *row_portable(const pa_problem *pb, const void *cache, npy_intp off, float *buf) {
+    if (!pb->kv_bf16) return (const float *)cache + off;
+    const uint16_t *src = (const uint16_t *)cache + off;
+    for (npy_intp i = 0; i < pb->head_dim; ++i) {
+        uint32_t bits = (uint32_t)src[i] << 16;
+        memcpy(buf + i, &bits, sizeof bits);
+    }
+    return buf;
+}
+
 static void item_portable(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
     const npy_intp group = pb->num_heads / pb->num_kv_heads, d = pb->head_dim;
     const npy_intp head0 = t * pb->num_heads + kvh * group;
     const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t] * pb->max_blocks;
     const npy_intp limit = pb->positions[t];
     float *qs = scratch, *acc = scratch + group * d, *m = acc + group * d, *l = m + group;
+    float *k_buf = scratch + scratch_floats(pb) - 2 * d, *v_buf = k_buf + d; /* past the rest, see above */
 
     for (npy_intp g = 0; g < group; ++g) {
         for (npy_intp i = 0; i < d; ++i) qs[g * d + i] = pb->q[(head0 + g) * d + i] * pb->scale_log2;
@@ -119,7 +144,8 @@ static void item_portable(const pa_problem *pb, npy_intp t, npy_intp kvh, float 
     }
     for (npy_intp pos = 0; pos <= limit; ++pos) {
         const npy_intp off = row_offset(pb, table, pos) + kvh * d;
-        const float *k = pb->k_cache + off, *v = pb->v_cache + off;
+        const float *k = row_portable(pb, pb->k_cache, off, k_buf);
+        const float *v = row_portable(pb, pb->v_cache, off, v_buf);
         for (npy_intp g = 0; g < group; ++g) {
             float s = 0.0f;
             const float *qg = qs + g * d;
@@ -193,11 +219,24 @@ ALWAYS_INLINE int chunk_len(npy_intp limit, npy_intp p0) {
     return limit + 1 - p0 < CHUNK ? (int)(limit + 1 - p0) : CHUNK;
 }
 
-/* Ask for the key and value rows of a chunk (each row: head_dim floats, i.e. a few cache lines). */
-ALWAYS_INLINE void prefetch_chunk(const pa_problem *pb, const npy_intp *offsets, int n, npy_intp d) {
+/* 16 (masked) elements of a cache row from element `off`, as float32. BF16 is a compile-time constant:
+ * bf16 bits are zero-extended to 32 and shifted into the high half, which is that float exactly. */
+ALWAYS_INLINE __m512 load_kv(const void *cache, npy_intp off, __mmask16 mask, int BF16) {
+    if (BF16) {
+        __m256i bits = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)cache + off);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    }
+    return _mm512_maskz_loadu_ps(mask, (const float *)cache + off);
+}
+
+/* Ask for the key and value rows of a chunk (each row: head_dim elements, i.e. a few cache lines). */
+ALWAYS_INLINE void prefetch_chunk(const pa_problem *pb, const npy_intp *offsets, int n, npy_intp d,
+                                  int BF16) {
+    const npy_intp elem = BF16 ? (npy_intp)sizeof(uint16_t) : (npy_intp)sizeof(float);
     for (int j = 0; j < n; ++j) {
-        const char *k = (const char *)(pb->k_cache + offsets[j]), *v = (const char *)(pb->v_cache + offsets[j]);
-        for (npy_intp byte = 0; byte < d * (npy_intp)sizeof(float); byte += 64) {
+        const char *k = (const char *)pb->k_cache + offsets[j] * elem;
+        const char *v = (const char *)pb->v_cache + offsets[j] * elem;
+        for (npy_intp byte = 0; byte < d * elem; byte += 64) {
             _mm_prefetch(k + byte, _MM_HINT_T1);
             _mm_prefetch(v + byte, _MM_HINT_T1);
         }
@@ -205,8 +244,9 @@ ALWAYS_INLINE void prefetch_chunk(const pa_problem *pb, const npy_intp *offsets,
 }
 
 /* Scores of NR heads (qs rows, nvec vectors each) against n <= 16 key rows: lane j = q . k_j. */
-ALWAYS_INLINE void qk_chunk(const float *qs, npy_intp padded, int NR, const float *k_cache,
-                            const npy_intp *offsets, int n, npy_intp nvec, __mmask16 tail, __m512 *s) {
+ALWAYS_INLINE void qk_chunk(const float *qs, npy_intp padded, int NR, const void *k_cache,
+                            const npy_intp *offsets, int n, npy_intp nvec, __mmask16 tail, __m512 *s,
+                            int BF16) {
     __m512 w[2][4];
     for (int jq = 0; jq < 4; ++jq) {
         __m512 v[2][4];
@@ -214,9 +254,8 @@ ALWAYS_INLINE void qk_chunk(const float *qs, npy_intp padded, int NR, const floa
             for (int r = 0; r < NR; ++r) v[r][jj] = _mm512_setzero_ps();
             int j = jq * 4 + jj;
             if (j >= n) continue;
-            const float *k = k_cache + offsets[j];
             for (npy_intp c = 0; c < nvec; ++c) {
-                __m512 kc = _mm512_maskz_loadu_ps(chunk_mask(c, nvec, tail), k + 16 * c);
+                __m512 kc = load_kv(k_cache, offsets[j] + 16 * c, chunk_mask(c, nvec, tail), BF16);
                 for (int r = 0; r < NR; ++r)
                     v[r][jj] = _mm512_fmadd_ps(_mm512_loadu_ps(qs + r * padded + 16 * c), kc, v[r][jj]);
             }
@@ -228,8 +267,8 @@ ALWAYS_INLINE void qk_chunk(const float *qs, npy_intp padded, int NR, const floa
 
 /* acc[r] = acc[r] * corr[r] + sum_j p[r][j] * v_j for NR heads, four vectors of head_dim at a time. */
 ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p, const float *corr,
-                            const float *v_cache, const npy_intp *offsets, int n, npy_intp nvec,
-                            __mmask16 tail) {
+                            const void *v_cache, const npy_intp *offsets, int n, npy_intp nvec,
+                            __mmask16 tail, int BF16) {
     for (npy_intp c0 = 0; c0 < nvec; c0 += 4) {
         const int nc = nvec - c0 < 4 ? (int)(nvec - c0) : 4;
         __m512 a[2][4];
@@ -239,11 +278,11 @@ ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p,
                 a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * padded + 16 * (c0 + i)), cr);
         }
         for (int j = 0; j < n; ++j) {
-            const float *v = v_cache + offsets[j] + 16 * c0;
+            const npy_intp v = offsets[j] + 16 * c0;
             __m512 pj[2];
             for (int r = 0; r < NR; ++r) pj[r] = _mm512_set1_ps(p[r * CHUNK + j]);
             for (int i = 0; i < nc; ++i) {
-                __m512 vc = _mm512_maskz_loadu_ps(chunk_mask(c0 + i, nvec, tail), v + 16 * i);
+                __m512 vc = load_kv(v_cache, v + 16 * i, chunk_mask(c0 + i, nvec, tail), BF16);
                 for (int r = 0; r < NR; ++r) a[r][i] = _mm512_fmadd_ps(pj[r], vc, a[r][i]);
             }
         }
@@ -255,11 +294,11 @@ ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p,
 /* One chunk for NR (1 or 2) heads: scores, online-softmax update, accumulation of values. */
 ALWAYS_INLINE void heads_chunk(const pa_problem *pb, float *qs, float *acc, float *m, float *l, float *p,
                                npy_intp padded, int NR, const npy_intp *offsets, int n, npy_intp nvec,
-                               __mmask16 tail) {
+                               __mmask16 tail, int BF16) {
     __m512 s[2];
     float corr[2];
     const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-    qk_chunk(qs, padded, NR, pb->k_cache, offsets, n, nvec, tail, s);
+    qk_chunk(qs, padded, NR, pb->k_cache, offsets, n, nvec, tail, s, BF16);
     for (int r = 0; r < NR; ++r) {
         float m_new = _mm512_mask_reduce_max_ps(valid, s[r]);
         if (m_new < m[r]) m_new = m[r];
@@ -269,11 +308,11 @@ ALWAYS_INLINE void heads_chunk(const pa_problem *pb, float *qs, float *acc, floa
         m[r] = m_new;
         _mm512_storeu_ps(p + r * CHUNK, pr);
     }
-    pv_chunk(acc, padded, NR, p, corr, pb->v_cache, offsets, n, nvec, tail);
+    pv_chunk(acc, padded, NR, p, corr, pb->v_cache, offsets, n, nvec, tail, BF16);
 }
 
 ALWAYS_INLINE void item_avx512_body(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch,
-                                    npy_intp d) {
+                                    npy_intp d, int BF16) {
     const npy_intp group = pb->num_heads / pb->num_kv_heads;
     const npy_intp nvec = (d + 15) / 16, padded = nvec * 16;
     const __mmask16 tail = (__mmask16)(d % 16 ? (1u << (d % 16)) - 1u : 0xFFFFu);
@@ -299,22 +338,24 @@ ALWAYS_INLINE void item_avx512_body(const pa_problem *pb, npy_intp t, npy_intp k
      * (a ring of offsets); without this the kernel waits on DRAM whenever the cache is cold. */
     for (int a = 0; a < AHEAD && a * CHUNK <= limit; ++a) {
         chunk_offsets(pb, table, a * CHUNK, chunk_len(limit, a * CHUNK), kvh * d, offsets[a]);
-        prefetch_chunk(pb, offsets[a], chunk_len(limit, a * CHUNK), d);
+        prefetch_chunk(pb, offsets[a], chunk_len(limit, a * CHUNK), d, BF16);
     }
     for (npy_intp i = 0; i * CHUNK <= limit; ++i) {
         const npy_intp ahead = (i + AHEAD) * CHUNK;
         if (ahead <= limit) {
             npy_intp *o = offsets[(i + AHEAD) % (AHEAD + 1)];
             chunk_offsets(pb, table, ahead, chunk_len(limit, ahead), kvh * d, o);
-            prefetch_chunk(pb, o, chunk_len(limit, ahead), d);
+            prefetch_chunk(pb, o, chunk_len(limit, ahead), d, BF16);
         }
         const npy_intp *o = offsets[i % (AHEAD + 1)];
         const int n = chunk_len(limit, i * CHUNK);
         npy_intp g = 0;
         for (; g + 2 <= group; g += 2)
-            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 2, o, n, nvec, tail);
+            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 2, o, n, nvec, tail,
+                        BF16);
         if (g < group)
-            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 1, o, n, nvec, tail);
+            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 1, o, n, nvec, tail,
+                        BF16);
     }
     for (npy_intp g = 0; g < group; ++g) {
         const __m512 inv = _mm512_set1_ps(1.0f / l[g]);
@@ -325,12 +366,21 @@ ALWAYS_INLINE void item_avx512_body(const pa_problem *pb, npy_intp t, npy_intp k
     }
 }
 
-/* head_dim as a compile-time constant for the common sizes, so the loops over it unroll. */
-static void item_avx512(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
+/* head_dim for the common sizes, and the cache dtype, as compile-time constants, so the loops over
+ * head_dim unroll and the loads carry no dtype branch. */
+static void item_avx512_f32(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
     switch (pb->head_dim) {
-    case 64: item_avx512_body(pb, t, kvh, scratch, 64); break;
-    case 128: item_avx512_body(pb, t, kvh, scratch, 128); break;
-    default: item_avx512_body(pb, t, kvh, scratch, pb->head_dim); break;
+    case 64: item_avx512_body(pb, t, kvh, scratch, 64, 0); break;
+    case 128: item_avx512_body(pb, t, kvh, scratch, 128, 0); break;
+    default: item_avx512_body(pb, t, kvh, scratch, pb->head_dim, 0); break;
+    }
+}
+
+static void item_avx512_bf16(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
+    switch (pb->head_dim) {
+    case 64: item_avx512_body(pb, t, kvh, scratch, 64, 1); break;
+    case 128: item_avx512_body(pb, t, kvh, scratch, 128, 1); break;
+    default: item_avx512_body(pb, t, kvh, scratch, pb->head_dim, 1); break;
     }
 }
 #endif /* PA_HAVE_AVX512 */
@@ -358,13 +408,21 @@ static void run_items(const pa_problem *pb, npy_intp num_tokens, item_fn item, f
 
 /* ---- argument checking ---- */
 
+#define KV_DTYPES (-1) /* as_array's typenum for a KV cache: float32 or uint16 (bfloat16 bits) */
+
 static PyArrayObject *as_array(PyObject *obj, const char *name, int typenum, int ndim, const char *shape) {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_TYPE(a) != typenum || PyArray_ISBYTESWAPPED(a)) {
+    if (typenum == KV_DTYPES) {
+        if ((PyArray_TYPE(a) != NPY_FLOAT32 && PyArray_TYPE(a) != NPY_UINT16) || PyArray_ISBYTESWAPPED(a)) {
+            PyErr_Format(PyExc_TypeError, "%s must have dtype float32 or uint16 (bfloat16 bits), got %S",
+                         name, (PyObject *)PyArray_DESCR(a));
+            return NULL;
+        }
+    } else if (PyArray_TYPE(a) != typenum || PyArray_ISBYTESWAPPED(a)) {
         PyArray_Descr *want = PyArray_DescrFromType(typenum);
         PyErr_Format(PyExc_TypeError, "%s must have dtype %S, got %S", name, (PyObject *)want,
                      (PyObject *)PyArray_DESCR(a));
@@ -446,8 +504,8 @@ static npy_intp parse_problem(PyObject *args, pa_problem *pb) {
         return -1;
     PyArrayObject *out, *q, *k, *v, *bt, *si, *pos;
     if (!(q = as_array(o_q, "q", NPY_FLOAT32, 3, "[num_tokens, num_heads, head_dim]")) ||
-        !(k = as_array(o_k, "k_cache", NPY_FLOAT32, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
-        !(v = as_array(o_v, "v_cache", NPY_FLOAT32, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
+        !(k = as_array(o_k, "k_cache", KV_DTYPES, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
+        !(v = as_array(o_v, "v_cache", KV_DTYPES, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
         !(bt = as_array(o_bt, "block_tables", NPY_INT32, 2, "[num_seqs, max_blocks_per_seq]")) ||
         !(si = as_array(o_si, "seq_index", NPY_INT32, 1, "[num_tokens]")) ||
         !(pos = as_array(o_pos, "positions", NPY_INT32, 1, "[num_tokens]")) ||
@@ -455,6 +513,11 @@ static npy_intp parse_problem(PyObject *args, pa_problem *pb) {
         return -1;
     const npy_intp *qs = PyArray_DIMS(q), *ks = PyArray_DIMS(k);
     const npy_intp num_tokens = qs[0];
+    if (PyArray_TYPE(k) != PyArray_TYPE(v)) {
+        PyErr_Format(PyExc_TypeError, "k_cache and v_cache must have the same dtype, got %S and %S",
+                     (PyObject *)PyArray_DESCR(k), (PyObject *)PyArray_DESCR(v));
+        return -1;
+    }
     if (!PyArray_SAMESHAPE(k, v)) {
         PyErr_SetString(PyExc_ValueError, "k_cache and v_cache must have the same shape");
         return -1;
@@ -498,15 +561,22 @@ static npy_intp parse_problem(PyObject *args, pa_problem *pb) {
         .block_tables = PyArray_DATA(bt), .seq_index = PyArray_DATA(si), .positions = PyArray_DATA(pos),
         .out = PyArray_DATA(out), .num_heads = qs[1], .num_kv_heads = ks[2], .head_dim = qs[2],
         .block_size = ks[1], .max_blocks = PyArray_DIM(bt, 1), .scale_log2 = (float)(scale * LOG2E),
+        .kv_bf16 = PyArray_TYPE(k) == NPY_UINT16,
     };
     if (check_tokens(pb, num_tokens, PyArray_DIM(bt, 0), ks[0]) < 0) return -1;
     return num_tokens;
 }
 
-static PyObject *run(PyObject *args, item_fn item) {
+static PyObject *run(PyObject *args, int portable) {
     pa_problem pb;
     const npy_intp num_tokens = parse_problem(args, &pb);
     if (num_tokens < 0) return NULL;
+    item_fn item = item_portable;
+#if PA_HAVE_AVX512
+    if (!portable) item = pb.kv_bf16 ? item_avx512_bf16 : item_avx512_f32;
+#else
+    (void)portable;
+#endif
     const npy_intp num_items = num_tokens * pb.num_kv_heads;
     if (num_items == 0) Py_RETURN_NONE;
 #ifdef _OPENMP
@@ -525,18 +595,89 @@ static PyObject *run(PyObject *args, item_fn item) {
     Py_RETURN_NONE;
 }
 
+/* ---- bf16 KV write ---- */
+
+static inline uint16_t bf16_bits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    /* NOTE: a NaN's rounding carry could reach the exponent and make it an infinity: keep a quiet bit. */
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x0040u);
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+static PyObject *write_kv_bf16(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_cache, *o_x, *o_slots;
+    if (!PyArg_ParseTuple(args, "OOO:write_kv_bf16", &o_cache, &o_x, &o_slots)) return NULL;
+    PyArrayObject *cache, *x, *slots;
+    if (!(cache = as_array(o_cache, "cache", NPY_UINT16, 4,
+                           "[num_blocks, block_size, num_kv_heads, head_dim]")) ||
+        !(slots = as_array(o_slots, "slot_mapping", NPY_INT64, 1, "[num_tokens]")))
+        return NULL;
+    if (!PyArray_Check(o_x) || PyArray_TYPE((PyArrayObject *)o_x) != NPY_FLOAT32 ||
+        PyArray_ISBYTESWAPPED((PyArrayObject *)o_x) || PyArray_NDIM((PyArrayObject *)o_x) != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "x must be a float32 numpy.ndarray [num_tokens, num_kv_heads, head_dim]");
+        return NULL;
+    }
+    x = (PyArrayObject *)o_x;
+    const npy_intp *cs = PyArray_DIMS(cache), *xs = PyArray_DIMS(x);
+    const npy_intp n = xs[0], row = cs[2] * cs[3], num_slots = cs[0] * cs[1];
+    if (xs[1] != cs[2] || xs[2] != cs[3] || PyArray_DIM(slots, 0) != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "want x of shape [%zd, %zd, %zd] (slot_mapping's length and the cache's heads and "
+                     "head_dim), got [%zd, %zd, %zd]",
+                     PyArray_DIM(slots, 0), cs[2], cs[3], xs[0], xs[1], xs[2]);
+        return NULL;
+    }
+    /* NOTE: numpy gives dimensions of length 1 any stride, so only longer ones are checked. */
+    if ((xs[2] > 1 && PyArray_STRIDE(x, 2) != (npy_intp)sizeof(float)) ||
+        (xs[1] > 1 && PyArray_STRIDE(x, 1) != cs[3] * (npy_intp)sizeof(float))) {
+        PyErr_SetString(PyExc_ValueError, "each token's row of x must be contiguous");
+        return NULL;
+    }
+    if (!PyArray_ISWRITEABLE(cache)) {
+        PyErr_SetString(PyExc_ValueError, "cache must be writeable");
+        return NULL;
+    }
+    if (n > 0 && row > 0) {
+        /* The bytes x spans, whatever the sign of its token stride. */
+        const char *first = PyArray_BYTES(x), *last = first + (n - 1) * PyArray_STRIDE(x, 0);
+        const char *lo = first < last ? first : last;
+        const char *hi = (first < last ? last : first) + row * sizeof(float);
+        const char *c0 = PyArray_BYTES(cache), *c1 = c0 + PyArray_NBYTES(cache);
+        if (overlaps(cache, slots) || (lo < c1 && c0 < hi)) {
+            PyErr_SetString(PyExc_ValueError, "cache must not overlap x or slot_mapping");
+            return NULL;
+        }
+    }
+    const int64_t *slot = PyArray_DATA(slots);
+    for (npy_intp i = 0; i < n; ++i) {
+        if (slot[i] < 0 || slot[i] >= num_slots) {
+            PyErr_Format(PyExc_ValueError, "slot_mapping[%zd] = %lld is outside the cache's %zd slots", i,
+                         (long long)slot[i], num_slots);
+            return NULL;
+        }
+    }
+    uint16_t *dst = PyArray_DATA(cache);
+    const char *src = PyArray_BYTES(x);
+    const npy_intp x_stride = PyArray_STRIDE(x, 0);
+    for (npy_intp i = 0; i < n; ++i) {
+        const float *in = (const float *)(src + i * x_stride);
+        uint16_t *out = dst + slot[i] * row;
+        for (npy_intp j = 0; j < row; ++j) out[j] = bf16_bits(in[j]);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *paged_attention(PyObject *self, PyObject *args) {
     (void)self;
-#if PA_HAVE_AVX512
-    return run(args, item_avx512);
-#else
-    return run(args, item_portable);
-#endif
+    return run(args, 0);
 }
 
 static PyObject *paged_attention_portable(PyObject *self, PyObject *args) {
     (void)self;
-    return run(args, item_portable);
+    return run(args, 1);
 }
 
 #define SIGNATURE "(out, q, k_cache, v_cache, block_tables, seq_index, positions, scale)"
@@ -548,6 +689,9 @@ static PyMethodDef methods[] = {
     {"paged_attention_portable", paged_attention_portable, METH_VARARGS,
      "paged_attention_portable" SIGNATURE " -> None\n--\n\n"
      "The same, always through the portable (non-SIMD-intrinsics) code; for tests."},
+    {"write_kv_bf16", write_kv_bf16, METH_VARARGS,
+     "write_kv_bf16(cache, x, slot_mapping) -> None\n--\n\n"
+     "Round x to bf16 (ties to even) and store token i's row at flat slot slot_mapping[i] of cache."},
     {NULL, NULL, 0, NULL},
 };
 
