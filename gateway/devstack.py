@@ -1,0 +1,78 @@
+"""``make run``: the whole dev stack in one foreground process tree, stopped by one Ctrl-C.
+
+A real tritonserver serving the CPU engine (HTTP 8000, gRPC 8001, metrics 8002 on 127.0.0.1), then the
+gateway on settings.gateway_host:gateway_port. The Triton server is stopped in the ``finally`` whatever
+ends the gateway (Ctrl-C, SIGTERM, an error), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from gateway.app import create_app
+from sluice.settings import get_settings
+from sluice.tenants.base import DEV_TENANT_KEYS
+from sluice.triton.launcher import TritonLaunchError, TritonServer, TritonServerConfig
+
+
+def banner(base_url: str, model: str, dev_tenants: bool) -> str:
+    keys = "\n".join(f"    {tenant:<8} {key}" for tenant, key in DEV_TENANT_KEYS.items())
+    if not dev_tenants:
+        keys = "    (dev tenants disabled: SLUICE_DEV_TENANTS=false)"
+    key = DEV_TENANT_KEYS["acme"]
+    return f"""
+Sluice is up: {base_url}/v1  (model {model})
+  dev API keys:
+{keys}
+  try:
+    curl -N {base_url}/v1/chat/completions -H 'Authorization: Bearer {key}' \\
+      -H 'Content-Type: application/json' \\
+      -d '{{"model": "{model}", "stream": true, "messages": [{{"role": "user", "content": "Hello"}}]}}'
+  Ctrl-C stops everything.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still stop what we started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    grpc_port = int(settings.triton_grpc_url.rsplit(":", 1)[1])
+    metrics_port = int(settings.triton_metrics_url.rsplit(":", 1)[1].split("/", 1)[0])
+    triton = TritonServer(
+        TritonServerConfig(
+            model_repository=args.model_repository,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            state_dir=settings.state_dir / "triton",
+        )
+    )
+    try:
+        triton.start()
+        base_url = f"http://{settings.gateway_host}:{settings.gateway_port}"
+        print(banner(base_url, settings.model_name, settings.dev_tenants), file=sys.stderr, flush=True)
+        uvicorn.run(
+            create_app(settings), host=settings.gateway_host, port=settings.gateway_port, log_level="warning"
+        )
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except TritonLaunchError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        triton.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status.
+
+Handlers raise ``OpenAIError``; Litestar's own errors (validation, 404 route, 413 body, 405) are mapped
+to the same shape, so a client never sees another error format.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from gateway.metrics import GatewayMetrics
+
+# Metric labels: known routes only, so random 404 paths cannot grow the label set.
+KNOWN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/usage"})
+
+
+class OpenAIError(Exception):
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        # Set when the request's own ``finally`` already counted it in the metrics.
+        self.counted = False
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def invalid_api_key() -> OpenAIError:
+    return OpenAIError(
+        401,
+        "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
+        type="invalid_request_error",
+        code="invalid_api_key",
+    )
+
+
+def model_not_found(model: str) -> OpenAIError:
+    return OpenAIError(
+        404,
+        f"The model '{model}' does not exist or you do not have access to it.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def context_length_exceeded(message: str) -> OpenAIError:
+    return OpenAIError(400, message, code="context_length_exceeded", param="messages")
+
+
+def from_http_exception(exc: HTTPException) -> OpenAIError:
+    status = exc.status_code
+    if isinstance(exc, ValidationException) or status == 400:
+        details = "; ".join(
+            f"{e.get('key') or 'body'}: {e.get('message')}" for e in (exc.extra or []) if isinstance(e, dict)
+        )
+        message = f"Invalid request body: {details}" if details else f"Invalid request: {exc.detail}"
+        return invalid_request(message)
+    if status == 413:
+        return OpenAIError(413, "Request body too large.", code="request_too_large")
+    if status == 404:
+        return OpenAIError(404, f"Not found: {exc.detail}", code="not_found")
+    if status == 405:
+        return OpenAIError(405, str(exc.detail), code="method_not_allowed")
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    return OpenAIError(status, str(exc.detail), type=error_type)
+
+
+def error_response(err: OpenAIError) -> Response[dict[str, Any]]:
+    return Response(err.body(), status_code=err.status_code)
+
+
+def exception_handlers(metrics: GatewayMetrics) -> dict[Any, Any]:
+    def on_openai(request: Request[Any, Any, Any], exc: OpenAIError) -> Response[dict[str, Any]]:
+        if not exc.counted:
+            path = request.url.path
+            metrics.count_rejected(path if path in KNOWN_ROUTES else "other", exc.status_code)
+        return error_response(exc)
+
+    def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
+        return on_openai(request, from_http_exception(exc))
+
+    def on_other(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+        request.logger.exception("unhandled error")
+        return on_openai(
+            request,
+            OpenAIError(HTTP_500_INTERNAL_SERVER_ERROR, "Internal server error.", type="server_error"),
+        )
+
+    return {OpenAIError: on_openai, HTTPException: on_http, Exception: on_other}

@@ -1,0 +1,45 @@
+"""The gateway's Prometheus metrics, in a registry of its own (one per app, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "sluice_gateway_requests",
+            "Requests by route, HTTP status code and outcome (rejected before the engine, or how it ended)",
+            ["route", "status_code", "outcome"],
+            registry=self.registry,
+        )
+        self.ttft_s = Histogram(
+            "sluice_gateway_time_to_first_token_seconds",
+            "From the request's arrival to its first output token",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.inter_token_s = Histogram(
+            "sluice_gateway_inter_token_seconds",
+            "Time between output tokens",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "sluice_gateway_prompt_tokens", "Prompt tokens sent to a replica", registry=self.registry
+        )
+        self.output_tokens = Counter(
+            "sluice_gateway_output_tokens", "Output tokens received from a replica", registry=self.registry
+        )
+        self.in_flight = Gauge(
+            "sluice_gateway_requests_in_flight", "Requests being generated now", registry=self.registry
+        )
+
+    def count_rejected(self, route: str, status_code: int) -> None:
+        self.requests.labels(route, str(status_code), "rejected").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

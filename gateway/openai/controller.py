@@ -1,0 +1,284 @@
+"""POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+
+Streaming responses are SSE (``data: {chunk}`` lines, ending ``data: [DONE]``). The first event is
+awaited before the response starts, so an engine refusal before any token is a proper HTTP error; an
+error after tokens were sent ends the stream with ``data: {"error": {...}}``. Litestar's ``Stream``
+runs the body in a task group that cancels it on ``http.disconnect``; non-streaming requests watch for
+the disconnect themselves. Either way the cancellation lands in ``generate_text``'s ``finally``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from gateway.auth import require_tenant, tenant_of
+from gateway.errors import OpenAIError
+from gateway.openai.admission import admit_chat, admit_completion
+from gateway.openai.generation import Event, FinishEvent, Job, TextEvent, generate_text
+from gateway.openai.schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChoiceDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Model,
+    ModelList,
+    ResponseMessage,
+    Usage,
+)
+from gateway.state import GatewayState
+from sluice.engine_client import EngineError, EngineErrorKind
+
+_ENCODER = msgspec.json.Encoder()
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def engine_http_error(exc: EngineError) -> OpenAIError:
+    if exc.kind is EngineErrorKind.INVALID_REQUEST:
+        return OpenAIError(400, f"The replica refused the request: {exc.message}")
+    if exc.kind is EngineErrorKind.UNAVAILABLE:
+        return OpenAIError(
+            503,
+            "The model replica is unavailable; retry later.",
+            type="server_error",
+            code="replica_unavailable",
+        )
+    return OpenAIError(
+        500, f"The model replica failed: {exc.message}", type="server_error", code="engine_error"
+    )
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _ENCODER.encode(obj) + b"\n\n"
+
+
+def _usage(finish: FinishEvent) -> Usage:
+    return Usage(finish.prompt_tokens, finish.output_tokens, finish.prompt_tokens + finish.output_tokens)
+
+
+# ----- per-endpoint chunk shapes -----
+class _ChatShape:
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
+        job = self.job
+        return ChatCompletionChunk(
+            job.request_id, job.created, job.model, [ChatChunkChoice(0, delta, finish_reason)]
+        )
+
+    def opening(self) -> Any:
+        return self._chunk(ChoiceDelta(role="assistant", content=""))
+
+    def text(self, text: str) -> Any:
+        return self._chunk(ChoiceDelta(content=text))
+
+    def finish(self, finish: FinishEvent) -> Any:
+        return self._chunk(ChoiceDelta(), finish.finish_reason)
+
+    def usage(self, finish: FinishEvent) -> Any:
+        job = self.job
+        return ChatCompletionChunk(job.request_id, job.created, job.model, [], usage=_usage(finish))
+
+    def whole(self, text: str, finish: FinishEvent) -> Any:
+        job = self.job
+        choice = ChatChoice(0, ResponseMessage("assistant", text), finish.finish_reason)
+        return ChatCompletion(job.request_id, job.created, job.model, [choice], _usage(finish))
+
+
+class _CompletionShape:
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def _chunk(self, text: str, finish_reason: str | None = None) -> Completion:
+        job = self.job
+        return Completion(job.request_id, job.created, job.model, [CompletionChoice(0, text, finish_reason)])
+
+    def opening(self) -> Any:
+        return None
+
+    def text(self, text: str) -> Any:
+        return self._chunk(text)
+
+    def finish(self, finish: FinishEvent) -> Any:
+        return self._chunk("", finish.finish_reason)
+
+    def usage(self, finish: FinishEvent) -> Any:
+        job = self.job
+        return Completion(job.request_id, job.created, job.model, [], usage=_usage(finish))
+
+    def whole(self, text: str, finish: FinishEvent) -> Any:
+        job = self.job
+        return Completion(
+            job.request_id,
+            job.created,
+            job.model,
+            [CompletionChoice(0, text, finish.finish_reason)],
+            usage=_usage(finish),
+        )
+
+
+_Shape = _ChatShape | _CompletionShape
+
+
+async def _respond(
+    request: Request[Any, Any, Any], job: Job, shape: _Shape, stream: bool, include_usage: bool
+) -> Response[Any] | Stream:
+    gw: GatewayState = request.app.state.gw
+    events = generate_text(job, gw)
+    if stream:
+        return await _stream(request, events, shape, include_usage, job.request_id)
+    async with aclosing(events):
+        return await _whole(request, events, shape)
+
+
+async def _stream(
+    request: Request[Any, Any, Any],
+    events: AsyncGenerator[Event, None],
+    shape: _Shape,
+    include_usage: bool,
+    request_id: str,
+) -> Response[Any] | Stream:
+    first: Event | None = None
+
+    async def prime() -> None:
+        nonlocal first
+        first = await anext(events)
+
+    try:
+        # NOTE: waiting for the first token (queue + prefill) also watches for the client leaving.
+        if not await _until_disconnect(request, prime):
+            await events.aclose()
+            return Response(b"", status_code=499)  # nobody reads it
+    except EngineError as exc:
+        await events.aclose()
+        err = engine_http_error(exc)
+        err.counted = True  # generate_text's finally counted it
+        raise err from None
+    except BaseException:
+        await events.aclose()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        async with aclosing(events):
+            opening = shape.opening()
+            if opening is not None:
+                yield _sse(opening)
+            assert first is not None
+            event: Event = first
+            try:
+                while True:
+                    if isinstance(event, TextEvent):
+                        yield _sse(shape.text(event.text))
+                    else:
+                        yield _sse(shape.finish(event))
+                        if include_usage:
+                            yield _sse(shape.usage(event))
+                        yield b"data: [DONE]\n\n"
+                        return
+                    event = await anext(events)
+            except EngineError as exc:
+                yield _sse(engine_http_error(exc).body())  # after tokens: an error event, never a bare close
+
+    headers = {**_SSE_HEADERS, "X-Request-Id": request_id}
+    return Stream(body(), media_type="text/event-stream", headers=headers)
+
+
+async def _whole(
+    request: Request[Any, Any, Any], events: AsyncGenerator[Event, None], shape: _Shape
+) -> Response[Any]:
+    parts: list[str] = []
+    finish: FinishEvent | None = None
+
+    async def collect() -> None:
+        nonlocal finish
+        async for event in events:
+            if isinstance(event, TextEvent):
+                parts.append(event.text)
+            else:
+                finish = event
+
+    try:
+        await _until_disconnect(request, collect)
+    except EngineError as exc:
+        err = engine_http_error(exc)
+        err.counted = True  # generate_text's finally counted it
+        raise err from None
+    if finish is None:  # the client went away; nobody reads this
+        return Response(b"", status_code=499)
+    return Response(shape.whole("".join(parts), finish), headers={"X-Request-Id": shape.job.request_id})
+
+
+async def _until_disconnect(request: Request[Any, Any, Any], work: Callable[[], Awaitable[Any]]) -> bool:
+    """Run ``work``, cancelling it if the client disconnects first (the body is already read).
+
+    True if ``work`` ran to its end; False if the client left. ``work``'s own errors propagate as they
+    are (not wrapped in an ExceptionGroup), so the caller can map them.
+    """
+    error: Exception | None = None
+    completed = False
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+                    return
+
+        group.start_soon(watch)
+        try:
+            await work()
+            completed = True
+        except Exception as exc:
+            error = exc
+        group.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return completed
+
+
+class OpenAIController(Controller):
+    path = "/v1"
+    guards = [require_tenant]  # noqa: RUF012 — Litestar's declaration style
+    tags = ["OpenAI"]  # noqa: RUF012
+
+    @post("/chat/completions", status_code=200)
+    async def chat_completions(
+        self, request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
+    ) -> Response[ChatCompletion] | Stream:
+        """Chat completion; ``stream: true`` streams ``chat.completion.chunk`` events."""
+        gw: GatewayState = request.app.state.gw
+        job = admit_chat(data, tenant_of(request), gw, request.state.arrival_s)
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
+
+    @post("/completions", status_code=200)
+    async def completions(
+        self, request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
+    ) -> Response[Completion] | Stream:
+        """Text completion; ``stream: true`` streams ``text_completion`` events."""
+        gw: GatewayState = request.app.state.gw
+        job = admit_completion(data, tenant_of(request), gw, request.state.arrival_s)
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)
+
+    @get("/models")
+    async def models(self, request: Request[Any, Any, Any]) -> ModelList:
+        gw: GatewayState = request.app.state.gw
+        tenant = tenant_of(request)
+        name = gw.settings.model_name
+        visible = not tenant.allowed_models or name in tenant.allowed_models
+        return ModelList([Model(name, 0, "sluice")] if visible else [])

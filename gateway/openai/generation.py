@@ -1,0 +1,230 @@
+"""One admitted request's generation: engine deltas in, text events out, and ONE ``finally`` that cancels
+the engine call and writes the usage record, the telemetry record and the metrics, however it ends
+(finished, stop string, deadline, client gone, engine failure).
+
+``generate_text`` is an async generator; callers must close it (``contextlib.aclosing``). A client
+disconnect reaches it as a cancellation at its current ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import AsyncGenerator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import anyio
+
+from gateway.openai.stops import StopMatcher
+from gateway.state import GatewayState
+from gateway.telemetry import TelemetryRecord
+from sluice.domain import Outcome, Tenant, UsageRecord
+from sluice.engine_client import Delta, EngineError, EngineErrorKind, FinishReason, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A request that passed auth and every limit: what the engine is asked to do."""
+
+    request_id: str
+    route: str
+    tenant: Tenant
+    model: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: list[str]
+    ignore_eos: bool
+    arrival_s: float  # loop.time() at arrival
+    deadline_s: float  # loop.time() by which generation stops
+    created: int = field(default_factory=lambda: int(time.time()))
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    text: str
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    finish_reason: str  # OpenAI's: "stop" or "length"
+    prompt_tokens: int
+    output_tokens: int
+
+
+Event = TextEvent | FinishEvent
+
+
+@dataclass
+class _Timing:
+    """When tokens arrived, as the gateway saw them (several tokens in one delta arrive together)."""
+
+    arrival_s: float
+    engine_start_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+
+    def observe(self, now: float, num_tokens: int) -> None:
+        if num_tokens == 0:
+            return
+        if self.first_token_s is None:
+            self.first_token_s = now
+            self.gaps_s.extend([0.0] * (num_tokens - 1))
+        else:
+            assert self.last_token_s is not None
+            self.gaps_s.append(now - self.last_token_s)
+            self.gaps_s.extend([0.0] * (num_tokens - 1))
+        self.last_token_s = now
+
+
+def _finish_reason(reason: FinishReason) -> str:
+    return "stop" if reason is FinishReason.STOP else "length"
+
+
+async def generate_text(job: Job, gw: GatewayState) -> AsyncGenerator[Event, None]:
+    """Yield the request's text as it is produced, then one ``FinishEvent``. Raises ``EngineError``."""
+    loop = asyncio.get_running_loop()
+    request = GenerateRequest(
+        request_id=job.request_id,
+        prompt_token_ids=job.prompt_token_ids,
+        max_tokens=job.max_tokens,
+        temperature=job.temperature,
+        top_p=job.top_p,
+        seed=job.seed,
+        cache_scope=job.tenant.tenant_id,
+        ignore_eos=job.ignore_eos,
+    )
+    detok = gw.codec.detokenizer()
+    stops = StopMatcher(job.stop)
+    timing = _Timing(job.arrival_s)
+    outcome: Outcome | None = None  # None at the end: the caller went away
+    finish_reason: str | None = None
+    error: str | None = None
+    num_output_tokens = 0
+    reached_replica = True
+    engine_deltas = gw.engine.generate(request)
+    gw.metrics.in_flight.inc()
+    timing.engine_start_s = loop.time()
+    try:
+        while finish_reason is None:
+            try:
+                async with asyncio.timeout_at(job.deadline_s):
+                    delta: Delta = await anext(engine_deltas)
+            except TimeoutError:
+                outcome, finish_reason = Outcome.DEADLINE, "length"
+                text = stops.flush() + detok.finish()
+                if text:
+                    yield TextEvent(text)
+                break
+            except StopAsyncIteration:
+                # The engine client's contract is a final delta with a finish reason.
+                raise EngineError(
+                    EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
+                ) from None
+            num_output_tokens += len(delta.token_ids)
+            timing.observe(loop.time(), len(delta.token_ids))
+            text = detok.push(delta.token_ids)
+            if delta.finish_reason is not None:
+                text += detok.finish()
+            emit, hit_stop = stops.feed(text)
+            if hit_stop:
+                outcome, finish_reason = Outcome.FINISHED, "stop"
+            elif delta.finish_reason is not None:
+                emit += stops.flush()
+                outcome, finish_reason = Outcome.FINISHED, _finish_reason(delta.finish_reason)
+            if emit:
+                yield TextEvent(emit)
+        assert finish_reason is not None
+        yield FinishEvent(finish_reason, len(job.prompt_token_ids), num_output_tokens)
+    except EngineError as exc:
+        outcome, error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
+        # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
+        reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or num_output_tokens > 0
+        raise
+    except Exception as exc:
+        outcome, error = Outcome.FAILED, repr(exc)
+        raise
+    finally:
+        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel or the record.
+        with anyio.CancelScope(shield=True):
+            with suppress(Exception):
+                await engine_deltas.aclose()  # cancels the engine call if it is still running
+            gw.metrics.in_flight.dec()
+            outcome = outcome or Outcome.CANCELLED
+            await _record(job, gw, outcome, finish_reason, num_output_tokens, timing, error, reached_replica)
+
+
+async def _record(
+    job: Job,
+    gw: GatewayState,
+    outcome: Outcome,
+    finish_reason: str | None,
+    num_output_tokens: int,
+    timing: _Timing,
+    error: str | None,
+    reached_replica: bool,
+) -> None:
+    now = asyncio.get_running_loop().time()
+    num_prompt_tokens = len(job.prompt_token_ids)
+    ttft_s = None if timing.first_token_s is None else timing.first_token_s - job.arrival_s
+    gaps_ms = [g * 1000 for g in timing.gaps_s]
+    record = TelemetryRecord(
+        request_id=job.request_id,
+        tenant_id=job.tenant.tenant_id,
+        model=job.model,
+        model_version=gw.engine.model_version,
+        replica=gw.engine.replica,
+        engine_client=gw.engine.kind,
+        queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
+        ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+        prompt_tokens=num_prompt_tokens,
+        output_tokens=num_output_tokens,
+        inter_token_p50_ms=round(statistics.median(gaps_ms), 3) if gaps_ms else None,
+        inter_token_max_ms=round(max(gaps_ms), 3) if gaps_ms else None,
+        duration_ms=round((now - job.arrival_s) * 1000, 3),
+        outcome=str(outcome),
+        finish_reason=finish_reason,
+        error=error,
+    )
+    try:
+        gw.telemetry.write(record)
+    except OSError:
+        log.exception("telemetry record for %s was not written", job.request_id)
+    metrics = gw.metrics
+    status_code = "500" if outcome is Outcome.FAILED else "200"
+    metrics.requests.labels(job.route, status_code, str(outcome)).inc()
+    metrics.prompt_tokens.inc(num_prompt_tokens)
+    metrics.output_tokens.inc(num_output_tokens)
+    if ttft_s is not None:
+        metrics.ttft_s.observe(ttft_s)
+    for gap_s in timing.gaps_s:
+        metrics.inter_token_s.observe(gap_s)
+    # Last: once the usage row is visible, the telemetry record and metrics are already written.
+    if not reached_replica:
+        return
+    try:
+        await gw.ledger.record(
+            UsageRecord(
+                tenant_id=job.tenant.tenant_id,
+                request_id=job.request_id,
+                model=job.model,
+                model_version=gw.engine.model_version,
+                prompt_tokens=num_prompt_tokens,
+                output_tokens=num_output_tokens,
+                status=outcome,
+                started_at=job.started_at,
+                finished_at=datetime.now(UTC),
+            )
+        )
+    except Exception:
+        log.exception("usage record for %s was not written", job.request_id)

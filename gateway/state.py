@@ -1,0 +1,30 @@
+"""What every request handler shares: settings, the tokenizer, the engine client, the ledger, the tenant
+resolver, telemetry and metrics. Built once in ``gateway.app``; handlers reach it as ``app.state.gw``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.metrics import GatewayMetrics
+from gateway.telemetry import TelemetryWriter
+from sluice.domain import Tenant
+from sluice.engine_client import EngineClient
+from sluice.ledger.base import UsageLedger
+from sluice.settings import Settings
+from sluice.text import TextCodec
+
+
+class TenantResolver(Protocol):
+    async def resolve(self, api_key: str) -> Tenant | None: ...
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    codec: TextCodec
+    engine: EngineClient
+    ledger: UsageLedger
+    tenants: TenantResolver
+    telemetry: TelemetryWriter
+    metrics: GatewayMetrics

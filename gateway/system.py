@@ -1,0 +1,41 @@
+"""GET /healthz (the process is alive), GET /readyz (the replica is ready and the model loaded),
+GET /metrics (Prometheus). No auth: probes and scrapers call these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway.state import GatewayState
+
+
+@get("/healthz", tags=["System"])
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/readyz", tags=["System"])
+async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    gw: GatewayState = request.app.state.gw
+    replica_ready = await gw.engine.ready()
+    model_loaded = replica_ready and await gw.engine.model_loaded(gw.settings.model_name)
+    body = {
+        "status": "ready" if model_loaded else "not_ready",
+        "engine_client": gw.engine.kind,
+        "replica": gw.engine.replica,
+        "replica_ready": replica_ready,
+        "model": gw.settings.model_name,
+        "model_loaded": model_loaded,
+    }
+    return Response(body, status_code=200 if model_loaded else 503)
+
+
+@get("/metrics", tags=["System"], include_in_schema=False)
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    gw: GatewayState = request.app.state.gw
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+SYSTEM_HANDLERS = [healthz, readyz, metrics]

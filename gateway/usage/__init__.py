@@ -1,0 +1,1 @@
+"""GET /v1/usage: the caller's own usage."""

@@ -1,0 +1,107 @@
+"""GET /v1/usage: totals and per-request rows for the caller's tenant only, filtered by ``since`` /
+``until`` (unix seconds or ISO 8601) and ``model``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, get
+from litestar.params import FromQuery
+
+from gateway.auth import require_tenant, tenant_of
+from gateway.errors import invalid_request
+from gateway.state import GatewayState
+
+
+class UsageRow(msgspec.Struct):
+    request_id: str
+    model: str
+    model_version: str
+    prompt_tokens: int
+    output_tokens: int
+    status: str
+    started_at: int  # unix seconds
+    finished_at: int
+
+
+class UsageTotalsOut(msgspec.Struct):
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class UsageResponse(msgspec.Struct):
+    tenant_id: str
+    totals: UsageTotalsOut
+    data: list[UsageRow]
+    object: str = "usage"
+
+
+def parse_time(value: str | None, param: str) -> datetime | None:
+    """Unix seconds ("1717171717", "1717171717.5") or ISO 8601 (naive means UTC)."""
+    if value is None or value == "":
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise invalid_request(
+            f"{param} must be unix seconds or an ISO 8601 time, got {value!r}.", param=param
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+class UsageController(Controller):
+    path = "/v1/usage"
+    guards = [require_tenant]  # noqa: RUF012
+    tags = ["Usage"]  # noqa: RUF012
+
+    @get("/")
+    async def usage(
+        self,
+        request: Request[Any, Any, Any],
+        since: FromQuery[str | None] = None,
+        until: FromQuery[str | None] = None,
+        model: FromQuery[str | None] = None,
+        limit: FromQuery[int] = 100,
+    ) -> UsageResponse:
+        if not 1 <= limit <= 1000:
+            raise invalid_request("limit must be in [1, 1000].", param="limit")
+        gw: GatewayState = request.app.state.gw
+        tenant = tenant_of(request)
+        report = await gw.ledger.query(
+            tenant.tenant_id,
+            since=parse_time(since, "since"),
+            until=parse_time(until, "until"),
+            model=model,
+            limit=limit,
+        )
+        totals = report.totals
+        return UsageResponse(
+            tenant_id=tenant.tenant_id,
+            totals=UsageTotalsOut(
+                totals.num_requests,
+                totals.prompt_tokens,
+                totals.output_tokens,
+                totals.prompt_tokens + totals.output_tokens,
+            ),
+            data=[
+                UsageRow(
+                    r.request_id,
+                    r.model,
+                    r.model_version,
+                    r.prompt_tokens,
+                    r.output_tokens,
+                    str(r.status),
+                    int(r.started_at.timestamp()),
+                    int(r.finished_at.timestamp()),
+                )
+                for r in report.rows
+            ],
+        )

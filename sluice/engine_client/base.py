@@ -1,0 +1,88 @@
+"""The engine-client interface the gateway codes against; every implementation passes the same
+contract tests (tests/gateway/test_engine_client_contract.py).
+
+``generate`` is an async generator of ``Delta``s. Closing it early (``aclose()``, which
+``contextlib.aclosing`` does on leaving its block, whatever the reason) cancels the engine call: the
+replica drops the sequence within a step. Leaving an ``async for`` alone does NOT close an async
+generator, so callers must close it explicitly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an end-of-sequence or stop token
+    LENGTH = "length"  # max_tokens, or the model's context
+    ABORT = "abort"  # cancelled
+
+
+class EngineErrorKind(StrEnum):
+    INVALID_REQUEST = "invalid_request"  # the replica refused the request (the caller's fault)
+    UNAVAILABLE = "unavailable"  # the replica cannot be reached or is not ready
+    ENGINE_ERROR = "engine_error"  # the replica failed mid-request
+
+
+class EngineError(Exception):
+    def __init__(self, kind: EngineErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation. Sampling: temperature None or 0 is greedy; top_p None is no cut."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    cache_scope: str = ""  # the tenant: prefix-cache blocks are shared within one scope only
+    priority: int = 0  # 0 interactive, 1 batch
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Tokens produced since the previous delta; the last delta carries the finish reason and totals."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int | None = None
+    num_cached_tokens: int | None = None
+
+
+class EngineClient(ABC):
+    #: "triton" or "inprocess": shown at start-up and in telemetry.
+    kind: str
+    #: Where requests go (a gRPC URL, or "inprocess"): the telemetry's replica.
+    replica: str
+    #: The served model's version.
+    model_version: str = "1"
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Connect (or load the engine). Idempotent."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
+        """Stream the request's tokens. Raises ``EngineError``; ``aclose()`` cancels the engine call."""
+
+    @abstractmethod
+    async def ready(self) -> bool:
+        """The replica answers and can take requests."""
+
+    @abstractmethod
+    async def model_loaded(self, model: str) -> bool:
+        """The replica has ``model`` loaded and ready."""

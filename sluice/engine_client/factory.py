@@ -1,0 +1,36 @@
+"""Build the engine client named in settings (``engine_client``: "triton" or "inprocess"). No fallback:
+an unknown name fails at start, and the choice is logged."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sluice.engine_client.base import EngineClient
+
+log = logging.getLogger(__name__)
+
+ENGINE_CLIENTS = ("triton", "inprocess")
+
+
+def open_engine_client(
+    kind: str,
+    *,
+    model_name: str,
+    triton_grpc_url: str = "",
+    checkpoint_dir: Path | None = None,
+) -> EngineClient:
+    if kind == "triton":
+        from sluice.engine_client.triton import TritonEngineClient
+
+        client: EngineClient = TritonEngineClient(triton_grpc_url, model_name)
+    elif kind == "inprocess":
+        from sluice.engine_client.inprocess import InProcessEngineClient
+
+        if checkpoint_dir is None:
+            raise ValueError("engine_client 'inprocess' needs checkpoint_dir")
+        client = InProcessEngineClient(checkpoint_dir, model_name)
+    else:
+        raise ValueError(f"engine_client must be one of {ENGINE_CLIENTS}, got {kind!r}")
+    log.info("engine client: %s (replica %s, model %s)", client.kind, client.replica, model_name)
+    return client

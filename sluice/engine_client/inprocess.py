@@ -1,0 +1,111 @@
+"""``EngineClient`` over an ``EngineThread`` in this process: no Triton, for platforms where tritonserver
+cannot run and for fast tests. The engine thread owns the engine; this side only submits, reads the
+request's stream when the engine signals an update, and aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+from cpu_engine.config import EngineConfig
+from cpu_engine.engine import LLMEngine
+from cpu_engine.engine_thread import EngineThread, StreamError
+from cpu_engine.sampling import PriorityClass, SamplingParams
+from sluice.engine_client.base import (
+    Delta,
+    EngineClient,
+    EngineError,
+    EngineErrorKind,
+    FinishReason,
+    GenerateRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class InProcessEngineClient(EngineClient):
+    kind = "inprocess"
+    replica = "inprocess"
+
+    def __init__(self, checkpoint_dir: Path, model_name: str, config: EngineConfig | None = None) -> None:
+        self._checkpoint_dir = Path(checkpoint_dir)
+        self._model_name = model_name
+        self._config = config or EngineConfig()
+        self.engine_thread: EngineThread | None = None
+
+    async def start(self) -> None:
+        if self.engine_thread is None:
+            engine = await asyncio.to_thread(LLMEngine.from_checkpoint, self._checkpoint_dir, self._config)
+            self.engine_thread = EngineThread(engine, name="sluice-inprocess-engine")
+
+    async def close(self) -> None:
+        if self.engine_thread is not None:
+            await asyncio.to_thread(self.engine_thread.close)
+            self.engine_thread = None
+
+    async def ready(self) -> bool:
+        return self.engine_thread is not None
+
+    async def model_loaded(self, model: str) -> bool:
+        return self.engine_thread is not None and model == self._model_name
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
+        thread = self.engine_thread
+        if thread is None:
+            raise EngineError(EngineErrorKind.UNAVAILABLE, "the in-process engine is not started")
+        try:
+            params = SamplingParams(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature or 0.0,
+                top_p=request.top_p or 1.0,
+                seed=request.seed,
+                stop_token_ids=request.stop_token_ids,
+                ignore_eos=request.ignore_eos,
+            )
+        except ValueError as exc:
+            raise EngineError(EngineErrorKind.INVALID_REQUEST, str(exc)) from None
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def on_update() -> None:  # the engine thread: hand the wake-up to the event loop
+            loop.call_soon_threadsafe(wake.set)
+
+        stream = thread.submit(
+            request.request_id,
+            request.prompt_token_ids,
+            params,
+            PriorityClass(request.priority),
+            request.cache_scope,
+            on_update,
+        )
+        finished = False
+        try:
+            while True:
+                wake.clear()  # NOTE: clear before taking, so an update between the two is not lost
+                delta = stream.take_nowait()
+                if delta is None:
+                    await wake.wait()
+                    continue
+                if delta.error is not None:
+                    finished = True
+                    kind = (
+                        EngineErrorKind.INVALID_REQUEST
+                        if delta.error_kind is StreamError.INVALID_REQUEST
+                        else EngineErrorKind.ENGINE_ERROR
+                    )
+                    raise EngineError(kind, delta.error)
+                if delta.finished:
+                    finished = True
+                    reason = FinishReason(delta.finish_reason.value) if delta.finish_reason else None
+                    yield Delta(
+                        delta.token_ids, reason, delta.num_prompt_tokens, delta.num_cached_prompt_tokens
+                    )
+                    return
+                if delta.token_ids:
+                    yield Delta(delta.token_ids)
+        finally:
+            if not finished:
+                thread.abort(request.request_id)

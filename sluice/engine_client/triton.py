@@ -1,0 +1,129 @@
+"""``EngineClient`` over Triton's gRPC streaming API (``tritonclient.grpc.aio``): production's path.
+
+One gRPC stream per request. Leaving the ``async for`` over the call does not end it, so closing the
+generator cancels the call explicitly (``GenerateStream.__aexit__``); Triton marks the request
+cancelled and the model aborts it in the engine within a step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+
+import grpc
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from sluice.engine_client.base import (
+    Delta,
+    EngineClient,
+    EngineError,
+    EngineErrorKind,
+    FinishReason,
+    GenerateRequest,
+)
+from sluice.triton.client import GenerateStream
+from sluice.triton.converters import request_tensors
+
+log = logging.getLogger(__name__)
+
+
+def _strip_scheme(url: str) -> str:
+    for scheme in ("grpc://", "http://"):
+        if url.startswith(scheme):
+            return url[len(scheme) :]
+    return url
+
+
+class TritonEngineClient(EngineClient):
+    kind = "triton"
+
+    def __init__(self, grpc_url: str, model_name: str, stream_timeout_s: float | None = None) -> None:
+        self.replica = _strip_scheme(grpc_url)
+        self._model_name = model_name
+        self._stream_timeout_s = stream_timeout_s
+        self._client: grpcclient.InferenceServerClient | None = None
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = grpcclient.InferenceServerClient(self.replica)
+            try:  # the served version, for telemetry and the ledger; the replica may not be up yet
+                metadata = await self._client.get_model_metadata(self._model_name, as_json=True)
+                self.model_version = str((metadata.get("versions") or [self.model_version])[-1])
+            except InferenceServerException as exc:
+                log.warning("model version of %s unknown at start: %s", self._model_name, exc.message())
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def ready(self) -> bool:
+        try:
+            return self._client is not None and bool(await self._client.is_server_ready())
+        except InferenceServerException:
+            return False
+
+    async def model_loaded(self, model: str) -> bool:
+        try:
+            return self._client is not None and bool(await self._client.is_model_ready(model))
+        except InferenceServerException:
+            return False
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
+        if self._client is None:
+            raise EngineError(EngineErrorKind.UNAVAILABLE, "the Triton client is not started")
+        sampled = request.temperature is not None and request.temperature > 0
+        tensors = request_tensors(
+            request.prompt_token_ids,
+            request.max_tokens,
+            streaming=True,
+            temperature=request.temperature if sampled else None,
+            top_p=request.top_p if sampled else None,
+            seed=request.seed,
+            stop_token_ids=request.stop_token_ids,
+            priority=request.priority,
+            cache_scope=request.cache_scope,
+            ignore_eos=request.ignore_eos or None,
+        )
+        stream = GenerateStream(
+            self._client, self._model_name, tensors, request.request_id, self._stream_timeout_s
+        )
+        # NOTE: the `async with` cancels the gRPC call on every way out, including this generator's
+        # aclose() when the consumer stops early; a call that already ended ignores the cancel.
+        async with stream:
+            try:
+                async for chunk in stream:
+                    reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
+                    yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
+                    if reason is not None:
+                        return
+            except InferenceServerException as exc:
+                raise _engine_error(exc) from None
+            except grpc.RpcError as exc:  # the aio stream raises gRPC's own errors for transport failures
+                raise _rpc_error(exc) from None
+        raise EngineError(EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing")
+
+
+def _engine_error(exc: InferenceServerException) -> EngineError:
+    message = exc.message() or str(exc)
+    status = (exc.status() or "").upper()
+    if "UNAVAILABLE" in status or "DEADLINE" in status:
+        return EngineError(EngineErrorKind.UNAVAILABLE, message)
+    # NOTE: an error response on a gRPC stream arrives without its Triton error code, only the text. The
+    # model's engine failures say "engine error: ..." / "engine stopped" (cpu_engine.engine_thread);
+    # everything else it refuses is a request the converters rejected.
+    if status or message.startswith("engine "):
+        return EngineError(EngineErrorKind.ENGINE_ERROR, message)
+    return EngineError(EngineErrorKind.INVALID_REQUEST, message)
+
+
+def _rpc_error(exc: grpc.RpcError) -> EngineError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    message = f"{code}: {details}"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return EngineError(EngineErrorKind.UNAVAILABLE, message)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        return EngineError(EngineErrorKind.INVALID_REQUEST, message)
+    return EngineError(EngineErrorKind.ENGINE_ERROR, message)

@@ -1,0 +1,63 @@
+"""Turn streamed token ids into text pieces that never split a UTF-8 character.
+
+A byte-level BPE token is a run of bytes, not of characters: one emoji can span two or three tokens.
+``IncrementalDetokenizer`` keeps the bytes of the tokens seen so far in an incremental UTF-8 decoder,
+so ``push`` returns only whole characters and holds an incomplete multi-byte tail until the next token
+completes it. Bytes that can never be valid UTF-8 become U+FFFD, as ``bytes.decode(errors="replace")``
+would; ``finish`` flushes a tail left incomplete at the end the same way. So the concatenation of every
+piece equals ``b"".join(token bytes).decode("utf-8", "replace")``, however the ids are split.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Mapping
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """Each of GPT-2's printable stand-in characters (the ByteLevel alphabet) → the byte it stands for."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+class TokenBytes:
+    """Token id → the bytes it stands for (special tokens: their text, or nothing when skipped)."""
+
+    def __init__(self, vocab: Mapping[str, int], special: Mapping[int, str], skip_special: bool = True):
+        alphabet = byte_level_alphabet()
+        self._bytes: dict[int, bytes] = {}
+        for token, token_id in vocab.items():
+            if all(c in alphabet for c in token):
+                self._bytes[token_id] = bytes(alphabet[c] for c in token)
+            else:  # an added, non-byte-level token: its text as is
+                self._bytes[token_id] = token.encode()
+        for token_id, text in special.items():
+            self._bytes[token_id] = b"" if skip_special else text.encode()
+
+    def __call__(self, token_id: int) -> bytes:
+        return self._bytes.get(token_id, b"")
+
+
+class IncrementalDetokenizer:
+    """One request's detokenizer: ``push`` ids as they arrive, ``finish`` once at the end."""
+
+    def __init__(self, token_bytes: TokenBytes) -> None:
+        self._token_bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_ids: Iterable[int]) -> str:
+        """The text the ids complete; may be "" while a character is still incomplete."""
+        data = b"".join(self._token_bytes(t) for t in token_ids)
+        return self._decoder.decode(data, final=False)
+
+    def finish(self) -> str:
+        """Whatever incomplete tail is left, as U+FFFD (usually "")."""
+        return self._decoder.decode(b"", final=True)

@@ -1,0 +1,106 @@
+"""Run the gateway for tests: uvicorn in a background thread on a free port, with real settings, the real
+storage they name (SQLite under a temporary state_dir), and the engine client the test asks for."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import uvicorn
+from litestar import Litestar
+
+from gateway.app import create_app
+from gateway.state import GatewayState
+from sluice.engine_client import EngineClient
+from sluice.settings import Settings
+
+ACME_KEY = "sk-acme-dev"
+GLOBEX_KEY = "sk-globex-dev"
+MODEL = "sluice-tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningGateway:
+    app: Litestar
+    server: uvicorn.Server
+    thread: threading.Thread
+    base_url: str
+    state_dir: Path
+
+    @property
+    def gw(self) -> GatewayState:
+        gw: GatewayState = self.app.state.gw
+        return gw
+
+    def client(self, api_key: str = ACME_KEY, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=api_key, max_retries=0, **kwargs)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30)
+
+    def usage(self, api_key: str = ACME_KEY, **params: str) -> dict[str, Any]:
+        with self.http() as http:
+            resp = http.get("/v1/usage", params=params, headers={"Authorization": f"Bearer {api_key}"})
+        resp.raise_for_status()
+        body: dict[str, Any] = resp.json()
+        return body
+
+    def usage_row(self, request_id: str, api_key: str = ACME_KEY, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The ledger row of ``request_id`` (written in the request's ``finally``, maybe just after the
+        response ended), through GET /v1/usage."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = {r["request_id"]: r for r in self.usage(api_key=api_key, limit="1000")["data"]}
+            if request_id in rows:
+                return rows[request_id]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no usage row for {request_id}")
+            time.sleep(0.02)
+
+    def telemetry(self) -> list[dict[str, Any]]:
+        path = self.gw.settings.telemetry_path
+        if path is None or not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def start_gateway(
+    state_dir: Path, checkpoint_dir: Path, engine: EngineClient | None = None, **overrides: Any
+) -> RunningGateway:
+    """Start a gateway; ``engine`` None means the one ``overrides['engine_client']`` names."""
+    port = free_port()
+    settings = Settings(
+        state_dir=state_dir,
+        checkpoint_dir=checkpoint_dir,
+        gateway_port=port,
+        **{"engine_client": "inprocess", "tenant_cache_ttl_s": 5.0, **overrides},
+    )
+    app = create_app(settings, engine=engine)  # storage from settings: SQLite under state_dir
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the gateway did not start")
+        time.sleep(0.02)
+    return RunningGateway(app, server, thread, f"http://127.0.0.1:{port}", state_dir)
