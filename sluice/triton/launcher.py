@@ -20,6 +20,7 @@ import argparse
 import atexit
 import collections
 import contextlib
+import ctypes
 import importlib.util
 import os
 import re
@@ -222,6 +223,7 @@ class TritonServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C is ours to relay, and killpg reaches the stubs
+            preexec_fn=_die_with_parent,
         )
         _LIVE.add(self)
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
@@ -333,6 +335,21 @@ _LIVE: set[TritonServer] = set()
 def _stop_all() -> None:
     for server in list(_LIVE):
         server.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the server if the process that started it dies.
+
+    NOTE: without this, a launcher killed with SIGKILL (a test run cut short by a timeout) leaves its
+    tritonserver running, holding ports and a core. Linux only; the signal follows the thread that
+    forked, so start servers from a thread that lives as long as they should.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,3 +113,36 @@ def test_cli_runs_until_interrupted(
             cli.kill()
             cli.wait()
     assert processes_mentioning(prefix) == []
+
+
+def test_a_launcher_killed_outright_takes_its_server_with_it(
+    model_repository: Path, tmp_path: Path, three_free_ports: list[int]
+) -> None:
+    http, grpc, metrics = three_free_ports
+    prefix = f"sluice_orphan_{os.getpid()}_"
+    cli = subprocess.Popen(
+        [
+            sys.executable, "-m", "sluice.triton.launcher",
+            "--model-repository", str(model_repository), "--state-dir", str(tmp_path / "state"),
+            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+            "--shm-prefix", prefix,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert cli.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in cli.stderr:
+            if line.startswith("tritonserver ready") or time.monotonic() > deadline:
+                break
+        assert processes_mentioning(prefix), "the server should be running"
+        cli.kill()  # SIGKILL: no finally runs in the launcher
+        cli.wait()
+        deadline = time.monotonic() + 15
+        while processes_mentioning(prefix) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_mentioning(prefix) == []
+    finally:
+        for pid in processes_mentioning(prefix):
+            os.kill(pid, signal.SIGKILL)
