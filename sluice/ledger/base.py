@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
-from sluice.domain import UsageRecord, UsageReport
+from sluice.domain import Outcome, UsageRecord, UsageReport
+
+# The usage table's columns, in the order every backend writes and reads them.
+USAGE_COLUMNS = (
+    "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
+    " started_at, finished_at"
+)
+
+
+def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> UsageRecord:
+    """A ``USAGE_COLUMNS`` row as a record; ``to_utc`` turns the backend's timestamp into aware UTC."""
+    t, r, m, v, p, o, s, started, finished = row
+    return UsageRecord(
+        tenant_id=t,
+        request_id=r,
+        model=m,
+        model_version=v,
+        prompt_tokens=p,
+        output_tokens=o,
+        status=Outcome(s),
+        started_at=to_utc(started),
+        finished_at=to_utc(finished),
+    )
 
 
 class UsageLedger(ABC):

@@ -4,34 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from sluice.db import apply_pg_migrations, open_pg_pool
-from sluice.domain import Outcome, UsageRecord, UsageReport, UsageTotals
-from sluice.ledger.base import UsageLedger, check_query_args, check_record
+from sluice.domain import UsageRecord, UsageReport, UsageTotals
+from sluice.ledger.base import USAGE_COLUMNS, UsageLedger, check_query_args, check_record, record_from_row
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
-
-_COLUMNS = (
-    "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
-    " started_at, finished_at"
-)
-
-
-def _from_row(row: tuple[Any, ...]) -> UsageRecord:
-    t, r, m, v, p, o, s, started, finished = row
-    return UsageRecord(
-        tenant_id=t,
-        request_id=r,
-        model=m,
-        model_version=v,
-        prompt_tokens=p,
-        output_tokens=o,
-        status=Outcome(s),
-        started_at=started.astimezone(UTC),
-        finished_at=finished.astimezone(UTC),
-    )
 
 
 class PostgresLedger(UsageLedger):
@@ -77,7 +56,7 @@ class PostgresLedger(UsageLedger):
     async def _insert(self, rec: UsageRecord) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                f"INSERT INTO usage ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (tenant_id, request_id) DO NOTHING",
                 (
                     rec.tenant_id,
@@ -126,9 +105,12 @@ class PostgresLedger(UsageLedger):
             assert totals is not None  # an aggregate always returns one row
             n, p, o = totals
             cur = await conn.execute(
-                f"SELECT {_COLUMNS} FROM usage WHERE {cond}"
+                f"SELECT {USAGE_COLUMNS} FROM usage WHERE {cond}"
                 " ORDER BY finished_at DESC, request_id DESC LIMIT %s",
                 [*params, limit],
             )
             rows = await cur.fetchall()
-        return UsageReport(UsageTotals(int(n), int(p), int(o)), [_from_row(r) for r in rows])
+        return UsageReport(
+            UsageTotals(int(n), int(p), int(o)),
+            [record_from_row(r, lambda ts: ts.astimezone(UTC)) for r in rows],
+        )

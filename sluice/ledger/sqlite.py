@@ -5,37 +5,16 @@ from __future__ import annotations
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from sluice.db import SqliteDb, apply_sqlite_migrations
-from sluice.domain import Outcome, UsageRecord, UsageReport, UsageTotals
-from sluice.ledger.base import UsageLedger, check_query_args, check_record
+from sluice.domain import UsageRecord, UsageReport, UsageTotals
+from sluice.ledger.base import USAGE_COLUMNS, UsageLedger, check_query_args, check_record, record_from_row
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
-
-_COLUMNS = (
-    "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
-    " started_at, finished_at"
-)
 
 
 def to_text(ts: datetime) -> str:
     """Fixed-width UTC ISO-8601, so text order is time order."""
     return ts.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _from_row(row: tuple[Any, ...]) -> UsageRecord:
-    t, r, m, v, p, o, s, started, finished = row
-    return UsageRecord(
-        tenant_id=t,
-        request_id=r,
-        model=m,
-        model_version=v,
-        prompt_tokens=p,
-        output_tokens=o,
-        status=Outcome(s),
-        started_at=datetime.fromisoformat(started),
-        finished_at=datetime.fromisoformat(finished),
-    )
 
 
 class SqliteLedger(UsageLedger):
@@ -65,7 +44,7 @@ class SqliteLedger(UsageLedger):
 
         def insert(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                f"INSERT INTO usage ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (tenant_id, request_id) DO NOTHING",
                 params,
             )
@@ -107,12 +86,14 @@ class SqliteLedger(UsageLedger):
                     params,
                 ).fetchone()
                 rows = conn.execute(
-                    f"SELECT {_COLUMNS} FROM usage WHERE {cond}"
+                    f"SELECT {USAGE_COLUMNS} FROM usage WHERE {cond}"
                     " ORDER BY finished_at DESC, request_id DESC LIMIT ?",
                     [*params, limit],
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
-            return UsageReport(UsageTotals(n, p, o), [_from_row(r) for r in rows])
+            return UsageReport(
+                UsageTotals(n, p, o), [record_from_row(r, datetime.fromisoformat) for r in rows]
+            )
 
         return await self._db.run(read)
