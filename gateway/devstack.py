@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import uvicorn
 from gateway.app import create_app
 from sluice.settings import get_settings
 from sluice.tenants.base import DEV_TENANT_KEYS
-from sluice.triton.launcher import TritonLaunchError, TritonServer, TritonServerConfig
+from sluice.triton.launcher import TritonServer, TritonServerConfig, run_in_foreground
 
 
 def banner(base_url: str, model: str, dev_tenants: bool) -> str:
@@ -41,37 +40,30 @@ Sluice is up: {base_url}/v1  (model {model})
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
+    ap.add_argument("--triton-http-port", type=int, default=8000)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
-    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still stop what we started.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     grpc_port = int(settings.triton_grpc_url.rsplit(":", 1)[1])
     metrics_port = int(settings.triton_metrics_url.rsplit(":", 1)[1].split("/", 1)[0])
     triton = TritonServer(
         TritonServerConfig(
             model_repository=args.model_repository,
+            http_port=args.triton_http_port,
             grpc_port=grpc_port,
             metrics_port=metrics_port,
             state_dir=settings.state_dir / "triton",
         )
     )
-    try:
-        triton.start()
+
+    def while_up() -> int:
         base_url = f"http://{settings.gateway_host}:{settings.gateway_port}"
         print(banner(base_url, settings.model_name, settings.dev_tenants), file=sys.stderr, flush=True)
-        uvicorn.run(
-            create_app(settings), host=settings.gateway_host, port=settings.gateway_port, log_level="warning"
-        )
+        app = create_app(settings)
+        uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port, log_level="warning")
         return 0
-    except KeyboardInterrupt:
-        return 130
-    except TritonLaunchError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    finally:
-        triton.stop()
+
+    return run_in_foreground(triton, while_up)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -373,16 +374,28 @@ def main(argv: list[str] | None = None) -> int:
         shm_prefix=args.shm_prefix,
         log_verbose=args.log_verbose,
     )
+    server = TritonServer(config, echo_log=True)
+
+    def while_up() -> int:
+        urls = f"HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}"
+        print(f"tritonserver ready: {urls}", file=sys.stderr, flush=True)
+        return server.wait()
+
+    return run_in_foreground(server, while_up)
+
+
+def run_in_foreground(server: TritonServer, while_up: Callable[[], int]) -> int:
+    """Start ``server``, run ``while_up`` until it returns, Ctrl-C or SIGTERM; always stop the server.
+
+    Returns ``while_up``'s exit status, 130 on Ctrl-C, 143 on SIGTERM, 1 if the server failed to start.
+    """
     # SIGTERM to us ends like Ctrl-C: through the finally below, which stops the server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # A shell starts background jobs with SIGINT ignored; Ctrl-C must still stop what we started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    server = TritonServer(config, echo_log=True)
     try:
         server.start()
-        urls = f"HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}"
-        print(f"tritonserver ready: {urls}", file=sys.stderr, flush=True)
-        return server.wait()
+        return while_up()
     except KeyboardInterrupt:
         return 130
     except TritonLaunchError as exc:
