@@ -7,12 +7,18 @@
 One gRPC stream per request: the client half-closes after its one request, and Triton ends the stream
 once the model has sent the response flagged final, so the ``async for`` ends by itself. Leaving the
 loop early does not end the call (seen here: the model noticed only when the client closed, seconds
-later), so leaving the ``async with`` cancels it explicitly; Triton then reports the request cancelled
-and the model aborts it in the engine within a step.
+later), so leaving the ``async with`` before the request finished cancels it explicitly; Triton then
+reports the request cancelled and the model aborts it in the engine within a step.
+
+A consumer that stops at the chunk carrying the finish reason has not seen the stream end yet: the
+model's empty final response is still on its way. Cancelling then races that final send, and Triton
+2.51 was seen to crash on it (SIGSEGV in tritonserver under load). So after a finished request the
+exit waits, briefly, for the stream to end by itself, and cancels only if it does not.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -69,6 +75,7 @@ class GenerateStream:
         tensors: Mapping[str, np.ndarray],
         request_id: str = "",
         timeout_s: float | None = None,
+        drain_timeout_s: float = 2.0,
     ) -> None:
         self._client = client
         self._request = {
@@ -77,7 +84,9 @@ class GenerateStream:
             "request_id": request_id,
         }
         self._timeout_s = timeout_s
+        self._drain_timeout_s = drain_timeout_s
         self._call: Any = None
+        self._finished = False  # a chunk with a finish reason was seen
 
     async def __aenter__(self) -> GenerateStream:
         async def one_request() -> AsyncIterator[dict[str, Any]]:
@@ -95,7 +104,9 @@ class GenerateStream:
         async for result, error in self._call:
             if error is not None:
                 raise error
-            yield chunk_from_result(result)
+            chunk = chunk_from_result(result)
+            self._finished = self._finished or chunk.finish_reason is not None
+            yield chunk
 
     def cancel(self) -> None:
         """Cancel the gRPC call (a no-op once the stream has ended)."""
@@ -105,4 +116,22 @@ class GenerateStream:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # A consumer that closes its generator right after the finishing chunk exits with GeneratorExit:
+        # the request is still finished, so it drains too. Errors and cancellations cancel at once.
+        quiet_exit = exc_type is None or issubclass(exc_type, GeneratorExit)
+        if self._finished and quiet_exit and await self._ended_by_itself():
+            return
         self.cancel()
+
+    async def _ended_by_itself(self) -> bool:
+        """Wait up to drain_timeout_s for the stream's end (the model's final response)."""
+
+        async def drain() -> None:
+            async for _ in self._call:
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), self._drain_timeout_s)
+        except Exception:  # timed out, or the stream failed after finishing: cancel it then
+            return False
+        return True
