@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--requests-per-slot", type=int, default=4, help="requests = this x concurrency (min 8)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--step-token-budget", type=int, default=512)
+    ap.add_argument("--step-token-budget", type=int, default=EngineConfig.step_token_budget)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
