@@ -227,6 +227,42 @@ async def apply_pg_migrations(
     return applied
 
 
+class MigratedPgPool:
+    """A PostgreSQL store's pool: opened with its component's migrations applied, closed once."""
+
+    def __init__(
+        self, url: str, *, max_size: int, name: str, component: str, migrations: Sequence[Migration]
+    ) -> None:
+        self._url = url
+        self._max_size = max_size
+        self._name = name
+        self._component = component
+        self._migrations = migrations
+        self._pool: AsyncConnectionPool | None = None
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        if self._pool is None:
+            raise RuntimeError(f"the {self._name} store is not open")
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool = await open_pg_pool(self._url, max_size=self._max_size, name=self._name)
+        try:
+            await apply_pg_migrations(pool, self._component, self._migrations)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+
 def describe_pg_url(url: str) -> str:
     """``host:port/dbname`` for logs: never the password."""
     try:

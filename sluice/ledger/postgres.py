@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from psycopg_pool import AsyncConnectionPool
 
-from sluice.db import apply_pg_migrations, open_pg_pool
+from sluice.db import MigratedPgPool
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
 from sluice.ledger.base import USAGE_COLUMNS, UsageLedger, check_query_args, check_record, record_from_row
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
@@ -15,34 +15,22 @@ from sluice.ledger.migrations import COMPONENT, MIGRATIONS
 
 class PostgresLedger(UsageLedger):
     def __init__(self, url: str, *, pool_max_size: int = 10) -> None:
-        self._url = url
-        self._pool_max_size = pool_max_size
-        self._pool: AsyncConnectionPool | None = None
+        self._db = MigratedPgPool(
+            url, max_size=pool_max_size, name="ledger", component=COMPONENT, migrations=MIGRATIONS
+        )
         self._in_flight: set[asyncio.Task[bool]] = set()
 
     @property
     def pool(self) -> AsyncConnectionPool:
-        if self._pool is None:
-            raise RuntimeError("PostgresLedger is not open")
-        return self._pool
+        return self._db.pool
 
     async def open(self) -> None:
-        if self._pool is not None:
-            return
-        pool = await open_pg_pool(self._url, max_size=self._pool_max_size, name="ledger")
-        try:
-            await apply_pg_migrations(pool, COMPONENT, MIGRATIONS)
-        except BaseException:
-            await pool.close()
-            raise
-        self._pool = pool
+        await self._db.open()
 
     async def close(self) -> None:
         if self._in_flight:  # writes whose callers were cancelled: let them land
             await asyncio.gather(*self._in_flight, return_exceptions=True)
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        await self._db.close()
 
     async def record(self, rec: UsageRecord) -> bool:
         check_record(rec)

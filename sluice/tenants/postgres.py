@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from sluice.db import apply_pg_migrations, open_pg_pool
+from sluice.db import MigratedPgPool
 from sluice.domain import Tenant
 from sluice.tenants.base import (
     KeyConflictError,
@@ -47,31 +47,19 @@ async def _insert_key(conn: psycopg.AsyncConnection, tenant_id: str, api_key: st
 
 class PostgresTenantStore(TenantStore):
     def __init__(self, url: str, *, pool_max_size: int = 5) -> None:
-        self._url = url
-        self._pool_max_size = pool_max_size
-        self._pool: AsyncConnectionPool | None = None
+        self._db = MigratedPgPool(
+            url, max_size=pool_max_size, name="tenants", component=COMPONENT, migrations=MIGRATIONS
+        )
 
     @property
     def pool(self) -> AsyncConnectionPool:
-        if self._pool is None:
-            raise RuntimeError("PostgresTenantStore is not open")
-        return self._pool
+        return self._db.pool
 
     async def open(self) -> None:
-        if self._pool is not None:
-            return
-        pool = await open_pg_pool(self._url, max_size=self._pool_max_size, name="tenants")
-        try:
-            await apply_pg_migrations(pool, COMPONENT, MIGRATIONS)
-        except BaseException:
-            await pool.close()
-            raise
-        self._pool = pool
+        await self._db.open()
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        await self._db.close()
 
     async def resolve(self, api_key: str) -> Tenant | None:
         digest = hash_key(api_key)
