@@ -13,22 +13,9 @@ from pathlib import Path
 
 import openai
 from harness import free_port
+from proc_table import processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_devstack_serves_and_one_sigint_stops_everything(

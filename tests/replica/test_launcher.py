@@ -13,24 +13,33 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from proc_table import processes_mentioning
 
 from sluice.triton.launcher import TritonLaunchError, TritonServer, TritonServerConfig
 from sluice.triton.render import CpuEngineModelSettings, render_model_repository
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line contains ``text`` (the unique shm prefix of one test's server)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            pids.append(int(entry.name))
-    return pids
+def start_cli(
+    model_repository: Path, state_dir: Path, ports: list[int], prefix: str
+) -> subprocess.Popen[str]:
+    """``python -m sluice.triton.launcher`` on these ports, returned once it says the server is ready."""
+    http, grpc, metrics = ports
+    cli = subprocess.Popen(
+        [
+            sys.executable, "-m", "sluice.triton.launcher",
+            "--model-repository", str(model_repository), "--state-dir", str(state_dir),
+            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+            "--shm-prefix", prefix,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert cli.stderr is not None
+    deadline = time.monotonic() + 60
+    for line in cli.stderr:
+        if line.startswith("tritonserver ready") or time.monotonic() > deadline:
+            break
+    return cli
 
 
 def test_stop_leaves_no_process_behind(start_replica: Callable[[str], TritonServer]) -> None:
@@ -86,24 +95,10 @@ def test_config_is_validated() -> None:
 def test_cli_runs_until_interrupted(
     model_repository: Path, tmp_path: Path, three_free_ports: list[int]
 ) -> None:
-    http, grpc, metrics = three_free_ports
+    http = three_free_ports[0]
     prefix = f"sluice_cli_{os.getpid()}_"
-    cli = subprocess.Popen(
-        [
-            sys.executable, "-m", "sluice.triton.launcher",
-            "--model-repository", str(model_repository), "--state-dir", str(tmp_path / "state"),
-            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-            "--shm-prefix", prefix,
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    cli = start_cli(model_repository, tmp_path / "state", three_free_ports, prefix)
     try:
-        assert cli.stderr is not None
-        deadline = time.monotonic() + 60
-        for line in cli.stderr:
-            if line.startswith("tritonserver ready") or time.monotonic() > deadline:
-                break
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5) as resp:
             assert resp.status == 200
         cli.send_signal(signal.SIGINT)
@@ -118,24 +113,9 @@ def test_cli_runs_until_interrupted(
 def test_a_launcher_killed_outright_takes_its_server_with_it(
     model_repository: Path, tmp_path: Path, three_free_ports: list[int]
 ) -> None:
-    http, grpc, metrics = three_free_ports
     prefix = f"sluice_orphan_{os.getpid()}_"
-    cli = subprocess.Popen(
-        [
-            sys.executable, "-m", "sluice.triton.launcher",
-            "--model-repository", str(model_repository), "--state-dir", str(tmp_path / "state"),
-            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-            "--shm-prefix", prefix,
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    cli = start_cli(model_repository, tmp_path / "state", three_free_ports, prefix)
     try:
-        assert cli.stderr is not None
-        deadline = time.monotonic() + 60
-        for line in cli.stderr:
-            if line.startswith("tritonserver ready") or time.monotonic() > deadline:
-                break
         assert processes_mentioning(prefix), "the server should be running"
         cli.kill()  # SIGKILL: no finally runs in the launcher
         cli.wait()
