@@ -3,7 +3,7 @@ parsed, so an unauthenticated caller learns nothing about the request's validity
 
 from __future__ import annotations
 
-import asyncio
+import time
 from typing import Any
 
 from litestar.connection import ASGIConnection
@@ -15,7 +15,7 @@ from sluice.domain import Tenant
 
 
 async def require_tenant(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    connection.state.arrival_s = asyncio.get_running_loop().time()
+    connection.state.arrival_s = time.monotonic()
     gw: GatewayState = connection.app.state.gw
     scheme, _sep, key = connection.headers.get("authorization", "").partition(" ")
     key = key.strip()

@@ -19,6 +19,7 @@ class TelemetryRecord:
     # Time in the gateway before the engine call started (the replica's own queue is inside TTFT).
     queue_ms: float
     ttft_ms: float | None  # None when no token came
+    replica_ttft_ms: float | None  # from the replica call's start to its first token (inside ttft_ms)
     prompt_tokens: int
     output_tokens: int
     inter_token_p50_ms: float | None

@@ -22,7 +22,7 @@ from litestar.response import Stream
 from gateway.auth import require_tenant, tenant_of
 from gateway.errors import OpenAIError
 from gateway.openai.admission import admit_chat, admit_completion
-from gateway.openai.generation import Event, FinishEvent, Job, TextEvent, generate_text
+from gateway.openai.generation import Event, FinishEvent, Job, TextEvent, Timing, generate_text
 from gateway.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -137,11 +137,12 @@ async def _respond(
     request: Request[Any, Any, Any], job: Job, shape: _Shape, stream: bool, include_usage: bool
 ) -> Response[Any] | Stream:
     gw: GatewayState = request.app.state.gw
-    events = generate_text(job, gw)
+    timing = Timing(job.arrival_s)
+    events = generate_text(job, gw, timing)
     if stream:
-        return await _stream(request, events, shape, include_usage, job.request_id)
+        return await _stream(request, events, shape, include_usage, timing)
     async with aclosing(events):
-        return await _whole(request, events, shape)
+        return await _whole(request, events, shape, timing)
 
 
 async def _stream(
@@ -149,7 +150,7 @@ async def _stream(
     events: AsyncGenerator[Event, None],
     shape: _Shape,
     include_usage: bool,
-    request_id: str,
+    timing: Timing,
 ) -> Response[Any] | Stream:
     first: Event | None = None
 
@@ -192,12 +193,12 @@ async def _stream(
             except EngineError as exc:
                 yield _sse(engine_http_error(exc).body())  # after tokens: an error event, never a bare close
 
-    headers = {**_SSE_HEADERS, "X-Request-Id": request_id}
+    headers = {**_SSE_HEADERS, **_request_headers(shape.job, timing)}
     return Stream(body(), media_type="text/event-stream", headers=headers)
 
 
 async def _whole(
-    request: Request[Any, Any, Any], events: AsyncGenerator[Event, None], shape: _Shape
+    request: Request[Any, Any, Any], events: AsyncGenerator[Event, None], shape: _Shape, timing: Timing
 ) -> Response[Any]:
     parts: list[str] = []
     finish: FinishEvent | None = None
@@ -218,7 +219,12 @@ async def _whole(
         raise err from None
     if finish is None:  # the client went away; nobody reads this
         return Response(b"", status_code=499)
-    return Response(shape.whole("".join(parts), finish), headers={"X-Request-Id": shape.job.request_id})
+    return Response(shape.whole("".join(parts), finish), headers=_request_headers(shape.job, timing))
+
+
+def _request_headers(job: Job, timing: Timing) -> dict[str, str]:
+    # Server-Timing splits the time to the first token into the gateway's part and the replica's.
+    return {"X-Request-Id": job.request_id, "Server-Timing": timing.server_timing()}
 
 
 async def _until_disconnect(request: Request[Any, Any, Any], work: Callable[[], Awaitable[Any]]) -> bool:

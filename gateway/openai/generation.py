@@ -43,8 +43,8 @@ class Job:
     seed: int | None
     stop: list[str]
     ignore_eos: bool
-    arrival_s: float  # loop.time() at arrival
-    deadline_s: float  # loop.time() by which generation stops
+    arrival_s: float  # time.monotonic() at arrival (ns resolution; uvloop's loop.time() has only ms)
+    deadline_s: float  # time.monotonic() by which generation stops
     created: int = field(default_factory=lambda: int(time.time()))
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -65,14 +65,28 @@ Event = TextEvent | FinishEvent
 
 
 @dataclass
-class _Timing:
-    """When tokens arrived, as the gateway saw them (several tokens in one delta arrive together)."""
+class Timing:
+    """When tokens arrived, as the gateway saw them (several tokens in one delta arrive together).
+
+    The caller creates it and may read it while the request runs: once the first event is out,
+    ``engine_start_s`` and ``first_token_s`` split TTFT into the gateway's part and the replica's.
+    """
 
     arrival_s: float
     engine_start_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
+
+    def server_timing(self) -> str:
+        """A ``Server-Timing`` header value (ms): time in the gateway before the replica call, and the
+        replica's time to first token as seen from the gateway."""
+        parts = []
+        if self.engine_start_s is not None:
+            parts.append(f"gateway;dur={(self.engine_start_s - self.arrival_s) * 1000:.3f}")
+            if self.first_token_s is not None:
+                parts.append(f"replica-ttft;dur={(self.first_token_s - self.engine_start_s) * 1000:.3f}")
+        return ", ".join(parts)
 
     def observe(self, now: float, num_tokens: int) -> None:
         if num_tokens == 0:
@@ -91,9 +105,10 @@ def _finish_reason(reason: FinishReason) -> str:
     return "stop" if reason is FinishReason.STOP else "length"
 
 
-async def generate_text(job: Job, gw: GatewayState) -> AsyncGenerator[Event, None]:
-    """Yield the request's text as it is produced, then one ``FinishEvent``. Raises ``EngineError``."""
-    loop = asyncio.get_running_loop()
+async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGenerator[Event, None]:
+    """Yield the request's text as it is produced, then one ``FinishEvent``. Raises ``EngineError``.
+
+    ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``)."""
     request = GenerateRequest(
         request_id=job.request_id,
         prompt_token_ids=job.prompt_token_ids,
@@ -106,7 +121,6 @@ async def generate_text(job: Job, gw: GatewayState) -> AsyncGenerator[Event, Non
     )
     detok = gw.codec.detokenizer()
     stops = StopMatcher(job.stop)
-    timing = _Timing(job.arrival_s)
     outcome: Outcome | None = None  # None at the end: the caller went away
     finish_reason: str | None = None
     error: str | None = None
@@ -114,11 +128,11 @@ async def generate_text(job: Job, gw: GatewayState) -> AsyncGenerator[Event, Non
     reached_replica = True
     engine_deltas = gw.engine.generate(request)
     gw.metrics.in_flight.inc()
-    timing.engine_start_s = loop.time()
+    timing.engine_start_s = time.monotonic()
     try:
         while finish_reason is None:
             try:
-                async with asyncio.timeout_at(job.deadline_s):
+                async with asyncio.timeout(job.deadline_s - time.monotonic()):
                     delta: Delta = await anext(engine_deltas)
             except TimeoutError:
                 outcome, finish_reason = Outcome.DEADLINE, "length"
@@ -132,7 +146,7 @@ async def generate_text(job: Job, gw: GatewayState) -> AsyncGenerator[Event, Non
                     EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
                 ) from None
             num_output_tokens += len(delta.token_ids)
-            timing.observe(loop.time(), len(delta.token_ids))
+            timing.observe(time.monotonic(), len(delta.token_ids))
             text = detok.push(delta.token_ids)
             if delta.finish_reason is not None:
                 text += detok.finish()
@@ -170,11 +184,11 @@ async def _record(
     outcome: Outcome,
     finish_reason: str | None,
     num_output_tokens: int,
-    timing: _Timing,
+    timing: Timing,
     error: str | None,
     reached_replica: bool,
 ) -> None:
-    now = asyncio.get_running_loop().time()
+    now = time.monotonic()
     num_prompt_tokens = len(job.prompt_token_ids)
     ttft_s = None if timing.first_token_s is None else timing.first_token_s - job.arrival_s
     gaps_ms = [g * 1000 for g in timing.gaps_s]
@@ -187,6 +201,7 @@ async def _record(
         engine_client=gw.engine.kind,
         queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
         ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+        replica_ttft_ms=_ms_between(timing.engine_start_s, timing.first_token_s),
         prompt_tokens=num_prompt_tokens,
         output_tokens=num_output_tokens,
         inter_token_p50_ms=round(statistics.median(gaps_ms), 3) if gaps_ms else None,
@@ -228,3 +243,7 @@ async def _record(
         )
     except Exception:
         log.exception("usage record for %s was not written", job.request_id)
+
+
+def _ms_between(start_s: float | None, end_s: float | None) -> float | None:
+    return None if start_s is None or end_s is None else round((end_s - start_s) * 1000, 3)

@@ -228,7 +228,26 @@ def test_one_telemetry_record_per_request(inprocess_gateway: RunningGateway) -> 
     rec = records[0]
     assert rec["tenant_id"] == "acme" and rec["outcome"] == "finished" and rec["replica"] == "inprocess"
     assert rec["ttft_ms"] is not None and rec["ttft_ms"] > 0 and rec["queue_ms"] >= 0
+    assert 0 < rec["replica_ttft_ms"] <= rec["ttft_ms"] - rec["queue_ms"] + 1e-3
     assert rec["output_tokens"] == resp.usage.completion_tokens  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_timing_splits_ttft_into_gateway_and_replica(
+    inprocess_gateway: RunningGateway, stream: bool
+) -> None:
+    raw = inprocess_gateway.client().completions.with_raw_response.create(
+        model=MODEL, prompt="timing", max_tokens=3, stream=stream
+    )
+    parts = dict(p.strip().split(";dur=") for p in raw.headers["server-timing"].split(","))
+    assert set(parts) == {"gateway", "replica-ttft"}
+    assert float(parts["gateway"]) >= 0 and float(parts["replica-ttft"]) > 0
+    request_id = raw.headers["x-request-id"]
+    if stream:
+        list(raw.parse())  # type: ignore[call-overload]
+    inprocess_gateway.usage_row(request_id)
+    [rec] = [r for r in inprocess_gateway.telemetry() if r["request_id"] == request_id]
+    assert abs(rec["replica_ttft_ms"] - float(parts["replica-ttft"])) < 1e-2
 
 
 def test_metrics_count_requests_tokens_and_latencies(inprocess_gateway: RunningGateway) -> None:
