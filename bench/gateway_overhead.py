@@ -76,7 +76,8 @@ class RawClient:
         reader, writer = self._conn
         body = _body(self._model, prompt, self.max_tokens)
         head = (
-            f"POST /v1/completions HTTP/1.1\r\nHost: {self._host}\r\nAuthorization: Bearer {self._api_key}\r\n"
+            f"POST /v1/completions HTTP/1.1\r\nHost: {self._host}\r\n"
+            f"Authorization: Bearer {self._api_key}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         sent = time.perf_counter()
@@ -112,7 +113,9 @@ class HttpxClient:
     async def ttft(self, prompt: list[int]) -> Sample:
         sent = time.perf_counter()
         first = None
-        async with self._http.stream("POST", "/v1/completions", content=_body(self._model, prompt, self.max_tokens)) as resp:
+        async with self._http.stream(
+            "POST", "/v1/completions", content=_body(self._model, prompt, self.max_tokens)
+        ) as resp:
             resp.raise_for_status()
             async for line in resp.aiter_lines():
                 if first is None and line.startswith("data: {"):
@@ -153,7 +156,9 @@ async def run(args: argparse.Namespace) -> list[str]:
         for i in range(args.requests + args.warmup):
             prompt = rng.integers(3, 8192, args.prompt_len).tolist()
             sample = await gateway.ttft(prompt)
-            direct = await direct_ttft_ms(grpc, args.model, prompt[::-1], args.max_tokens)  # distinct: no prefix-cache hit
+            direct = await direct_ttft_ms(
+                grpc, args.model, prompt[::-1], args.max_tokens
+            )  # distinct: no prefix-cache hit
             if i >= args.warmup:
                 samples.append(sample)
                 direct_ms.append(direct)
@@ -164,7 +169,8 @@ async def run(args: argparse.Namespace) -> list[str]:
     same = [s.ttft_ms - s.replica_ttft_ms for s in samples]
     paired = [g - d for g, d in zip(gateway_ms, direct_ms, strict=True)]
     return [
-        f"client {args.client}, {len(samples)} requests each way, prompt {args.prompt_len} tokens, {args.max_tokens} output tokens",
+        f"client {args.client}, {len(samples)} requests each way, "
+        f"prompt {args.prompt_len} tokens, {args.max_tokens} output tokens",
         "",
         "| measure | p50 ms | p99 ms |",
         "|---|---:|---:|",
@@ -189,7 +195,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--write-docs", action="store_true", help="replace this bench's section of docs/benchmarks.md")
+    ap.add_argument(
+        "--write-docs", action="store_true", help="replace this bench's section of docs/benchmarks.md"
+    )
     args = ap.parse_args()
     lines = asyncio.run(run(args))
     print("\n".join(lines))
@@ -199,7 +207,9 @@ def main() -> None:
             f"--prompt-len {args.prompt_len} --max-tokens {args.max_tokens} --write-docs"
         )
         when = time.strftime("%Y-%m-%d")
-        write_section("gateway-overhead", "\n".join([f"```\n{command}\n```", "", f"Measured {when}:", "", *lines]))
+        write_section(
+            "gateway-overhead", "\n".join([f"```\n{command}\n```", "", f"Measured {when}:", "", *lines])
+        )
 
 
 if __name__ == "__main__":
