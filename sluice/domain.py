@@ -16,11 +16,26 @@ class Outcome(StrEnum):
     FAILED = "failed"  # the replica or the engine failed
 
 
+class RequestClass(StrEnum):
+    """A request's service class: interactive has a tight time-to-first-token objective; batch soaks up
+    what interactive leaves, with a guaranteed floor share so it is never starved."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+ALL_CLASSES: frozenset[RequestClass] = frozenset(RequestClass)
+
+
 @dataclass(frozen=True)
 class Tenant:
     tenant_id: str  # stable id, e.g. "acme"
     name: str
     allowed_models: frozenset[str] = field(default_factory=frozenset)  # empty = every model
+    weight: float = 1.0  # share under contention (weighted fair queueing between tenants); > 0
+    tokens_per_minute: int | None = None  # prompt + output tokens reserved per minute; None = unlimited
+    max_concurrent_requests: int | None = None  # admitted and not yet finished; None = unlimited
+    allowed_classes: frozenset[RequestClass] = ALL_CLASSES
 
 
 @dataclass(frozen=True)
