@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import builtins
 import hmac
-import json
-from collections.abc import Iterable
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -17,24 +16,44 @@ from sluice.tenants.base import (
     TenantExistsError,
     TenantStore,
     UnknownTenantError,
-    check_tenant_id,
+    apply_changes,
+    check_tenant,
     hash_key,
     key_prefix,
     new_api_key,
 )
-from sluice.tenants.migrations import COMPONENT, MIGRATIONS
+from sluice.tenants.migrations import (
+    COMPONENT,
+    MIGRATIONS,
+    TENANT_COLUMNS,
+    select_columns,
+    tenant_from_row,
+    tenant_row,
+)
+
+# NOTE: built once from constant column names (never from input), so still literal SQL.
+_INSERT_TENANT = (
+    f"INSERT INTO tenants ({select_columns()}, created_at)"
+    f" VALUES ({', '.join(['%s'] * len(TENANT_COLUMNS))}, now())"
+)
+_SET_TENANT = ", ".join(f"{c} = excluded.{c}" for c in TENANT_COLUMNS[1:])
+_UPDATE_TENANT = (
+    f"UPDATE tenants SET {', '.join(f'{c} = %s' for c in TENANT_COLUMNS[1:])} WHERE tenant_id = %s"
+)
+_SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
 
 
-def _tenant(tenant_id: str, name: str, models_json: str) -> Tenant:
-    return Tenant(tenant_id=tenant_id, name=name, allowed_models=frozenset(json.loads(models_json)))
+async def _require_tenant(conn: psycopg.AsyncConnection, tenant_id: str) -> None:
+    """Inside the caller's transaction: the row is share-locked until it ends."""
+    cur = await conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s FOR SHARE", (tenant_id,))
+    if await cur.fetchone() is None:
+        raise UnknownTenantError(tenant_id)
 
 
 async def _insert_key(conn: psycopg.AsyncConnection, tenant_id: str, api_key: str) -> None:
     """Inside the caller's transaction."""
     digest = hash_key(api_key)
-    cur = await conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s FOR SHARE", (tenant_id,))
-    if await cur.fetchone() is None:
-        raise UnknownTenantError(tenant_id)
+    await _require_tenant(conn, tenant_id)
     cur = await conn.execute(
         "INSERT INTO api_keys (key_sha256, key_prefix, tenant_id, created_at) VALUES (%s, %s, %s, now())"
         " ON CONFLICT (key_sha256) DO UPDATE SET revoked_at = NULL"
@@ -65,7 +84,7 @@ class PostgresTenantStore(TenantStore):
         digest = hash_key(api_key)
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT k.key_sha256, t.tenant_id, t.name, t.allowed_models"
+                f"SELECT k.key_sha256, {select_columns('t')}"
                 " FROM api_keys k JOIN tenants t USING (tenant_id)"
                 " WHERE k.key_sha256 = %s AND k.revoked_at IS NULL",
                 (digest,),
@@ -73,37 +92,69 @@ class PostgresTenantStore(TenantStore):
             row = await cur.fetchone()
         if row is None or not hmac.compare_digest(row[0], digest):
             return None
-        return _tenant(row[1], row[2], row[3])
+        return tenant_from_row(row[1:])
+
+    async def get(self, tenant_id: str) -> Tenant:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(f"{_SELECT_TENANT} WHERE tenant_id = %s", (tenant_id,))
+            row = await cur.fetchone()
+        if row is None:
+            raise UnknownTenantError(tenant_id)
+        return tenant_from_row(row)
 
     async def put_tenant(self, tenant: Tenant) -> None:
-        check_tenant_id(tenant.tenant_id)
+        check_tenant(tenant)
         async with self.pool.connection() as conn:
             await conn.execute(
-                "INSERT INTO tenants (tenant_id, name, allowed_models, created_at) VALUES (%s, %s, %s, now())"
-                " ON CONFLICT (tenant_id) DO UPDATE SET name = excluded.name,"
-                " allowed_models = excluded.allowed_models",
-                (tenant.tenant_id, tenant.name, json.dumps(sorted(tenant.allowed_models))),
+                f"{_INSERT_TENANT} ON CONFLICT (tenant_id) DO UPDATE SET {_SET_TENANT}", tenant_row(tenant)
             )
 
-    async def create(self, tenant_id: str, name: str, allowed_models: Iterable[str] = ()) -> str:
-        check_tenant_id(tenant_id)
-        api_key = new_api_key(tenant_id)
-        models = json.dumps(sorted(set(allowed_models)))
+    async def create(self, tenant: Tenant) -> str:
+        check_tenant(tenant)
+        api_key = new_api_key(tenant.tenant_id)
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO tenants (tenant_id, name, allowed_models, created_at) VALUES (%s, %s, %s, now())"
-                " ON CONFLICT (tenant_id) DO NOTHING",
-                (tenant_id, name, models),
+                f"{_INSERT_TENANT} ON CONFLICT (tenant_id) DO NOTHING", tenant_row(tenant)
             )
             if cur.rowcount == 0:
-                raise TenantExistsError(tenant_id)
+                raise TenantExistsError(tenant.tenant_id)
+            await _insert_key(conn, tenant.tenant_id, api_key)
+        return api_key
+
+    async def update(self, tenant_id: str, /, **changes: Any) -> Tenant:
+        async with self.pool.connection() as conn, conn.transaction():
+            # FOR UPDATE: two concurrent updates of different fields both land.
+            cur = await conn.execute(f"{_SELECT_TENANT} WHERE tenant_id = %s FOR UPDATE", (tenant_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise UnknownTenantError(tenant_id)
+            tenant = apply_changes(tenant_from_row(row), changes)
+            await conn.execute(_UPDATE_TENANT, (*tenant_row(tenant)[1:], tenant_id))
+        return tenant
+
+    async def rotate_key(self, tenant_id: str, revoke_old: bool = True) -> str:
+        api_key = new_api_key(tenant_id)
+        async with self.pool.connection() as conn, conn.transaction():
+            await _require_tenant(conn, tenant_id)
+            if revoke_old:
+                await conn.execute(
+                    "UPDATE api_keys SET revoked_at = now() WHERE tenant_id = %s AND revoked_at IS NULL",
+                    (tenant_id,),
+                )
             await _insert_key(conn, tenant_id, api_key)
         return api_key
 
-    async def issue_key(self, tenant_id: str) -> str:
-        api_key = new_api_key(tenant_id)
-        await self.add_key(tenant_id, api_key)
-        return api_key
+    async def num_active_keys(self, tenant_id: str) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM api_keys k WHERE k.tenant_id = t.tenant_id"
+                " AND k.revoked_at IS NULL) FROM tenants t WHERE t.tenant_id = %s",
+                (tenant_id,),
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise UnknownTenantError(tenant_id)
+        return int(row[0])
 
     async def add_key(self, tenant_id: str, api_key: str) -> None:
         async with self.pool.connection() as conn, conn.transaction():
@@ -119,6 +170,6 @@ class PostgresTenantStore(TenantStore):
 
     async def list(self) -> builtins.list[Tenant]:
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT tenant_id, name, allowed_models FROM tenants ORDER BY tenant_id")
+            cur = await conn.execute(f"{_SELECT_TENANT} ORDER BY tenant_id")
             rows = await cur.fetchall()
-        return [_tenant(*r) for r in rows]
+        return [tenant_from_row(r) for r in rows]

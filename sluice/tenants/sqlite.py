@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import builtins
 import hmac
-import json
 import sqlite3
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sluice.db import SqliteDb, apply_sqlite_migrations, transaction
 from sluice.domain import Tenant
@@ -17,26 +16,48 @@ from sluice.tenants.base import (
     TenantExistsError,
     TenantStore,
     UnknownTenantError,
-    check_tenant_id,
+    apply_changes,
+    check_tenant,
     hash_key,
     key_prefix,
     new_api_key,
 )
-from sluice.tenants.migrations import COMPONENT, MIGRATIONS
+from sluice.tenants.migrations import (
+    COMPONENT,
+    MIGRATIONS,
+    TENANT_COLUMNS,
+    select_columns,
+    tenant_from_row,
+    tenant_row,
+)
+
+_INSERT_TENANT = (
+    f"INSERT INTO tenants ({select_columns()}, created_at)"
+    f" VALUES ({', '.join('?' * (len(TENANT_COLUMNS) + 1))})"
+)
+_SET_TENANT = ", ".join(f"{c} = excluded.{c}" for c in TENANT_COLUMNS[1:])
+_SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-def _tenant(tenant_id: str, name: str, models_json: str) -> Tenant:
-    return Tenant(tenant_id=tenant_id, name=name, allowed_models=frozenset(json.loads(models_json)))
+def _get(conn: sqlite3.Connection, tenant_id: str) -> Tenant:
+    row = conn.execute(f"{_SELECT_TENANT} WHERE tenant_id = ?", (tenant_id,)).fetchone()
+    if row is None:
+        raise UnknownTenantError(tenant_id)
+    return tenant_from_row(row)
+
+
+def _require_tenant(conn: sqlite3.Connection, tenant_id: str) -> None:
+    if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = ?", (tenant_id,)).fetchone() is None:
+        raise UnknownTenantError(tenant_id)
 
 
 def _insert_key(conn: sqlite3.Connection, tenant_id: str, api_key: str) -> None:
     digest = hash_key(api_key)
-    if conn.execute("SELECT 1 FROM tenants WHERE tenant_id = ?", (tenant_id,)).fetchone() is None:
-        raise UnknownTenantError(tenant_id)
+    _require_tenant(conn, tenant_id)
     row = conn.execute("SELECT tenant_id FROM api_keys WHERE key_sha256 = ?", (digest,)).fetchone()
     if row is not None and row[0] != tenant_id:
         raise KeyConflictError(f"this key is registered to another tenant (not {tenant_id!r})")
@@ -63,51 +84,82 @@ class SqliteTenantStore(TenantStore):
 
         def read(conn: sqlite3.Connection) -> Tenant | None:
             row = conn.execute(
-                "SELECT k.key_sha256, t.tenant_id, t.name, t.allowed_models"
+                f"SELECT k.key_sha256, {select_columns('t')}"
                 " FROM api_keys k JOIN tenants t USING (tenant_id)"
                 " WHERE k.key_sha256 = ? AND k.revoked_at IS NULL",
                 (digest,),
             ).fetchone()
             if row is None or not hmac.compare_digest(row[0], digest):
                 return None
-            return _tenant(row[1], row[2], row[3])
+            return tenant_from_row(row[1:])
 
         return await self._db.run(read)
 
+    async def get(self, tenant_id: str) -> Tenant:
+        return await self._db.run(lambda conn: _get(conn, tenant_id))
+
     async def put_tenant(self, tenant: Tenant) -> None:
-        check_tenant_id(tenant.tenant_id)
-        params = (tenant.tenant_id, tenant.name, json.dumps(sorted(tenant.allowed_models)), _now())
+        check_tenant(tenant)
+        params = (*tenant_row(tenant), _now())
         await self._db.run(
             lambda conn: conn.execute(
-                "INSERT INTO tenants (tenant_id, name, allowed_models, created_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (tenant_id) DO UPDATE SET name = excluded.name,"
-                " allowed_models = excluded.allowed_models",
-                params,
+                f"{_INSERT_TENANT} ON CONFLICT (tenant_id) DO UPDATE SET {_SET_TENANT}", params
             )
         )
 
-    async def create(self, tenant_id: str, name: str, allowed_models: Iterable[str] = ()) -> str:
-        check_tenant_id(tenant_id)
-        api_key = new_api_key(tenant_id)
-        models = json.dumps(sorted(set(allowed_models)))
+    async def create(self, tenant: Tenant) -> str:
+        check_tenant(tenant)
+        api_key = new_api_key(tenant.tenant_id)
+        params = (*tenant_row(tenant), _now())
 
         def write(conn: sqlite3.Connection) -> None:
             try:
-                conn.execute(
-                    "INSERT INTO tenants (tenant_id, name, allowed_models, created_at) VALUES (?, ?, ?, ?)",
-                    (tenant_id, name, models, _now()),
-                )
+                conn.execute(_INSERT_TENANT, params)
             except sqlite3.IntegrityError:
-                raise TenantExistsError(tenant_id) from None
+                raise TenantExistsError(tenant.tenant_id) from None
+            _insert_key(conn, tenant.tenant_id, api_key)
+
+        await self._db.run(lambda conn: transaction(conn, write))
+        return api_key
+
+    async def update(self, tenant_id: str, /, **changes: Any) -> Tenant:
+        def write(conn: sqlite3.Connection) -> Tenant:
+            tenant = apply_changes(_get(conn, tenant_id), changes)
+            conn.execute(
+                f"UPDATE tenants SET {', '.join(f'{c} = ?' for c in TENANT_COLUMNS[1:])} WHERE tenant_id = ?",
+                (*tenant_row(tenant)[1:], tenant_id),
+            )
+            return tenant
+
+        return await self._db.run(lambda conn: transaction(conn, write))
+
+    async def rotate_key(self, tenant_id: str, revoke_old: bool = True) -> str:
+        api_key = new_api_key(tenant_id)
+
+        def write(conn: sqlite3.Connection) -> None:
+            _require_tenant(conn, tenant_id)
+            if revoke_old:
+                conn.execute(
+                    "UPDATE api_keys SET revoked_at = ? WHERE tenant_id = ? AND revoked_at IS NULL",
+                    (_now(), tenant_id),
+                )
             _insert_key(conn, tenant_id, api_key)
 
         await self._db.run(lambda conn: transaction(conn, write))
         return api_key
 
-    async def issue_key(self, tenant_id: str) -> str:
-        api_key = new_api_key(tenant_id)
-        await self.add_key(tenant_id, api_key)
-        return api_key
+    async def num_active_keys(self, tenant_id: str) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM api_keys k WHERE k.tenant_id = t.tenant_id"
+                " AND k.revoked_at IS NULL) FROM tenants t WHERE t.tenant_id = ?",
+                (tenant_id,),
+            ).fetchone()
+            if row is None:
+                raise UnknownTenantError(tenant_id)
+            return int(row[0])
+
+        return await self._db.run(read)
 
     async def add_key(self, tenant_id: str, api_key: str) -> None:
         await self._db.run(lambda conn: transaction(conn, lambda c: _insert_key(c, tenant_id, api_key)))
@@ -124,8 +176,6 @@ class SqliteTenantStore(TenantStore):
 
     async def list(self) -> builtins.list[Tenant]:
         rows = await self._db.run(
-            lambda conn: conn.execute(
-                "SELECT tenant_id, name, allowed_models FROM tenants ORDER BY tenant_id"
-            ).fetchall()
+            lambda conn: conn.execute(f"{_SELECT_TENANT} ORDER BY tenant_id").fetchall()
         )
-        return [_tenant(*r) for r in rows]
+        return [tenant_from_row(r) for r in rows]
