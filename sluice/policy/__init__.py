@@ -1,0 +1,14 @@
+"""Pure scheduling policies shared by the gateway and the fleet simulator (control_plane/sim).
+
+State and ``now`` in, a decision out: nothing here awaits, reads a clock or does I/O, so the simulator
+drives exactly the code the gateway runs, on simulated time.
+
+- ``fair_queue``: one model's waiting requests; interactive and batch classes; weighted fair queueing
+  between tenants by tokens served (a virtual token counter, VTC); batch floor share and ageing;
+  requests that can no longer meet their deadline are dropped at the head.
+- ``admission``: how deep the queue may get, from the deadline and the measured drain rate, and the
+  Retry-After for a refusal.
+- ``dispatch``: which replica (if any) may take the next request, from its KV headroom, its waiting count
+  and its inter-token latency against a target.
+- ``rate``: a sliding-window rate meter (the drain rate).
+"""

@@ -1,0 +1,69 @@
+"""Which replica may take the next request: gated on its KV headroom, its own waiting count and its
+inter-token latency against a target, as its Triton metrics report them
+(``nv_trt_llm_kv_cache_block_metrics``, ``nv_trt_llm_request_metrics``; the simulator's replicas report
+the same fields).
+
+- KV: a replica takes a request only if its free KV tokens cover the request's prompt + max_tokens (what
+  the engine's own admission needs), and, for batch, a reserve that stays free for interactive work.
+- Waiting: a replica with ``max_waiting_per_replica`` requests already waiting inside takes no more;
+  they wait in the gateway's fair queue, where the order is decided.
+- Latency: a replica whose recent inter-token latency is above the target takes nothing new until it
+  drops (more sequences make every step longer).
+Among replicas that pass, the one with the most free KV tokens (then the fewest running) wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluice.domain import RequestClass
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    replica_id: str
+    free_kv_tokens: int
+    total_kv_tokens: int
+    num_waiting: int
+    num_running: int
+    itl_ms: float | None  # recent inter-token latency (step time); None if not measured yet
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    itl_target_ms: float = 40.0
+    max_waiting_per_replica: int = 1
+    batch_kv_reserve_fraction: float = 0.2  # of a replica's KV that batch work leaves free
+
+    def __post_init__(self) -> None:
+        if self.itl_target_ms <= 0 or self.max_waiting_per_replica < 1:
+            raise ValueError("itl_target_ms must be > 0 and max_waiting_per_replica >= 1")
+        if not 0 <= self.batch_kv_reserve_fraction < 1:
+            raise ValueError("batch_kv_reserve_fraction must be in [0, 1)")
+
+
+def accepts(load: ReplicaLoad, kv_tokens: int, request_class: RequestClass, config: DispatchConfig) -> bool:
+    if load.num_waiting >= config.max_waiting_per_replica:
+        return False
+    if load.num_running > 0 and load.itl_ms is not None and load.itl_ms > config.itl_target_ms:
+        return False
+    is_batch = request_class is RequestClass.BATCH
+    reserve = config.batch_kv_reserve_fraction * load.total_kv_tokens if is_batch else 0.0
+    return load.free_kv_tokens - reserve >= kv_tokens
+
+
+def pick_replica(
+    loads: Sequence[ReplicaLoad], kv_tokens: int, request_class: RequestClass, config: DispatchConfig
+) -> ReplicaLoad | None:
+    """The replica to send a request of ``kv_tokens`` (prompt + max_tokens) to, or None: keep it queued."""
+    best: ReplicaLoad | None = None
+    for load in loads:
+        if not accepts(load, kv_tokens, request_class, config):
+            continue
+        if best is None or (load.free_kv_tokens, -load.num_running) > (
+            best.free_kv_tokens,
+            -best.num_running,
+        ):
+            best = load
+    return best
