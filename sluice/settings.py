@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     database_pool_max_size: int = Field(10, ge=1, le=200)
     redis_url: str | None = None
+    redis_key_prefix: str = "sluice:"  # every Sluice key in Redis starts with this
+    # Redis unreachable: quotas are enforced per gateway for this long, then requests are refused.
+    quota_fail_open_s: float = Field(30.0, ge=0, le=3600)
 
     # Gateway.
     gateway_host: str = "127.0.0.1"

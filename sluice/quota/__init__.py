@@ -1,0 +1,1 @@
+"""Tenants' token budgets and concurrency caps: one interface (base.py), in Redis or in process."""

@@ -1,0 +1,127 @@
+"""The quota store's one interface; every backend passes the same contract tests (tests/core/test_quota.py).
+
+A request asks for a grant before any engine work: one concurrency lease (if the tenant has a cap) and a
+reservation of its worst-case tokens (prompt + max output) from the tenant's per-minute token bucket. Its
+one ``finally`` settles the grant with the tokens it really used, which refunds the rest and frees the lease.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sluice.domain import Tenant
+
+# A request's tokens can never exceed its tenant's per-minute budget; come back in a minute is the honest
+# answer to a client that retries anyway.
+REQUEST_TOO_LARGE_RETRY_S = 60.0
+# NOTE: a full tenant waits for the soonest lease to expire at the latest, but leases are normally released
+# by settle long before they expire (the TTL only covers a gateway that died), so advise at most 1 s.
+MAX_CONCURRENCY_RETRY_S = 1.0
+MIN_RETRY_S = 0.001  # retry_after_s is always > 0
+# How long past its lease's expiry a grant can still be settled (and refunded).
+GRANT_GRACE_S = 60.0
+
+
+class QuotaLimit(StrEnum):
+    """Which limit refused a request."""
+
+    TOKENS_PER_MINUTE = "tokens_per_minute"  # the tenant's token budget is spent for now
+    CONCURRENT_REQUESTS = "concurrent_requests"  # the tenant has max_concurrent_requests in flight
+    REQUEST_TOO_LARGE = "request_too_large"  # tokens > tokens_per_minute: can never fit
+    STORE_UNAVAILABLE = "store_unavailable"  # Redis down past the fail-open window
+
+
+@dataclass(frozen=True)
+class QuotaGrant:
+    tenant_id: str
+    grant_id: str  # unique; identifies the lease and the reservation
+    reserved_tokens: int  # taken from the bucket; 0 when the tenant has no token budget
+    has_lease: bool  # False when the tenant has no concurrency cap
+    source: str  # "redis" | "inprocess" | "local-fallback"
+
+    @property
+    def holds_nothing(self) -> bool:
+        """An unlimited tenant's grant: settling it has nothing to return or release."""
+        return self.reserved_tokens == 0 and not self.has_lease
+
+
+@dataclass(frozen=True)
+class QuotaDenied:
+    limit: QuotaLimit
+    retry_after_s: float  # > 0
+    message: str  # which limit, with the numbers
+
+
+class QuotaStore(ABC):
+    @abstractmethod
+    async def open(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
+        """Atomically: check the concurrency cap and the token bucket, and only if BOTH allow, take a lease
+        (expiring after ``lease_ttl_s``, so a dead gateway's leases free themselves) and reserve ``tokens``.
+        A denial changes nothing. Checked in this order: too large, concurrency, tokens.
+
+        ``tokens`` >= 1 (a request has at least one prompt token), else ``ValueError``.
+        """
+
+    @abstractmethod
+    async def settle(self, grant: QuotaGrant, used_tokens: int) -> None:
+        """Return ``reserved - used`` tokens to the bucket (never above capacity; ``used > reserved`` takes
+        the extra from the bucket, which may go negative = debt) and release the lease.
+
+        Idempotent: a second call for the same ``grant_id`` does nothing (the caller's ``finally`` may run
+        twice on retries). A grant settled after its record expired (lease TTL + ``GRANT_GRACE_S``) also
+        does nothing: its lease expired already, and its refund is lost (the safe direction).
+        """
+
+
+def check_acquire_args(tokens: int, lease_ttl_s: float) -> None:
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    if not lease_ttl_s > 0:
+        raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+
+
+def check_used_tokens(used_tokens: int) -> None:
+    if used_tokens < 0:
+        raise ValueError(f"used_tokens must be >= 0, got {used_tokens}")
+
+
+def too_large(tenant: Tenant, tokens: int) -> QuotaDenied | None:
+    """The denial for a request that can never fit its tenant's budget, else None."""
+    capacity = tenant.tokens_per_minute
+    if capacity is None or tokens <= capacity:
+        return None
+    return QuotaDenied(
+        QuotaLimit.REQUEST_TOO_LARGE,
+        REQUEST_TOO_LARGE_RETRY_S,
+        f"request too large for tenant {tenant.tenant_id!r}: {tokens:,} tokens requested, more than its "
+        f"whole budget of {capacity:,} tokens per minute",
+    )
+
+
+def concurrency_denied(tenant: Tenant, num_in_flight: int, soonest_expiry_in_s: float) -> QuotaDenied:
+    retry_after_s = min(MAX_CONCURRENCY_RETRY_S, max(MIN_RETRY_S, soonest_expiry_in_s))
+    return QuotaDenied(
+        QuotaLimit.CONCURRENT_REQUESTS,
+        retry_after_s,
+        f"concurrency limit for tenant {tenant.tenant_id!r}: {num_in_flight:,} requests in flight, "
+        f"at most {tenant.max_concurrent_requests:,} allowed",
+    )
+
+
+def tokens_denied(tenant: Tenant, tokens: int, level_tokens: float, retry_after_s: float) -> QuotaDenied:
+    available = max(0, math.floor(level_tokens))
+    return QuotaDenied(
+        QuotaLimit.TOKENS_PER_MINUTE,
+        max(MIN_RETRY_S, retry_after_s),
+        f"token budget for tenant {tenant.tenant_id!r} spent for now: {tokens:,} tokens requested, "
+        f"{available:,} available of {tenant.tokens_per_minute or 0:,} per minute",
+    )
