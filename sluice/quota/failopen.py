@@ -1,0 +1,132 @@
+"""Quotas that survive a short Redis outage: for ``window_s`` after Redis stops answering, each gateway
+enforces the limits alone from memory (a tenant may get up to one budget per gateway); after that, it refuses
+requests (fail closed) until Redis answers again.
+
+Every acquire tries Redis first, so the first success ends the outage and the next grants come from Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+import redis.exceptions
+
+from sluice.domain import Tenant
+from sluice.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore
+from sluice.quota.inprocess import InProcessQuotaStore
+
+log = logging.getLogger(__name__)
+
+FALLBACK_SOURCE = "local-fallback"
+# What counts as "the store is unreachable"; any other error is a bug and propagates.
+STORE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    TimeoutError,
+    OSError,
+)
+# Every acquire probes the primary, so a refused client may come back as soon as Redis does.
+STORE_UNAVAILABLE_RETRY_S = 1.0
+
+
+class FailOpenQuotaStore(QuotaStore):
+    def __init__(
+        self,
+        primary: QuotaStore,
+        fallback: InProcessQuotaStore,
+        window_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_fail_open: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_fail_open`` is called for each acquire the fallback answers (a metric's counter)."""
+        self._primary = primary
+        self._fallback = fallback
+        self._window_s = window_s
+        self._clock = clock
+        self._on_fail_open = on_fail_open
+        self._outage_since_s: float | None = None  # None: the primary is answering
+        self._failed_closed = False  # logged once per outage
+
+    async def open(self) -> None:
+        """Opens both; an unreachable primary starts an outage here instead of failing the start."""
+        await self._fallback.open()
+        try:
+            await self._primary.open()
+        except STORE_ERRORS as exc:
+            self._note_failure(exc)
+
+    async def close(self) -> None:
+        try:
+            await self._primary.close()
+        finally:
+            await self._fallback.close()
+
+    async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
+        try:
+            decision = await self._primary.acquire(tenant, tokens, lease_ttl_s)
+        except STORE_ERRORS as exc:
+            down_for_s = self._note_failure(exc)
+        else:
+            self._end_outage()
+            return decision
+        if down_for_s >= self._window_s:
+            return self._fail_closed(down_for_s)
+        if self._on_fail_open is not None:
+            self._on_fail_open()
+        decision = await self._fallback.acquire(tenant, tokens, lease_ttl_s)
+        if isinstance(decision, QuotaGrant):
+            return dataclasses.replace(decision, source=FALLBACK_SOURCE)
+        return decision
+
+    async def settle(self, grant: QuotaGrant, used_tokens: int) -> None:
+        """Settles with the store that issued ``grant``. Never raises for an unreachable primary: the grant's
+        lease then expires by its TTL, and its unused tokens come back by refill."""
+        if grant.source == FALLBACK_SOURCE:
+            await self._fallback.settle(grant, used_tokens)
+            return
+        try:
+            await self._primary.settle(grant, used_tokens)
+        except STORE_ERRORS as exc:
+            self._note_failure(exc)
+            log.warning(
+                "quota: could not settle grant %s of tenant %r (%s: %s); its lease expires by its TTL",
+                grant.grant_id,
+                grant.tenant_id,
+                type(exc).__name__,
+                exc,
+            )
+        else:
+            self._end_outage()
+
+    def _note_failure(self, exc: BaseException) -> float:
+        """Start the outage if this is its first failure; how long it has lasted."""
+        now_s = self._clock()
+        if self._outage_since_s is None:
+            self._outage_since_s = now_s
+            log.warning(
+                "quota store unreachable (%s: %s): enforcing quotas per gateway for up to %g s",
+                type(exc).__name__,
+                exc,
+                self._window_s,
+            )
+        return now_s - self._outage_since_s
+
+    def _fail_closed(self, down_for_s: float) -> QuotaDenied:
+        if not self._failed_closed:
+            self._failed_closed = True
+            log.error("quota store unreachable for %.0f s: refusing requests until it is back", down_for_s)
+        return QuotaDenied(
+            QuotaLimit.STORE_UNAVAILABLE,
+            STORE_UNAVAILABLE_RETRY_S,
+            f"quota store unavailable for {down_for_s:,.0f} s, longer than the {self._window_s:g} s "
+            "requests may be admitted without it",
+        )
+
+    def _end_outage(self) -> None:
+        if self._outage_since_s is not None:
+            log.warning("quota store reachable again after %.1f s", self._clock() - self._outage_since_s)
+            self._outage_since_s = None
+            self._failed_closed = False
