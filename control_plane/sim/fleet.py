@@ -1,0 +1,295 @@
+"""The event loop and the gateway side of the simulated fleet, driving the real policies on simulated time.
+
+Per arriving request, in the gateway's order: quota acquire (``InProcessQuotaStore.acquire_now``, tokens =
+prompt + max_tokens, lease TTL = the time to its deadline) -> queue admission (``check_queue`` with
+``FairQueue.position`` and the ``RateMeter``'s drain rate) -> ``FairQueue.push``.
+
+After every event, one dispatch pass (only when something is queued): ``expire``, then ``peek`` ->
+``pick_replica`` over the replicas' ``ReplicaLoad`` -> ``take`` and hand over, until nothing is placed.
+Requests dropped on the way (deadline no longer reachable) never reach a replica.
+
+On finish: ``settle_now`` with the tokens used. Output tokens are charged to the fair queue
+(``charge_output``) every ``sample_period_s`` (1 s) for every decoding request, and the remainder at
+finish. NOTE: not token by token as the gateway streams them (that would cost O(running) per step), but
+not only at finish either: a tenant's 1 000-token generations would then run 40 s before its counter saw
+them, and WFQ would keep dispatching its backlog meanwhile.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from array import array
+from dataclasses import dataclass, field, replace
+
+from control_plane.sim.calibration import Calibration
+from control_plane.sim.replica import Replica, ReplicaConfig, StepResult
+from control_plane.sim.workload import (
+    BATCH_DEADLINE_S,
+    Arrivals,
+    Outcome,
+    SimRequest,
+    Stream,
+    interactive_deadline_s,
+)
+from sluice.domain import RequestClass, Tenant
+from sluice.policy.admission import AdmissionConfig, check_queue
+from sluice.policy.dispatch import DispatchConfig, pick_replica
+from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from sluice.policy.rate import RateMeter
+from sluice.quota.base import QuotaDenied
+from sluice.quota.inprocess import InProcessQuotaStore
+
+_STEP, _ARRIVAL, _SAMPLE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    num_replicas: int
+    duration_s: float  # arrivals stop here
+    warmup_s: float  # arrivals before this are left out of the statistics
+    drain_s: float = 60.0  # after duration_s: no arrivals, in-flight work finishes; then the rest is open
+    seed: int = 0
+    fair: bool = True  # False: FairQueue(fair=False), the FCFS baseline
+    itl_target_s: float = 0.040
+    sample_period_s: float = 1.0
+    drain_window_s: float = 10.0  # the RateMeter's window
+    replica: ReplicaConfig = field(default_factory=ReplicaConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    queue: FairQueueConfig = field(default_factory=FairQueueConfig)
+
+
+@dataclass
+class FleetRun:
+    config: FleetConfig
+    calibration: Calibration
+    tenants: dict[str, Tenant]
+    requests: list[SimRequest]
+    step_end_s: array[float]  # per step of any replica
+    step_duration_s: array[float]
+    step_num_decode: array[float]  # inter-token gaps this step produced (one per decode token)
+    step_num_emitted: array[float]  # output tokens this step produced (decode + first tokens)
+    samples: list[tuple[float, int, int]]  # (t, queue depth, sequences on replicas)
+    busy_s: float  # replica-seconds spent stepping
+
+
+class Fleet:
+    def __init__(
+        self,
+        config: FleetConfig,
+        calibration: Calibration,
+        tenants: dict[str, Tenant],
+        streams: list[Stream],
+    ) -> None:
+        self.config = config
+        self.cal = calibration
+        self.tenants = tenants
+        self.replicas = [Replica(f"r{i}", calibration, config.replica) for i in range(config.num_replicas)]
+        self._index = {r.replica_id: i for i, r in enumerate(self.replicas)}
+        self.queue: FairQueue[SimRequest] = FairQueue(config.queue, fair=config.fair)
+        self.quota = InProcessQuotaStore(clock=lambda: self.now_s)
+        self.meter = RateMeter(config.drain_window_s)
+        self.now_s = 0.0
+        self.streams = [replace(s, end_s=min(s.end_s, config.duration_s)) for s in streams]
+        self._arrivals = [Arrivals(s, random.Random(f"{config.seed}:{s.name}")) for s in self.streams]
+        self._rngs = [random.Random(f"{config.seed}:{s.name}:tenant") for s in self.streams]
+        self._num_arrived = [0] * len(self.streams)
+        self._events: list[tuple[float, int, int, int]] = []
+        self._num_events = 0
+        self.requests: list[SimRequest] = []
+        self._steps: tuple[array[float], ...] = tuple(array("d") for _ in range(4))
+        self._samples: list[tuple[float, int, int]] = []
+        self._decoding: dict[str, tuple[SimRequest, Replica]] = {}  # output not yet fully charged
+
+    # ----- the loop -----
+    def run(self) -> FleetRun:
+        for i, arrivals in enumerate(self._arrivals):
+            self._schedule_arrival(i, arrivals)
+        self._push(0.0, _SAMPLE, 0)
+        end_s = self.config.duration_s + self.config.drain_s
+        while self._events:
+            t, _, kind, arg = heapq.heappop(self._events)
+            if t > end_s:
+                break
+            self.now_s = t
+            if kind == _STEP:
+                self._end_step(self.replicas[arg])
+            elif kind == _ARRIVAL:
+                self._arrive(arg)
+            else:
+                self._sample()
+            if len(self.queue):
+                self._dispatch()
+        for request in self.requests:
+            if request.outcome is None:
+                request.outcome = Outcome.OPEN
+        step_end_s, step_duration_s, step_num_decode, step_num_emitted = self._steps
+        return FleetRun(
+            self.config,
+            self.cal,
+            self.tenants,
+            self.requests,
+            step_end_s,
+            step_duration_s,
+            step_num_decode,
+            step_num_emitted,
+            self._samples,
+            sum(r.busy_s for r in self.replicas),
+        )
+
+    def _push(self, t: float, kind: int, arg: int) -> None:
+        self._num_events += 1
+        heapq.heappush(self._events, (t, self._num_events, kind, arg))
+
+    def _schedule_arrival(self, i: int, arrivals: Arrivals) -> None:
+        limit = self.streams[i].max_requests
+        if limit is not None and self._num_arrived[i] >= limit:
+            return
+        t = arrivals.next_s()
+        if t is not None:
+            self._push(t, _ARRIVAL, i)
+
+    def _charge_decoding(self) -> None:
+        for request, replica in self._decoding.values():
+            joined_step = request.prompt_tokens - request.offset  # the step that emitted its first token
+            produced = min(request.max_tokens, replica.num_steps - joined_step)
+            self._charge(request, produced)
+
+    def _charge(self, request: SimRequest, produced: int) -> None:
+        if produced > request.charged_tokens:
+            tokens = produced - request.charged_tokens
+            self.queue.charge_output(request.tenant_id, request.request_class, tokens, self.now_s)
+            request.charged_tokens = produced
+
+    def _sample(self) -> None:
+        self._charge_decoding()
+        on_replicas = sum(r.load().num_running + r.load().num_waiting for r in self.replicas)
+        self._samples.append((self.now_s, len(self.queue), on_replicas))
+        if self.now_s < self.config.duration_s:
+            self._push(self.now_s + self.config.sample_period_s, _SAMPLE, 0)
+
+    # ----- gateway: admission -----
+    def _arrive(self, i: int) -> None:
+        now_s = self.now_s
+        stream = self.streams[i]
+        self._num_arrived[i] += 1
+        tenant = self.tenants[self._rngs[i].choice(stream.tenant_ids)]
+        if stream.request_class is RequestClass.INTERACTIVE:
+            deadline_s = now_s + interactive_deadline_s(stream.output_tokens, self.config.itl_target_s)
+        else:
+            deadline_s = now_s + BATCH_DEADLINE_S
+        request = SimRequest(
+            request_id=f"{stream.name}-{self._num_arrived[i]}",
+            tenant_id=tenant.tenant_id,
+            request_class=stream.request_class,
+            prompt_tokens=stream.prompt_tokens,
+            max_tokens=stream.output_tokens,
+            arrival_s=now_s,
+            deadline_s=deadline_s,
+        )
+        self.requests.append(request)
+        self._schedule_arrival(i, self._arrivals[i])
+        grant = self.quota.acquire_now(tenant, request.kv_tokens, deadline_s - now_s, now_s)
+        if isinstance(grant, QuotaDenied):
+            self._refuse(request, f"quota_{grant.limit.value}", grant.retry_after_s)
+            return
+        request.grant = grant
+        position = self.queue.position(tenant.tenant_id, tenant.weight, request.request_class)
+        refusal = check_queue(
+            position,
+            self.meter.rate_per_s(now_s),
+            now_s,
+            deadline_s,
+            self._min_service_s(request),
+            self.config.admission,
+        )
+        if refusal is not None:
+            self.quota.settle_now(grant, 0, now_s)
+            self._refuse(request, "queue_depth", refusal.retry_after_s)
+            return
+        entry = QueueEntry(
+            request_id=request.request_id,
+            tenant_id=tenant.tenant_id,
+            weight=tenant.weight,
+            request_class=request.request_class,
+            prompt_tokens=request.prompt_tokens,
+            max_tokens=request.max_tokens,
+            arrival_s=now_s,
+            deadline_s=deadline_s,
+            payload=request,
+        )
+        self.queue.push(entry)
+
+    def _min_service_s(self, request: SimRequest) -> float:
+        """The least time serving it takes: its prefill at full speed plus every token at the ITL target."""
+        return (
+            request.prompt_tokens * self.cal.compute_s_per_token
+            + request.max_tokens * self.config.itl_target_s
+        )
+
+    def _entry_min_service_s(self, entry: QueueEntry[SimRequest]) -> float:
+        return self._min_service_s(entry.payload)
+
+    def _refuse(self, request: SimRequest, reason: str, retry_after_s: float | None) -> None:
+        request.outcome = Outcome.REFUSED
+        request.reason = reason
+        request.retry_after_s = retry_after_s
+
+    def _drop(self, entry: QueueEntry[SimRequest]) -> None:
+        request = entry.payload
+        assert request.grant is not None
+        self.quota.settle_now(request.grant, 0, self.now_s)
+        request.outcome = Outcome.DROPPED
+        request.reason = "deadline_at_head"  # never reached a replica; no Retry-After
+
+    # ----- gateway: dispatch -----
+    def _dispatch(self) -> None:
+        now_s = self.now_s
+        for entry in self.queue.expire(now_s, self._entry_min_service_s):
+            self._drop(entry)
+        loads = [r.load() for r in self.replicas]
+        while True:
+            head, dropped = self.queue.peek(now_s, allow_batch=True, min_service_s=self._entry_min_service_s)
+            for entry in dropped:
+                self._drop(entry)
+            if head is None:
+                return
+            load = pick_replica(loads, head.kv_tokens, head.request_class, self.config.dispatch)
+            if load is None:
+                return
+            self.queue.take(head, now_s)
+            self.meter.observe(now_s)
+            index = self._index[load.replica_id]
+            replica = self.replicas[index]
+            head.payload.dispatch_s = now_s
+            replica.submit(head.payload)
+            if not replica.busy:
+                self._start_step(index)
+            loads[index] = replica.load()
+
+    # ----- replicas -----
+    def _start_step(self, index: int) -> None:
+        duration_s = self.replicas[index].start_step()
+        if duration_s is not None:
+            self._push(self.now_s + duration_s, _STEP, index)
+
+    def _end_step(self, replica: Replica) -> None:
+        now_s = self.now_s
+        result: StepResult = replica.end_step()
+        for request in result.first_tokens:
+            request.first_token_s = now_s
+            self._decoding[request.request_id] = (request, replica)
+        for request in result.finished:
+            request.finish_s = now_s
+            request.outcome = Outcome.FINISHED
+            assert request.grant is not None
+            self.quota.settle_now(request.grant, request.prompt_tokens + request.max_tokens, now_s)
+            self._charge(request, request.max_tokens)
+            del self._decoding[request.request_id]
+        end_s, duration_s, num_decode, num_emitted = self._steps
+        end_s.append(now_s)
+        duration_s.append(result.duration_s)
+        num_decode.append(result.num_decode_tokens)
+        num_emitted.append(result.num_decode_tokens + len(result.first_tokens))
+        self._start_step(self._index[replica.replica_id])

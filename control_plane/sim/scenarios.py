@@ -1,0 +1,268 @@
+"""The four scenarios of issue 4: steady (and the replica search), doubling, noisy-tenant, batch-fill.
+
+Tenants: 10 of equal weight share the interactive load; each has a token budget and a concurrency cap of
+3x its share of the steady load (so its own quota never binds at the seed's load, and a doubling is met by
+the queue's admission first). The noisy tenant and the batch tenants have no quota (see each scenario).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from control_plane.sim.calibration import Calibration, seed_calibration
+from control_plane.sim.fleet import Fleet, FleetConfig, FleetRun
+from control_plane.sim.report import summarize, write_json, write_png
+from control_plane.sim.workload import (
+    SEED_OUTPUT_TOKENS,
+    SEED_PROMPT_TOKENS,
+    SEED_RATE_PER_S,
+    SimRequest,
+    Stream,
+    interactive_deadline_s,
+)
+from sluice.domain import RequestClass, Tenant
+
+SCENARIOS = ("steady", "doubling", "noisy-tenant", "batch-fill")
+TTFT_P95_TARGET_MS = 500.0
+ITL_P95_TARGET_MS = 40.0
+MAX_SHED_RATE = 0.001  # the search also requires (almost) nothing refused or dropped
+QUOTA_HEADROOM = 3.0
+NOISY_TENANT = "noisy"
+
+
+@dataclass(frozen=True)
+class Options:
+    replicas: int | None = None
+    find_replicas: bool = False
+    duration_s: float = 120.0
+    seed: int = 0
+    rate_per_s: float = SEED_RATE_PER_S  # the interactive load; tests scale it down
+    num_noisy_requests: int = 10_000
+    num_tenants: int = 10
+
+    @property
+    def warmup_s(self) -> float:
+        return min(20.0, self.duration_s / 6)
+
+
+Runs = list[tuple[str, FleetRun, dict[str, Any]]]
+
+
+def tenants_for(options: Options, itl_target_s: float = 0.040) -> dict[str, Tenant]:
+    share_per_s = options.rate_per_s / options.num_tenants
+    tokens = SEED_PROMPT_TOKENS + SEED_OUTPUT_TOKENS
+    in_flight = share_per_s * interactive_deadline_s(SEED_OUTPUT_TOKENS, itl_target_s)
+    return {
+        f"t{i}": Tenant(
+            tenant_id=f"t{i}",
+            name=f"tenant {i}",
+            tokens_per_minute=math.ceil(QUOTA_HEADROOM * share_per_s * tokens * 60),
+            max_concurrent_requests=math.ceil(QUOTA_HEADROOM * in_flight),
+        )
+        for i in range(options.num_tenants)
+    }
+
+
+def interactive_stream(options: Options, tenants: dict[str, Tenant], **kwargs: Any) -> Stream:
+    ids = tuple(t for t in tenants if t.startswith("t"))
+    return Stream("interactive", ids, RequestClass.INTERACTIVE, options.rate_per_s, **kwargs)
+
+
+def run_fleet(
+    options: Options, replicas: int, tenants: dict[str, Tenant], streams: list[Stream], **config: Any
+) -> FleetRun:
+    fleet_config = FleetConfig(
+        num_replicas=replicas,
+        duration_s=options.duration_s,
+        warmup_s=options.warmup_s,
+        seed=options.seed,
+        **config,
+    )
+    return Fleet(fleet_config, seed_calibration(), tenants, streams).run()
+
+
+def lower_bound_replicas(options: Options, cal: Calibration) -> int:
+    """Output tokens/s needed / a replica's roofline peak at the ITL target (its prefill included)."""
+    peak = cal.peak_output_tokens_per_s(SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS, ITL_P95_TARGET_MS / 1000)
+    return max(1, math.ceil(options.rate_per_s * SEED_OUTPUT_TOKENS / peak))
+
+
+def meets_targets(summary: dict[str, Any]) -> bool:
+    ttft, itl = summary["ttft_p95_ms"], summary["itl_p95_ms"]
+    return (
+        ttft is not None
+        and itl is not None
+        and ttft < TTFT_P95_TARGET_MS
+        and itl < ITL_P95_TARGET_MS
+        and summary["shed_rate"] <= MAX_SHED_RATE
+    )
+
+
+def find_replicas(options: Options) -> tuple[int, list[dict[str, Any]]]:
+    """The fewest replicas meeting the targets on the steady load: from the roofline lower bound up in
+    steps of 4, then back down one at a time to the first that passes."""
+    tenants = tenants_for(options)
+    tried: dict[int, dict[str, Any]] = {}
+
+    def passes(n: int) -> bool:
+        summary = summarize(run_fleet(options, n, tenants, [interactive_stream(options, tenants)]))
+        tried[n] = {k: summary[k] for k in ("ttft_p95_ms", "itl_p95_ms", "shed_rate", "utilisation")}
+        return meets_targets(summary)
+
+    n = lower_bound_replicas(options, seed_calibration())
+    while not passes(n):
+        n += 4
+    found = n
+    for m in range(max(lower_bound_replicas(options, seed_calibration()), n - 3), n):
+        if m not in tried and passes(m):
+            found = m
+            break
+    return found, [{"replicas": k, **v} for k, v in sorted(tried.items())]
+
+
+def _fleet_size(options: Options, summary: dict[str, Any]) -> int:
+    if options.replicas is not None:
+        return options.replicas
+    found, tried = find_replicas(options)
+    summary["replica_search"] = {"found": found, "tried": tried}
+    return found
+
+
+def steady(options: Options) -> tuple[dict[str, Any], Runs]:
+    summary: dict[str, Any] = {"scenario": "steady"}
+    summary["lower_bound_replicas"] = lower_bound_replicas(options, seed_calibration())
+    replicas = options.replicas
+    if options.find_replicas or replicas is None:
+        found, tried = find_replicas(options)
+        summary["replica_search"] = {"found": found, "tried": tried}
+        replicas = found if replicas is None else replicas
+    tenants = tenants_for(options)
+    run = run_fleet(options, replicas, tenants, [interactive_stream(options, tenants)])
+    result = summarize(run)
+    summary.update(result, meets_targets=meets_targets(result))
+    return summary, [("steady", run, result)]
+
+
+def doubling(options: Options) -> tuple[dict[str, Any], Runs]:
+    summary: dict[str, Any] = {"scenario": "doubling"}
+    replicas = _fleet_size(options, summary)
+    tenants = tenants_for(options)
+    at_s = options.duration_s / 3
+    stream = interactive_stream(options, tenants, rate_steps=((at_s, 2.0),))
+    run = run_fleet(options, replicas, tenants, [stream])
+    result = summarize(run)
+    summary.update(result, doubling_at_s=at_s)
+    summary["interactive_served_past_deadline"] = result["served_past_deadline"].get("interactive", 0)
+    return summary, [("doubling", run, result)]
+
+
+def _others_ttft_p95_ms(requests: list[SimRequest], from_s: float, to_s: float) -> float | None:
+    ttfts = sorted(
+        r.first_token_s - r.arrival_s
+        for r in requests
+        if r.tenant_id != NOISY_TENANT and from_s <= r.arrival_s < to_s and r.first_token_s is not None
+    )
+    if not ttfts:
+        return None
+    return round(ttfts[min(len(ttfts) - 1, math.ceil(0.95 * len(ttfts)) - 1)] * 1000.0, 2)
+
+
+def noisy_tenant(options: Options) -> tuple[dict[str, Any], Runs]:
+    """The steady load plus one tenant sending ``num_noisy_requests`` generations of 1 000 prompt / 1 000
+    output tokens within ~4 s from t = duration/3. Its token budget covers all of them twice over and it
+    has no concurrency cap, so quotas refuse none of them: the queue alone (admission, WFQ) decides."""
+    summary: dict[str, Any] = {"scenario": "noisy-tenant"}
+    replicas = _fleet_size(options, summary)
+    tenants = tenants_for(options)
+    noisy_tokens = options.num_noisy_requests * 2 * 1_000
+    with_noisy = {**tenants, NOISY_TENANT: Tenant(NOISY_TENANT, "noisy", tokens_per_minute=2 * noisy_tokens)}
+    at_s = options.duration_s / 3
+    burst = Stream(
+        "noisy",
+        (NOISY_TENANT,),
+        RequestClass.INTERACTIVE,
+        rate_per_s=options.num_noisy_requests / 4.0,
+        start_s=at_s,
+        end_s=at_s + 8.0,
+        prompt_tokens=1_000,
+        output_tokens=1_000,
+        max_requests=options.num_noisy_requests,
+        burst_sigma=0.0,
+    )
+    runs: Runs = []
+    variants = [
+        ("wfq-baseline", tenants, False, True),
+        ("wfq-noisy", with_noisy, True, True),
+        ("fcfs-noisy", with_noisy, True, False),
+    ]
+    others: dict[str, float | None] = {}
+    for label, tenant_set, noisy, fair in variants:
+        streams = [interactive_stream(options, tenants)] + ([burst] if noisy else [])
+        run = run_fleet(options, replicas, tenant_set, streams, fair=fair)
+        result = summarize(run)
+        others[label] = _others_ttft_p95_ms(run.requests, at_s, options.duration_s)
+        result["others_ttft_p95_ms_from_burst"] = others[label]
+        result["noisy_outcomes"] = _outcomes(run.requests, NOISY_TENANT)
+        runs.append((label, run, result))
+        summary[label] = result
+    base = others["wfq-baseline"]
+
+    def rise(label: str) -> float | None:
+        value = others[label]
+        return None if base is None or value is None else round(value / base - 1.0, 4)
+
+    summary.update(
+        replicas=replicas,
+        noisy_burst_at_s=at_s,
+        others_ttft_p95_ms=others,
+        others_ttft_p95_rise={"wfq": rise("wfq-noisy"), "fcfs": rise("fcfs-noisy")},
+    )
+    return summary, runs
+
+
+def _outcomes(requests: list[SimRequest], tenant_id: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in requests:
+        if r.tenant_id == tenant_id and r.outcome is not None:
+            key = r.outcome.value + (f":{r.reason}" if r.reason else "")
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def batch_fill(options: Options) -> tuple[dict[str, Any], Runs]:
+    """Interactive load at 55 % of the fleet's roofline peak, plus batch requests (no quota) arriving at
+    60 % of it: more than the spare capacity, so a standing batch backlog forms (bounded by the queue's
+    admission at its 600 s deadline). Arrivals stop at the end; what is still queued is left open."""
+    summary: dict[str, Any] = {"scenario": "batch-fill"}
+    replicas = _fleet_size(options, summary)
+    cal = seed_calibration()
+    peak = cal.peak_output_tokens_per_s(SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS, ITL_P95_TARGET_MS / 1000)
+    fleet_rate = replicas * peak / SEED_OUTPUT_TOKENS  # requests/s at the roofline peak
+    interactive = Options(**{**options.__dict__, "rate_per_s": 0.55 * fleet_rate})
+    tenants = tenants_for(interactive)
+    batch_ids = ("batch-a", "batch-b")
+    all_tenants = {**tenants, **{b: Tenant(b, b) for b in batch_ids}}
+    streams = [
+        interactive_stream(interactive, tenants),
+        Stream("batch", batch_ids, RequestClass.BATCH, 0.60 * fleet_rate),
+    ]
+    run = run_fleet(interactive, replicas, all_tenants, streams, drain_s=0.0)
+    result = summarize(run)
+    summary.update(
+        result,
+        interactive_rate_per_s=round(interactive.rate_per_s, 2),
+        batch_rate_per_s=round(0.60 * fleet_rate, 2),
+    )
+    return summary, [("batch-fill", run, result)]
+
+
+def run_scenario(name: str, options: Options, out_dir: Path) -> dict[str, Any]:
+    functions = {"steady": steady, "doubling": doubling, "noisy-tenant": noisy_tenant}
+    functions["batch-fill"] = batch_fill
+    summary, runs = functions[name](options)
+    write_json(out_dir / f"{name}.json", summary)
+    write_png(out_dir / f"{name}.png", f"sluice sim: {name} ({summary.get('replicas')} replicas)", runs)
+    return summary

@@ -1,0 +1,127 @@
+"""Simulated requests and the arrival processes that make them.
+
+Sizes are fixed at the seed's mix (1 000 prompt, 300 output tokens) unless a stream says otherwise: the
+seed sizes the fleet with exactly those means, so fixed sizes let the roofline bound and the simulated
+capacity be compared directly (a spread would add variance, not change the token budget).
+
+Arrivals are a Poisson process whose rate is modulated: every ``burst_period_s`` the rate is multiplied
+by a fresh log-normal factor (mean 1, ``burst_sigma`` 0.25 by default, so a 5 s window runs about 25 %
+above or below the mean one time in three). The mean stays at the seed's rate while the fleet sees the
+second-scale bursts that make queues form; a plain Poisson stream at 280/s is too smooth to test them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sluice.domain import RequestClass
+from sluice.quota.base import QuotaGrant
+
+SEED_RATE_PER_S = 280.0  # "1 M requests/hour at peak ÷ 3 600 s = ~280/s"
+SEED_PROMPT_TOKENS = 1_000
+SEED_OUTPUT_TOKENS = 300
+# Interactive: 300 tokens x 40 ms = 12 s of decode at the ITL target, plus ~3 s for the queue and prefill
+# (0.1 s at 10 k tokens/s); longer outputs get the same 3 s of slack on top of their decode time.
+INTERACTIVE_SLACK_S = 3.0
+BATCH_DEADLINE_S = 600.0
+
+
+class Outcome(StrEnum):
+    FINISHED = "finished"
+    REFUSED = "refused"  # at the gateway: a quota or the queue's depth; carries a Retry-After
+    DROPPED = "dropped"  # at the head of the queue: its deadline could no longer be met
+    OPEN = "open"  # still queued or running when the run ended
+
+
+@dataclass(eq=False)
+class SimRequest:
+    request_id: str
+    tenant_id: str
+    request_class: RequestClass
+    prompt_tokens: int
+    max_tokens: int
+    arrival_s: float
+    deadline_s: float  # absolute
+    # gateway side
+    grant: QuotaGrant | None = None
+    outcome: Outcome | None = None
+    reason: str = ""  # refusal / drop reason
+    retry_after_s: float | None = None
+    dispatch_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    charged_tokens: int = 0  # output tokens charged to the fair queue so far
+    # replica side
+    prefilled_tokens: int = 0
+    offset: int = 0  # context during decode step j is offset + j (see Replica)
+    finish_step: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+def interactive_deadline_s(max_tokens: int, itl_target_s: float) -> float:
+    return max_tokens * itl_target_s + INTERACTIVE_SLACK_S
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One arrival process: who sends what, at what mean rate, from when to when."""
+
+    name: str
+    tenant_ids: tuple[str, ...]  # each request picks one uniformly
+    request_class: RequestClass
+    rate_per_s: float
+    start_s: float = 0.0
+    end_s: float = math.inf
+    prompt_tokens: int = SEED_PROMPT_TOKENS
+    output_tokens: int = SEED_OUTPUT_TOKENS
+    max_requests: int | None = None  # stop after this many (a burst of exactly N)
+    burst_sigma: float = 0.25
+    burst_period_s: float = 5.0
+    # (time, multiplier) steps applied to rate_per_s, e.g. ((t, 2.0),) doubles the load from t on
+    rate_steps: tuple[tuple[float, float], ...] = ()
+
+
+class Arrivals:
+    """Draws one stream's arrival times lazily from its own RNG (seeded from the run's seed)."""
+
+    def __init__(self, stream: Stream, rng: random.Random) -> None:
+        self.stream = stream
+        self._rng = rng
+        self._segment_end_s = stream.start_s
+        self._rate = 0.0
+        self._now_s = stream.start_s
+
+    def _rate_at(self, t: float) -> float:
+        multiplier = 1.0
+        for at_s, factor in self.stream.rate_steps:
+            if t >= at_s:
+                multiplier = factor
+        return self.stream.rate_per_s * multiplier
+
+    def next_s(self) -> float | None:
+        """The next arrival time, or None once the stream has ended."""
+        s = self.stream
+        while True:
+            if self._now_s >= self._segment_end_s:
+                sigma = s.burst_sigma
+                factor = math.exp(self._rng.gauss(-sigma * sigma / 2, sigma)) if sigma > 0 else 1.0
+                self._segment_end_s = self._now_s + s.burst_period_s
+                self._rate = self._rate_at(self._now_s) * factor
+            step_ends = [t for t, _ in s.rate_steps if self._now_s < t < self._segment_end_s]
+            horizon = min([self._segment_end_s, *step_ends])
+            gap = self._rng.expovariate(self._rate) if self._rate > 0 else math.inf
+            if self._now_s + gap < horizon:
+                self._now_s += gap
+                return self._now_s if self._now_s < s.end_s else None
+            # NOTE: exponential gaps are memoryless, so restarting the draw at a boundary is exact.
+            self._now_s = horizon
+            if step_ends:
+                self._segment_end_s = horizon  # redraw the factor at the new base rate
+            if self._now_s >= s.end_s:
+                return None
