@@ -1,5 +1,6 @@
 """The gateway's application core: the one place that wires settings, the tokenizer, the engine client,
-the ledger, the tenant resolver, telemetry, metrics, controllers and error handlers.
+the ledger, the tenant resolver, the quota store, the model's scheduler, telemetry, metrics, controllers
+and error handlers.
 
 ``create_app(settings)`` opens what settings name (``sluice.storage`` picks PostgreSQL or SQLite; the
 engine client is the one ``settings.engine_client`` names, logged at start, never a fallback). Tests may
@@ -19,6 +20,7 @@ from litestar.openapi import OpenAPIConfig
 from gateway.errors import exception_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
+from gateway.scheduling.scheduler import ModelScheduler
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import TelemetryWriter
@@ -26,6 +28,8 @@ from gateway.usage.controller import UsageController
 from sluice.engine_client import EngineClient
 from sluice.engine_client.factory import open_engine_client
 from sluice.ledger.base import UsageLedger
+from sluice.quota.base import QuotaStore
+from sluice.quota.factory import open_quota_store
 from sluice.settings import Settings
 from sluice.storage import open_ledger, open_tenant_store
 from sluice.tenants.base import TenantStore, seed_dev_tenants
@@ -42,11 +46,13 @@ def create_app(
     ledger: UsageLedger | None = None,
     tenant_store: TenantStore | None = None,
     codec: TextCodec | None = None,
+    quota: QuotaStore | None = None,
 ) -> Litestar:
     engine = engine or open_engine_client(
         settings.engine_client,
         model_name=settings.model_name,
         triton_grpc_url=settings.triton_grpc_url,
+        triton_metrics_url=settings.triton_metrics_url,
         checkpoint_dir=settings.checkpoint_dir,
     )
     codec = codec or TextCodec.from_checkpoint(settings.checkpoint_dir)
@@ -61,6 +67,13 @@ def create_app(
             stack.push_async_callback(opened_ledger.close)
             store = await _open_tenant_store(settings, tenant_store)
             stack.push_async_callback(store.close)
+            opened_quota = quota or await open_quota_store(settings, on_fail_open=metrics.quota_fail_open.inc)
+            if quota is not None:
+                await quota.open()
+            stack.push_async_callback(opened_quota.close)
+            scheduler = ModelScheduler(settings.model_name, engine, settings, metrics)
+            await scheduler.start()
+            stack.push_async_callback(scheduler.close)
             app.state.gw = GatewayState(
                 settings=settings,
                 codec=codec,
@@ -69,6 +82,8 @@ def create_app(
                 tenants=CachedTenantResolver(store, settings.tenant_cache_ttl_s),
                 telemetry=TelemetryWriter(settings.telemetry_path),
                 metrics=metrics,
+                quota=opened_quota,
+                scheduler=scheduler,
             )
             # Everything built so far lives as long as the process: keep it out of the collector's
             # generations so a collection pass on the request path does not walk it (tail latency).

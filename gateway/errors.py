@@ -6,6 +6,7 @@ to the same shape, so a client never sees another error format.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from litestar import Request, Response
@@ -27,6 +28,7 @@ class OpenAIError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -34,11 +36,33 @@ class OpenAIError(Exception):
         self.type = type
         self.code = code
         self.param = param
+        self.retry_after_s = retry_after_s  # sent as Retry-After (s) and retry-after-ms
         # Set when the request's own ``finally`` already counted it in the metrics.
         self.counted = False
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` in whole seconds (rounded up) and ``retry-after-ms``: the official OpenAI and
+        Anthropic SDKs honour both, the latter first."""
+        if self.retry_after_s is None:
+            return {}
+        return {
+            "Retry-After": str(max(1, math.ceil(self.retry_after_s))),
+            "retry-after-ms": str(max(1, math.ceil(self.retry_after_s * 1000))),
+        }
+
+
+def refused(
+    status_code: int,
+    code: str,
+    message: str,
+    retry_after_s: float | None,
+    error_type: str = "rate_limit_error",
+) -> OpenAIError:
+    """A refusal before any engine work: a tenant over one of its limits, or a service that is full."""
+    return OpenAIError(status_code, message, type=error_type, code=code, retry_after_s=retry_after_s)
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -86,7 +110,7 @@ def from_http_exception(exc: HTTPException) -> OpenAIError:
 
 
 def error_response(err: OpenAIError) -> Response[dict[str, Any]]:
-    return Response(err.body(), status_code=err.status_code)
+    return Response(err.body(), status_code=err.status_code, headers=err.headers())
 
 
 def exception_handlers(metrics: GatewayMetrics) -> dict[Any, Any]:

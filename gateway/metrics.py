@@ -38,6 +38,39 @@ class GatewayMetrics:
             "sluice_gateway_requests_in_flight", "Requests being generated now", registry=self.registry
         )
 
+        self.refused = Counter(
+            "sluice_gateway_refused",
+            "Requests refused before a replica saw them, by reason (quota limits, full queue, deadline)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "sluice_gateway_queue_depth",
+            "Requests waiting for dispatch, by class",
+            ["request_class"],
+            registry=self.registry,
+        )
+        self.queue_wait_s = Histogram(
+            "sluice_gateway_queue_wait_seconds",
+            "From arrival to dispatch to a replica, by class",
+            ["request_class"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.replica_kv_free_tokens = Gauge(
+            "sluice_gateway_replica_kv_free_tokens",
+            "Free KV tokens the replica reported at the last read",
+            registry=self.registry,
+        )
+        self.quota_fail_open = Counter(
+            "sluice_gateway_quota_fail_open",
+            "Quota decisions served from the local fallback because the quota store was unreachable",
+            registry=self.registry,
+        )
+
+    def count_refused(self, reason: str) -> None:
+        self.refused.labels(reason).inc()
+
     def count_rejected(self, route: str, status_code: int) -> None:
         self.requests.labels(route, str(status_code), "rejected").inc()
 

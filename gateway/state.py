@@ -1,5 +1,6 @@
 """What every request handler shares: settings, the tokenizer, the engine client, the ledger, the tenant
-resolver, telemetry and metrics. Built once in ``gateway.app``; handlers reach it as ``app.state.gw``."""
+resolver, telemetry, metrics, the quota store and the model's scheduler. Built once in ``gateway.app``;
+handlers reach it as ``app.state.gw``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.metrics import GatewayMetrics
+from gateway.scheduling.scheduler import ModelScheduler
 from gateway.telemetry import TelemetryWriter
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
 from sluice.ledger.base import UsageLedger
+from sluice.quota.base import QuotaStore
 from sluice.settings import Settings
 from sluice.text import TextCodec
 
@@ -28,3 +31,5 @@ class GatewayState:
     tenants: TenantResolver
     telemetry: TelemetryWriter
     metrics: GatewayMetrics
+    quota: QuotaStore
+    scheduler: ModelScheduler

@@ -8,12 +8,13 @@ from enum import StrEnum
 
 
 class Outcome(StrEnum):
-    """How a request that reached a replica ended (the ledger's ``status``)."""
+    """How a request ended; for one that reached a replica, the ledger's ``status``."""
 
     FINISHED = "finished"  # stop token, EOS or max_tokens
     CANCELLED = "cancelled"  # the client went away
     DEADLINE = "deadline"  # the hard deadline passed mid-generation
     FAILED = "failed"  # the replica or the engine failed
+    REFUSED = "refused"  # never reached a replica (quota, full queue, deadline): no ledger row
 
 
 class RequestClass(StrEnum):

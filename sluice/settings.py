@@ -52,6 +52,16 @@ class Settings(BaseSettings):
     tenant_cache_ttl_s: float = Field(5.0, ge=0, le=3600)  # 0: every request goes to the store
     dev_tenants: bool = True  # seed acme/sk-acme-dev and globex/sk-globex-dev
 
+    # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
+    batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"
+    itl_target_ms: float = Field(50.0, gt=0, le=10_000)  # a replica above it takes nothing new
+    prefill_tokens_per_s: float = Field(5_000.0, gt=0)  # estimate, for "can it still meet its deadline"
+    max_waiting_per_replica: int = Field(8, ge=1, le=10_000)  # dispatched, no first token yet
+    batch_kv_reserve_fraction: float = Field(0.2, ge=0, lt=1)  # KV share batch leaves to interactive
+    batch_floor_share: float = Field(0.1, ge=0, lt=1)  # of dispatched tokens, while both classes wait
+    batch_max_wait_s: float = Field(30.0, gt=0)  # ageing: a batch request waiting this long goes first
+    replica_poll_interval_ms: float = Field(100.0, ge=10, le=10_000)  # replica metrics read period
+
     # Engine and model.
     engine_client: Literal["triton", "inprocess"] = "triton"
     triton_grpc_url: str = "127.0.0.1:8001"

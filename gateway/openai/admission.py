@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import uuid
 
-from gateway.errors import context_length_exceeded, invalid_request, model_not_found
+from gateway.errors import OpenAIError, context_length_exceeded, invalid_request, model_not_found
 from gateway.openai.generation import Job
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, unsupported_params
 from gateway.state import GatewayState
-from sluice.domain import Tenant
+from sluice.domain import RequestClass, Tenant
 from sluice.text import ChatTemplateError
 
 MAX_STOP_STRINGS = 4
+SERVICE_TIERS = {
+    "auto": RequestClass.INTERACTIVE,
+    "default": RequestClass.INTERACTIVE,
+    "flex": RequestClass.BATCH,
+}
 
 
 def admit_chat(req: ChatCompletionRequest, tenant: Tenant, gw: GatewayState, arrival_s: float) -> Job:
@@ -79,6 +84,26 @@ def _check_common(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
 
 
+def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant) -> RequestClass:
+    """``service_tier``: "auto"/"default"/absent → interactive, "flex" → batch; 403 if the tenant may
+    not use that class."""
+    tier = req.service_tier or "auto"
+    chosen = SERVICE_TIERS.get(tier)
+    if chosen is None:
+        raise invalid_request(
+            f"service_tier must be one of {sorted(SERVICE_TIERS)}, got {tier!r}.", param="service_tier"
+        )
+    if chosen not in tenant.allowed_classes:
+        raise OpenAIError(
+            403,
+            f"This API key may not use the {chosen} class (service_tier {tier!r}).",
+            type="permission_error",
+            code="service_tier_not_allowed",
+            param="service_tier",
+        )
+    return chosen
+
+
 def _job(
     id_prefix: str,
     route: str,
@@ -121,6 +146,12 @@ def _job(
                 f"This model's maximum context length is {context} tokens. However, your prompt is "
                 f"{num_prompt} tokens, which leaves no room for output."
             )
+    chosen_class = request_class(req, tenant)
+    deadline_s = (
+        settings.batch_request_deadline_s
+        if chosen_class is RequestClass.BATCH
+        else settings.request_deadline_s
+    )
     return Job(
         request_id=f"{id_prefix}-{uuid.uuid4().hex}",
         route=route,
@@ -134,5 +165,6 @@ def _job(
         stop=req.stop_strings(),
         ignore_eos=req.ignore_eos,
         arrival_s=arrival_s,
-        deadline_s=arrival_s + settings.request_deadline_s,
+        deadline_s=arrival_s + deadline_s,
+        request_class=chosen_class,
     )

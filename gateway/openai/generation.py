@@ -19,11 +19,15 @@ from datetime import UTC, datetime
 
 import anyio
 
+from gateway.errors import OpenAIError
 from gateway.openai.stops import StopMatcher
+from gateway.scheduling.quota_gate import acquire_quota
+from gateway.scheduling.scheduler import Admission, Slot
 from gateway.state import GatewayState
 from gateway.telemetry import TelemetryRecord
-from sluice.domain import Outcome, Tenant, UsageRecord
+from sluice.domain import Outcome, RequestClass, Tenant, UsageRecord
 from sluice.engine_client import Delta, EngineError, EngineErrorKind, FinishReason, GenerateRequest
+from sluice.quota.base import QuotaGrant
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ class Job:
     ignore_eos: bool
     arrival_s: float  # time.monotonic() at arrival (ns resolution; uvloop's loop.time() has only ms)
     deadline_s: float  # time.monotonic() by which generation stops
+    request_class: RequestClass = RequestClass.INTERACTIVE
     created: int = field(default_factory=lambda: int(time.time()))
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -106,7 +111,8 @@ def _finish_reason(reason: FinishReason) -> str:
 
 
 async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGenerator[Event, None]:
-    """Yield the request's text as it is produced, then one ``FinishEvent``. Raises ``EngineError``.
+    """Admit the request (quota, queue), then yield its text as it is produced and one ``FinishEvent``.
+    Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``)."""
     request = GenerateRequest(
@@ -117,6 +123,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         top_p=job.top_p,
         seed=job.seed,
         cache_scope=job.tenant.tenant_id,
+        priority=1 if job.request_class is RequestClass.BATCH else 0,
         ignore_eos=job.ignore_eos,
     )
     detok = gw.codec.detokenizer()
@@ -125,11 +132,20 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
     finish_reason: str | None = None
     error: str | None = None
     num_output_tokens = 0
-    reached_replica = True
-    engine_deltas = gw.engine.generate(request)
-    gw.metrics.in_flight.inc()
-    timing.engine_start_s = time.monotonic()
+    reached_replica = False
+    grant: QuotaGrant | None = None
+    slot: Slot | None = None
+    engine_deltas: AsyncGenerator[Delta, None] | None = None
     try:
+        # Admission: the tenant's quota, then the model's queue. A refusal raises (429) before any event.
+        grant = await acquire_quota(
+            gw.quota, gw.metrics, job.tenant, len(job.prompt_token_ids) + job.max_tokens, job.deadline_s
+        )
+        slot = await gw.scheduler.wait_for_dispatch(_admission(job))
+        reached_replica = True
+        engine_deltas = gw.engine.generate(request)
+        gw.metrics.in_flight.inc()
+        timing.engine_start_s = time.monotonic()
         while finish_reason is None:
             try:
                 async with asyncio.timeout(job.deadline_s - time.monotonic()):
@@ -146,7 +162,10 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                     EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
                 ) from None
             num_output_tokens += len(delta.token_ids)
-            timing.observe(time.monotonic(), len(delta.token_ids))
+            now = time.monotonic()
+            gap_s = None if timing.last_token_s is None else now - timing.last_token_s
+            timing.observe(now, len(delta.token_ids))
+            gw.scheduler.on_tokens(slot, len(delta.token_ids), gap_s)
             text = detok.push(delta.token_ids)
             if delta.finish_reason is not None:
                 text += detok.finish()
@@ -160,6 +179,9 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                 yield TextEvent(emit)
         assert finish_reason is not None
         yield FinishEvent(finish_reason, len(job.prompt_token_ids), num_output_tokens)
+    except OpenAIError as exc:  # refused at admission
+        outcome, error = Outcome.REFUSED, exc.code
+        raise
     except EngineError as exc:
         outcome, error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
         # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
@@ -169,13 +191,34 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         outcome, error = Outcome.FAILED, repr(exc)
         raise
     finally:
-        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel or the record.
+        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the release
+        # of the replica slot and the quota, or the records.
         with anyio.CancelScope(shield=True):
-            with suppress(Exception):
-                await engine_deltas.aclose()  # cancels the engine call if it is still running
-            gw.metrics.in_flight.dec()
+            if engine_deltas is not None:
+                with suppress(Exception):
+                    await engine_deltas.aclose()  # cancels the engine call if it is still running
+                gw.metrics.in_flight.dec()
+            if slot is not None:
+                gw.scheduler.release(slot)
+            if grant is not None:
+                used_tokens = len(job.prompt_token_ids) + num_output_tokens if reached_replica else 0
+                with suppress(Exception):
+                    await gw.quota.settle(grant, used_tokens)
             outcome = outcome or Outcome.CANCELLED
             await _record(job, gw, outcome, finish_reason, num_output_tokens, timing, error, reached_replica)
+
+
+def _admission(job: Job) -> Admission:
+    return Admission(
+        request_id=job.request_id,
+        tenant_id=job.tenant.tenant_id,
+        weight=job.tenant.weight,
+        request_class=job.request_class,
+        prompt_tokens=len(job.prompt_token_ids),
+        max_tokens=job.max_tokens,
+        arrival_s=job.arrival_s,
+        deadline_s=job.deadline_s,
+    )
 
 
 async def _record(
@@ -216,8 +259,9 @@ async def _record(
     except OSError:
         log.exception("telemetry record for %s was not written", job.request_id)
     metrics = gw.metrics
-    status_code = "500" if outcome is Outcome.FAILED else "200"
-    metrics.requests.labels(job.route, status_code, str(outcome)).inc()
+    if outcome is not Outcome.REFUSED:  # a refusal is counted where it becomes an HTTP error
+        status_code = "500" if outcome is Outcome.FAILED else "200"
+        metrics.requests.labels(job.route, status_code, str(outcome)).inc()
     metrics.prompt_tokens.inc(num_prompt_tokens)
     metrics.output_tokens.inc(num_output_tokens)
     if ttft_s is not None:

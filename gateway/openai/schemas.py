@@ -48,6 +48,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     logprobs: bool | int | None = None
     # Extension (vLLM's name): keep generating past end-of-sequence, for benchmarks with fixed lengths.
     ignore_eos: bool = False
+    # OpenAI's: "auto"/"default" (or absent) is the interactive class; "flex" is the batch class.
+    service_tier: str | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

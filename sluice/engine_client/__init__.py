@@ -7,6 +7,15 @@ from sluice.engine_client.base import (
     EngineErrorKind,
     FinishReason,
     GenerateRequest,
+    ReplicaStats,
 )
 
-__all__ = ["Delta", "EngineClient", "EngineError", "EngineErrorKind", "FinishReason", "GenerateRequest"]
+__all__ = [
+    "Delta",
+    "EngineClient",
+    "EngineError",
+    "EngineErrorKind",
+    "FinishReason",
+    "GenerateRequest",
+    "ReplicaStats",
+]

@@ -60,6 +60,16 @@ class Delta:
     num_cached_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class ReplicaStats:
+    """A replica's load as its engine reports it (TensorRT-LLM's ``nv_trt_llm_*`` metric families)."""
+
+    num_kv_tokens_total: int
+    num_kv_tokens_free: int
+    num_waiting: int  # accepted by the engine, not yet running (waiting for KV memory or a slot)
+    num_running: int
+
+
 class EngineClient(ABC):
     #: "triton" or "inprocess": shown at start-up and in telemetry.
     kind: str
@@ -86,3 +96,7 @@ class EngineClient(ABC):
     @abstractmethod
     async def model_loaded(self, model: str) -> bool:
         """The replica has ``model`` loaded and ready."""
+
+    @abstractmethod
+    async def replica_stats(self) -> ReplicaStats | None:
+        """The replica's current load; None if it cannot be read now (the caller keeps its last view)."""

@@ -18,12 +18,13 @@ def open_engine_client(
     *,
     model_name: str,
     triton_grpc_url: str = "",
+    triton_metrics_url: str | None = None,
     checkpoint_dir: Path | None = None,
 ) -> EngineClient:
     if kind == "triton":
         from sluice.engine_client.triton import TritonEngineClient
 
-        client: EngineClient = TritonEngineClient(triton_grpc_url, model_name)
+        client: EngineClient = TritonEngineClient(triton_grpc_url, model_name, metrics_url=triton_metrics_url)
     elif kind == "inprocess":
         from sluice.engine_client.inprocess import InProcessEngineClient
 

@@ -21,6 +21,7 @@ from sluice.engine_client.base import (
     EngineErrorKind,
     FinishReason,
     GenerateRequest,
+    ReplicaStats,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,17 @@ class InProcessEngineClient(EngineClient):
 
     async def model_loaded(self, model: str) -> bool:
         return self.engine_thread is not None and model == self._model_name
+
+    async def replica_stats(self) -> ReplicaStats | None:
+        if self.engine_thread is None:
+            return None
+        stats = self.engine_thread.stats()
+        return ReplicaStats(
+            num_kv_tokens_total=stats.num_blocks_max * stats.tokens_per_block,
+            num_kv_tokens_free=stats.num_blocks_free * stats.tokens_per_block,
+            num_waiting=stats.num_waiting,
+            num_running=stats.num_running,
+        )
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
         thread = self.engine_thread

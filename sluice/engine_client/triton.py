@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncGenerator
 
 import grpc
+import httpx
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
@@ -21,9 +22,11 @@ from sluice.engine_client.base import (
     EngineErrorKind,
     FinishReason,
     GenerateRequest,
+    ReplicaStats,
 )
 from sluice.triton.client import GenerateStream
 from sluice.triton.converters import request_tensors
+from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +41,20 @@ def _strip_scheme(url: str) -> str:
 class TritonEngineClient(EngineClient):
     kind = "triton"
 
-    def __init__(self, grpc_url: str, model_name: str, stream_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        grpc_url: str,
+        model_name: str,
+        stream_timeout_s: float | None = None,
+        *,
+        metrics_url: str | None = None,
+    ) -> None:
         self.replica = _strip_scheme(grpc_url)
         self._model_name = model_name
         self._stream_timeout_s = stream_timeout_s
+        self._metrics_url = metrics_url
         self._client: grpcclient.InferenceServerClient | None = None
+        self._http: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
         if self._client is None:
@@ -57,6 +69,9 @@ class TritonEngineClient(EngineClient):
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def ready(self) -> bool:
         try:
@@ -69,6 +84,20 @@ class TritonEngineClient(EngineClient):
             return self._client is not None and bool(await self._client.is_model_ready(model))
         except InferenceServerException:
             return False
+
+    async def replica_stats(self) -> ReplicaStats | None:
+        """From the replica's metrics endpoint (Triton's, on its metrics port)."""
+        if self._metrics_url is None:
+            return None
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=0.5)
+        try:
+            response = await self._http.get(self._metrics_url)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.debug("replica metrics unreadable: %s", exc)
+            return None
+        return replica_stats_from_metrics(response.text, self._model_name)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
         if self._client is None:

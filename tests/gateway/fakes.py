@@ -13,6 +13,7 @@ from sluice.engine_client import (
     EngineErrorKind,
     FinishReason,
     GenerateRequest,
+    ReplicaStats,
 )
 
 
@@ -30,6 +31,7 @@ class ScriptedFakeEngine(EngineClient):
         self.requests: list[GenerateRequest] = []
         self.cancelled: list[str] = []
         self.finished: list[str] = []
+        self.stats: ReplicaStats | None = None  # what replica_stats() reports; None: unreadable
 
     async def start(self) -> None:
         return None
@@ -42,6 +44,9 @@ class ScriptedFakeEngine(EngineClient):
 
     async def model_loaded(self, model: str) -> bool:
         return True
+
+    async def replica_stats(self) -> ReplicaStats | None:
+        return self.stats
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
         self.requests.append(request)

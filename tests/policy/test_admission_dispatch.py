@@ -13,12 +13,12 @@ CONFIG = AdmissionConfig(min_drain_rate_per_s=1.0, min_retry_after_s=1.0)
 
 
 def test_admits_while_the_expected_wait_fits_before_the_deadline() -> None:
-    # 99 ahead at 50/s: 2 s of waiting; 10 s deadline, 3 s of service → up to 7 s of waiting is fine.
-    assert check_queue(99, 50.0, now_s=0.0, deadline_s=10.0, min_service_s=3.0, config=CONFIG) is None
+    # 100 ahead at 50/s: 2 s of waiting; 10 s deadline, 3 s of service → up to 7 s of waiting is fine.
+    assert check_queue(100, 50.0, now_s=0.0, deadline_s=10.0, min_service_s=3.0, config=CONFIG) is None
 
 
 def test_refuses_with_the_time_the_queue_needs_to_drain() -> None:
-    refusal = check_queue(499, 50.0, now_s=0.0, deadline_s=10.0, min_service_s=3.0, config=CONFIG)
+    refusal = check_queue(500, 50.0, now_s=0.0, deadline_s=10.0, min_service_s=3.0, config=CONFIG)
     assert refusal is not None
     assert refusal.expected_wait_s == pytest.approx(10.0) and refusal.max_wait_s == pytest.approx(7.0)
     assert refusal.retry_after_s == pytest.approx(3.0)
@@ -30,8 +30,9 @@ def test_a_request_that_cannot_make_its_deadline_at_all_is_refused() -> None:
 
 
 def test_an_unmeasured_drain_rate_uses_the_configured_floor() -> None:
-    assert check_queue(5, None, 0.0, 10.0, 1.0, CONFIG) is None  # 6 s at 1/s fits in 9 s
-    refusal = check_queue(20, None, 0.0, 10.0, 1.0, CONFIG)
+    assert check_queue(6, None, 0.0, 10.0, 1.0, CONFIG) is None  # 6 s at 1/s fits in 9 s
+    assert check_queue(0, None, 0.0, 0.5, 0.1, CONFIG) is None  # nothing ahead: no wait at all
+    refusal = check_queue(21, None, 0.0, 10.0, 1.0, CONFIG)
     assert refusal is not None and refusal.retry_after_s == pytest.approx(21 - 9)
 
 

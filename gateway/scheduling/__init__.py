@@ -1,0 +1,1 @@
+"""Where a request waits: per-model fair queues, dispatch to replicas (policies in sluice.policy)."""

@@ -1,0 +1,286 @@
+"""One model's scheduler in the gateway: the fair queue, the drain rate, this gateway's view of the
+replica's load, and the dispatch decisions, all owned here and touched only from the event loop.
+
+``wait_for_dispatch(job)`` admits a request to the queue (or refuses it: 429 ``service_overloaded`` with
+a Retry-After from the measured drain rate) and returns once it is dispatched; a request that can no
+longer meet its deadline is dropped at the head instead and never reaches a replica. Decisions are the
+pure policies in ``sluice.policy``, the same code the fleet simulator runs.
+
+The replica's load combines its metrics (read every ``replica_poll_interval_ms``) with what this gateway
+knows sooner: requests it dispatched since the last read, requests dispatched that have no first token
+yet (waiting or in prefill inside the replica), and the inter-token gaps it observes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from gateway.errors import refused
+from gateway.metrics import GatewayMetrics
+from sluice.domain import RequestClass
+from sluice.engine_client import EngineClient, ReplicaStats
+from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
+from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, pick_replica
+from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from sluice.policy.rate import RateMeter
+from sluice.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_ITL_EWMA_WEIGHT = 0.1  # of each new inter-token gap in the replica's latency estimate
+_EXPIRE_PERIOD_S = 0.05  # how often waiting requests are checked against their deadlines
+_UNKNOWN_KV_TOKENS = 2**62
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the queue needs to know about a request (taken from the gateway's ``Job``)."""
+
+    request_id: str
+    tenant_id: str
+    weight: float
+    request_class: RequestClass
+    prompt_tokens: int
+    max_tokens: int
+    arrival_s: float  # time.monotonic()
+    deadline_s: float
+
+
+@dataclass
+class Slot:
+    """A dispatched request's claim on the replica, until ``release``."""
+
+    request_id: str
+    tenant_id: str
+    request_class: RequestClass
+    kv_tokens: int
+    dispatched_s: float
+    has_first_token: bool = False
+
+
+@dataclass
+class _ReplicaView:
+    total_kv_tokens: int = 0  # 0: not read yet
+    free_kv_tokens: int = 0
+    num_waiting: int = 0
+    read_at_s: float = -1.0
+    dispatched_kv_tokens_since_read: int = 0
+    itl_ms: float | None = None
+    slots: dict[str, Slot] = field(default_factory=dict)
+
+
+class ModelScheduler:
+    def __init__(
+        self,
+        model: str,
+        engine: EngineClient,
+        settings: Settings,
+        metrics: GatewayMetrics,
+        *,
+        fair: bool = True,
+    ) -> None:
+        self.model = model
+        self._engine = engine
+        self._settings = settings
+        self._metrics = metrics
+        self._queue: FairQueue[asyncio.Future[Slot]] = FairQueue(
+            FairQueueConfig(
+                batch_floor_share=settings.batch_floor_share, batch_max_wait_s=settings.batch_max_wait_s
+            ),
+            fair=fair,
+        )
+        self._admission = AdmissionConfig()
+        self._dispatch = DispatchConfig(
+            itl_target_ms=settings.itl_target_ms,
+            max_waiting_per_replica=settings.max_waiting_per_replica,
+            batch_kv_reserve_fraction=settings.batch_kv_reserve_fraction,
+        )
+        self._drain = RateMeter(window_s=10.0)
+        self._replica = _ReplicaView()
+        self._task: asyncio.Task[None] | None = None
+
+    # ----- life -----
+    async def start(self) -> None:
+        await self._read_replica()
+        self._task = asyncio.create_task(self._background(), name=f"scheduler-{self.model}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # ----- the request path -----
+    def min_service_s(self, prompt_tokens: int) -> float:
+        """The least time a request needs to START once dispatched: its prefill and a first token. The
+        deadline cuts generation short, so max_tokens is a ceiling, not something to refuse over."""
+        settings = self._settings
+        return min_service_s(prompt_tokens, 1, settings.prefill_tokens_per_s, settings.itl_target_ms)
+
+    async def wait_for_dispatch(self, req: Admission) -> Slot:
+        """Queue the request and return its slot once dispatched. Raises ``OpenAIError`` (429) if it is
+        refused or dropped; if the caller is cancelled while waiting, the request leaves the queue."""
+        now = time.monotonic()
+        position = self._queue.position(req.tenant_id, req.weight, req.request_class)
+        refusal = check_queue(
+            position,
+            self._drain.rate_per_s(now),
+            now,
+            req.deadline_s,
+            self.min_service_s(req.prompt_tokens),
+            self._admission,
+        )
+        if refusal is not None:
+            self._metrics.count_refused("service_overloaded")
+            raise refused(
+                429,
+                "service_overloaded",
+                f"Model '{self.model}' is at capacity: about {refusal.expected_wait_s:.1f} s of queue ahead "
+                f"of this request leaves too little time before its deadline. Retry after "
+                f"{refusal.retry_after_s:.1f} s.",
+                refusal.retry_after_s,
+            )
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._queue.push(
+            QueueEntry(
+                req.request_id,
+                req.tenant_id,
+                req.weight,
+                req.request_class,
+                req.prompt_tokens,
+                req.max_tokens,
+                req.arrival_s,
+                req.deadline_s,
+                future,
+            )
+        )
+        self._dispatch_pass(now)
+        self._update_depth()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._queue.remove(req.request_id)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result())  # dispatched in the same instant the caller left
+            self._update_depth()
+            raise
+
+    def on_tokens(self, slot: Slot, num_tokens: int, gap_s: float | None) -> None:
+        """A delta of ``num_tokens`` arrived for ``slot``, ``gap_s`` after the previous one (None: first)."""
+        now = time.monotonic()
+        self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
+        if gap_s is not None and num_tokens > 0:
+            itl_ms = gap_s * 1000 / num_tokens
+            view = self._replica
+            previous = view.itl_ms
+            view.itl_ms = itl_ms if previous is None else previous + _ITL_EWMA_WEIGHT * (itl_ms - previous)
+        if not slot.has_first_token:
+            slot.has_first_token = True
+            self._dispatch_pass(now)  # one fewer request waiting inside the replica
+
+    def release(self, slot: Slot) -> None:
+        """The request ended (however): its claim on the replica goes."""
+        if self._replica.slots.pop(slot.request_id, None) is not None:
+            self._dispatch_pass(time.monotonic())
+            self._update_depth()
+
+    # ----- decisions -----
+    def _load(self) -> ReplicaLoad:
+        view = self._replica
+        slots = view.slots.values()
+        total = view.total_kv_tokens
+        if total:
+            reserved = sum(s.kv_tokens for s in slots)
+            free = view.free_kv_tokens - view.dispatched_kv_tokens_since_read
+            free = min(free, total - reserved)  # never promise more than this gateway has not reserved
+        else:  # not read yet: the KV gate is open (the replica's own admission still applies)
+            free = _UNKNOWN_KV_TOKENS
+        num_prefilling = sum(1 for s in slots if not s.has_first_token)
+        return ReplicaLoad(
+            replica_id=self._engine.replica,
+            free_kv_tokens=free,
+            total_kv_tokens=total,
+            num_waiting=max(view.num_waiting, num_prefilling),
+            num_running=len(view.slots),
+            itl_ms=view.itl_ms if view.slots else None,
+        )
+
+    def _dispatch_pass(self, now: float) -> None:
+        min_service = self._entry_min_service_s
+        self._fail_dropped(self._queue.expire(now, min_service))
+        while True:
+            head, dropped = self._queue.peek(now, min_service_s=min_service)
+            self._fail_dropped(dropped)
+            if head is None:
+                return
+            if head.payload.done():  # its caller left between cancellation and removal
+                self._queue.take(head, now)
+                continue
+            if pick_replica([self._load()], head.kv_tokens, head.request_class, self._dispatch) is None:
+                return
+            self._queue.take(head, now)
+            self._drain.observe(now)
+            slot = Slot(head.request_id, head.tenant_id, head.request_class, head.kv_tokens, now)
+            self._replica.slots[slot.request_id] = slot
+            self._replica.dispatched_kv_tokens_since_read += slot.kv_tokens
+            self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)
+            head.payload.set_result(slot)
+
+    def _entry_min_service_s(self, entry: QueueEntry[asyncio.Future[Slot]]) -> float:
+        return self.min_service_s(entry.prompt_tokens)
+
+    def _fail_dropped(self, dropped: list[QueueEntry[asyncio.Future[Slot]]]) -> None:
+        for entry in dropped:
+            if entry.payload.done():
+                continue
+            self._metrics.count_refused("deadline_unmeetable")
+            rate = self._drain.rate_per_s(time.monotonic()) or self._admission.min_drain_rate_per_s
+            retry_after_s = max(1.0, self._queue.num_waiting(entry.request_class) / rate)
+            entry.payload.set_exception(
+                refused(
+                    429,
+                    "service_overloaded",
+                    f"Model '{self.model}' is at capacity: this request waited "
+                    f"{time.monotonic() - entry.arrival_s:.1f} s and can no longer finish before its "
+                    f"deadline, so it was not started. Retry after {retry_after_s:.1f} s.",
+                    retry_after_s,
+                )
+            )
+        if dropped:
+            self._update_depth()
+
+    def _update_depth(self) -> None:
+        for request_class in RequestClass:
+            self._metrics.queue_depth.labels(request_class).set(self._queue.num_waiting(request_class))
+
+    # ----- background: replica reads, deadline checks -----
+    async def _background(self) -> None:
+        period_s = self._settings.replica_poll_interval_ms / 1000
+        next_read_s = time.monotonic() + period_s
+        while True:
+            await asyncio.sleep(_EXPIRE_PERIOD_S)
+            now = time.monotonic()
+            if now >= next_read_s:
+                next_read_s = now + period_s
+                try:
+                    await self._read_replica()
+                except Exception:  # a bad read must not stop dispatch
+                    log.exception("reading replica load failed")
+            self._dispatch_pass(time.monotonic())
+
+    async def _read_replica(self) -> None:
+        stats: ReplicaStats | None = await self._engine.replica_stats()
+        if stats is None:
+            return
+        view = self._replica
+        view.total_kv_tokens = stats.num_kv_tokens_total
+        view.free_kv_tokens = stats.num_kv_tokens_free
+        view.num_waiting = stats.num_waiting
+        view.read_at_s = time.monotonic()
+        view.dispatched_kv_tokens_since_read = 0
+        self._metrics.replica_kv_free_tokens.set(stats.num_kv_tokens_free)
