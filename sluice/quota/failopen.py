@@ -2,7 +2,9 @@
 enforces the limits alone from memory (a tenant may get up to one budget per gateway); after that, it refuses
 requests (fail closed) until Redis answers again.
 
-Every acquire tries Redis first, so the first success ends the outage and the next grants come from Redis.
+While Redis answers, every acquire goes to it. During an outage it is probed at most once per
+``probe_interval_s`` (a Redis that hangs instead of refusing would otherwise add its timeout to every
+request); the first success ends the outage and the next grants come from Redis again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class FailOpenQuotaStore(QuotaStore):
         window_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         on_fail_open: Callable[[], None] | None = None,
+        probe_interval_s: float = 1.0,
     ) -> None:
         """``on_fail_open`` is called for each acquire the fallback answers (a metric's counter)."""
         self._primary = primary
@@ -47,6 +50,8 @@ class FailOpenQuotaStore(QuotaStore):
         self._window_s = window_s
         self._clock = clock
         self._on_fail_open = on_fail_open
+        self._probe_interval_s = probe_interval_s
+        self._last_probe_s = float("-inf")
         self._outage_since_s: float | None = None  # None: the primary is answering
         self._failed_closed = False  # logged once per outage
 
@@ -65,13 +70,17 @@ class FailOpenQuotaStore(QuotaStore):
             await self._fallback.close()
 
     async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
-        try:
-            decision = await self._primary.acquire(tenant, tokens, lease_ttl_s)
-        except STORE_ERRORS as exc:
-            down_for_s = self._note_failure(exc)
+        if self._should_try_primary():
+            try:
+                decision = await self._primary.acquire(tenant, tokens, lease_ttl_s)
+            except STORE_ERRORS as exc:
+                down_for_s = self._note_failure(exc)
+            else:
+                self._end_outage()
+                return decision
         else:
-            self._end_outage()
-            return decision
+            assert self._outage_since_s is not None
+            down_for_s = self._clock() - self._outage_since_s
         if down_for_s >= self._window_s:
             return self._fail_closed(down_for_s)
         if self._on_fail_open is not None:
@@ -87,6 +96,11 @@ class FailOpenQuotaStore(QuotaStore):
         if grant.source == FALLBACK_SOURCE:
             await self._fallback.settle(grant, used_tokens)
             return
+        if not self._should_try_primary():
+            log.warning(
+                "quota: grant %s not settled during the outage; its lease expires by its TTL", grant.grant_id
+            )
+            return
         try:
             await self._primary.settle(grant, used_tokens)
         except STORE_ERRORS as exc:
@@ -101,11 +115,21 @@ class FailOpenQuotaStore(QuotaStore):
         else:
             self._end_outage()
 
+    def _should_try_primary(self) -> bool:
+        """Always while the primary answers; during an outage, once per probe interval."""
+        if self._outage_since_s is None:
+            return True
+        now_s = self._clock()
+        if now_s - self._last_probe_s >= self._probe_interval_s:
+            self._last_probe_s = now_s
+            return True
+        return False
+
     def _note_failure(self, exc: BaseException) -> float:
         """Start the outage if this is its first failure; how long it has lasted."""
         now_s = self._clock()
         if self._outage_since_s is None:
-            self._outage_since_s = now_s
+            self._outage_since_s = self._last_probe_s = now_s
             log.warning(
                 "quota store unreachable (%s: %s): enforcing quotas per gateway for up to %g s",
                 type(exc).__name__,

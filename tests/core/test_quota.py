@@ -427,3 +427,33 @@ async def test_the_factory_picks_the_store_from_settings(redis_up: str | None) -
         assert granted(await shared.acquire(new_tenant(600, 1), 10, LEASE_TTL_S)).source == "redis"
     finally:
         await shared.close()
+
+
+class _HangingStore(InProcessQuotaStore):
+    """A primary that fails like a Redis that stopped answering, counting how often it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_calls = 0
+
+    async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
+        self.num_calls += 1
+        raise redis.exceptions.TimeoutError("no answer")
+
+
+async def test_an_outage_probes_the_store_once_per_interval_not_per_request() -> None:
+    clock = FakeClock()
+    primary = _HangingStore()
+    store = FailOpenQuotaStore(
+        primary, InProcessQuotaStore(clock=clock), window_s=30.0, clock=clock, probe_interval_s=1.0
+    )
+    await store.open()
+    tenant = new_tenant(None, None)
+    for _ in range(20):
+        assert granted(await store.acquire(tenant, 10, LEASE_TTL_S)).source == "local-fallback"
+    assert primary.num_calls == 1  # the failure that started the outage; no probe due yet
+    clock.now_s += 1.0
+    granted(await store.acquire(tenant, 10, LEASE_TTL_S))
+    granted(await store.acquire(tenant, 10, LEASE_TTL_S))
+    assert primary.num_calls == 2  # one probe per interval
+    await store.close()
