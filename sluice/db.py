@@ -186,10 +186,19 @@ def apply_sqlite_migrations(
 # ------------------------------------------------------------------------------------------ PostgreSQL
 
 
-async def open_pg_pool(url: str, *, max_size: int, name: str) -> AsyncConnectionPool:
-    """An opened pool of autocommit connections; fails here (not on first use) if the server is not there."""
+async def open_pg_pool(
+    url: str, *, max_size: int, name: str, acquire_timeout_s: float = 30.0
+) -> AsyncConnectionPool:
+    """An opened pool of autocommit connections; fails here (not on first use) if the server is not there.
+    Waiting for a connection longer than ``acquire_timeout_s`` raises ``PoolTimeout``."""
     pool = AsyncConnectionPool(
-        url, min_size=1, max_size=max_size, open=False, name=name, kwargs={"autocommit": True}
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        name=name,
+        timeout=acquire_timeout_s,
+        kwargs={"autocommit": True},
     )
     try:
         await pool.open(wait=True, timeout=10.0)
@@ -231,9 +240,17 @@ class MigratedPgPool:
     """A PostgreSQL store's pool: opened with its component's migrations applied, closed once."""
 
     def __init__(
-        self, url: str, *, max_size: int, name: str, component: str, migrations: Sequence[Migration]
+        self,
+        url: str,
+        *,
+        max_size: int,
+        name: str,
+        component: str,
+        migrations: Sequence[Migration],
+        acquire_timeout_s: float = 30.0,
     ) -> None:
         self._url = url
+        self._acquire_timeout_s = acquire_timeout_s
         self._max_size = max_size
         self._name = name
         self._component = component
@@ -249,7 +266,9 @@ class MigratedPgPool:
     async def open(self) -> None:
         if self._pool is not None:
             return
-        pool = await open_pg_pool(self._url, max_size=self._max_size, name=self._name)
+        pool = await open_pg_pool(
+            self._url, max_size=self._max_size, name=self._name, acquire_timeout_s=self._acquire_timeout_s
+        )
         try:
             await apply_pg_migrations(pool, self._component, self._migrations)
         except BaseException:

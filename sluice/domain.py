@@ -52,6 +52,8 @@ class UsageRecord:
     status: Outcome
     started_at: datetime  # timezone-aware UTC
     finished_at: datetime
+    # Which try of the request (1, 2, ... under one Idempotency-Key): the ledger keeps the highest one's row.
+    attempt: int = 1
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,23 @@ from sluice.domain import Outcome, UsageRecord, UsageReport
 # The usage table's columns, in the order every backend writes and reads them.
 USAGE_COLUMNS = (
     "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
-    " started_at, finished_at"
+    " started_at, finished_at, attempt"
+)
+
+# The upsert's rule, shared by both dialects (``excluded`` is the row being written): a later attempt
+# replaces every column of an earlier one's row; the same or an older attempt changes nothing.
+UPSERT_CLAUSE = (
+    "ON CONFLICT (tenant_id, request_id) DO UPDATE SET model = excluded.model,"
+    " model_version = excluded.model_version, prompt_tokens = excluded.prompt_tokens,"
+    " output_tokens = excluded.output_tokens, status = excluded.status, started_at = excluded.started_at,"
+    " finished_at = excluded.finished_at, attempt = excluded.attempt"
+    " WHERE usage.attempt < excluded.attempt"
 )
 
 
 def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> UsageRecord:
     """A ``USAGE_COLUMNS`` row as a record; ``to_utc`` turns the backend's timestamp into aware UTC."""
-    t, r, m, v, p, o, s, started, finished = row
+    t, r, m, v, p, o, s, started, finished, attempt = row
     return UsageRecord(
         tenant_id=t,
         request_id=r,
@@ -29,6 +39,7 @@ def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> 
         status=Outcome(s),
         started_at=to_utc(started),
         finished_at=to_utc(finished),
+        attempt=attempt,
     )
 
 
@@ -42,7 +53,11 @@ class UsageLedger(ABC):
 
     @abstractmethod
     async def record(self, rec: UsageRecord) -> bool:
-        """Insert ``rec``; True if written, False if (tenant_id, request_id) was already there (no change).
+        """Upsert ``rec``: per (tenant_id, request_id) the ledger keeps the row of the highest ``attempt``.
+
+        A later attempt replaces an earlier one's row whole (tokens, status, timestamps: never a sum); the
+        same or an older attempt written again changes nothing, so replaying a record, twice or out of
+        order, never changes the result. True if the stored row changed (inserted or replaced), else False.
 
         Once called, the write completes even if the caller is cancelled while awaiting it (the await
         raises, the row still lands; ``close()`` waits for it).
@@ -76,6 +91,8 @@ def check_record(rec: UsageRecord) -> None:
         raise ValueError("tenant_id and request_id must be non-empty")
     if rec.prompt_tokens < 0 or rec.output_tokens < 0:
         raise ValueError(f"token counts must be >= 0, got {rec.prompt_tokens}, {rec.output_tokens}")
+    if rec.attempt < 1:
+        raise ValueError(f"attempt must be >= 1, got {rec.attempt}")
     _check_aware("started_at", rec.started_at)
     _check_aware("finished_at", rec.finished_at)
 

@@ -45,4 +45,11 @@ MIGRATIONS: list[Migration] = [
             CREATE INDEX usage_tenant_finished ON usage (tenant_id, finished_at)
         """,
     ),
+    Migration(
+        version=2,
+        name="usage attempt",
+        # Issue 5: one row per (tenant, request) across retries; the row holds the latest attempt.
+        sqlite="ALTER TABLE usage ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1)",
+        postgres="ALTER TABLE usage ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1)",
+    ),
 ]

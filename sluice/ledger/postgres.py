@@ -9,14 +9,28 @@ from psycopg_pool import AsyncConnectionPool
 
 from sluice.db import MigratedPgPool
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
-from sluice.ledger.base import USAGE_COLUMNS, UsageLedger, check_query_args, check_record, record_from_row
+from sluice.ledger.base import (
+    UPSERT_CLAUSE,
+    USAGE_COLUMNS,
+    UsageLedger,
+    check_query_args,
+    check_record,
+    record_from_row,
+)
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
 
 
 class PostgresLedger(UsageLedger):
-    def __init__(self, url: str, *, pool_max_size: int = 10) -> None:
+    def __init__(self, url: str, *, pool_max_size: int = 10, acquire_timeout_s: float = 5.0) -> None:
+        # NOTE: a short wait for a connection: while the server is unreachable a write fails in seconds
+        # (the usage meter keeps it in its outbox) rather than holding close() for psycopg's default 30 s.
         self._db = MigratedPgPool(
-            url, max_size=pool_max_size, name="ledger", component=COMPONENT, migrations=MIGRATIONS
+            url,
+            max_size=pool_max_size,
+            name="ledger",
+            component=COMPONENT,
+            migrations=MIGRATIONS,
+            acquire_timeout_s=acquire_timeout_s,
         )
         self._in_flight: set[asyncio.Task[bool]] = set()
 
@@ -36,16 +50,16 @@ class PostgresLedger(UsageLedger):
         check_record(rec)
         # NOTE: the write runs in its own task, shielded: a caller cancelled mid-write (a client disconnect
         # reaching the request's finally) must not lose the row. close() waits for writes still in flight.
-        task = asyncio.create_task(self._insert(rec))
+        task = asyncio.create_task(self._upsert(rec))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
         return await asyncio.shield(task)
 
-    async def _insert(self, rec: UsageRecord) -> bool:
+    async def _upsert(self, rec: UsageRecord) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (tenant_id, request_id) DO NOTHING",
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                f" {UPSERT_CLAUSE}",
                 (
                     rec.tenant_id,
                     rec.request_id,
@@ -56,9 +70,10 @@ class PostgresLedger(UsageLedger):
                     rec.status.value,
                     rec.started_at,
                     rec.finished_at,
+                    rec.attempt,
                 ),
             )
-            return cur.rowcount == 1
+            return cur.rowcount == 1  # 0 when the WHERE kept the stored row
 
     async def query(
         self,

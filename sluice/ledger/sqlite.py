@@ -8,7 +8,14 @@ from pathlib import Path
 
 from sluice.db import SqliteDb, apply_sqlite_migrations
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
-from sluice.ledger.base import USAGE_COLUMNS, UsageLedger, check_query_args, check_record, record_from_row
+from sluice.ledger.base import (
+    UPSERT_CLAUSE,
+    USAGE_COLUMNS,
+    UsageLedger,
+    check_query_args,
+    check_record,
+    record_from_row,
+)
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
 
 
@@ -40,19 +47,19 @@ class SqliteLedger(UsageLedger):
             rec.status.value,
             to_text(rec.started_at),
             to_text(rec.finished_at),
+            rec.attempt,
         )
 
-        def insert(conn: sqlite3.Connection) -> bool:
+        def upsert(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (tenant_id, request_id) DO NOTHING",
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {UPSERT_CLAUSE}",
                 params,
             )
-            return cur.rowcount == 1
+            return cur.rowcount == 1  # 0 when the WHERE kept the stored row
 
         # NOTE: one statement, so atomic without BEGIN. A cancelled caller does not stop the write
         # (SqliteDb.run is shielded) and close() runs the connection's queue dry before closing.
-        return await self._db.run(insert)
+        return await self._db.run(upsert)
 
     async def query(
         self,

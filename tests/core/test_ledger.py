@@ -73,6 +73,39 @@ async def test_duplicate_is_not_written_and_first_row_is_unchanged(ledger: Usage
     assert report.totals.num_requests == 1 and report.totals.output_tokens == 5
 
 
+async def test_a_later_attempt_replaces_the_row_and_is_never_summed(
+    ledger: UsageLedger, backend: Backend
+) -> None:
+    first = rec(output_tokens=7, status=Outcome.CANCELLED)
+    second = rec(
+        attempt=2, prompt_tokens=11, output_tokens=3, status=Outcome.FINISHED,
+        started_at=T0 + timedelta(seconds=5), finished_at=T0 + timedelta(seconds=6),
+    )  # fmt: skip
+    assert await ledger.record(first) is True
+    assert await ledger.record(second) is True
+    report = await ledger.query("acme")
+    assert report.rows == [second]
+    totals = report.totals
+    assert (totals.num_requests, totals.prompt_tokens, totals.output_tokens) == (1, 11, 3)
+    assert len(await backend.read_table("usage")) == 1
+
+
+async def test_the_same_or_an_older_attempt_again_changes_nothing(ledger: UsageLedger) -> None:
+    third = rec(attempt=3, output_tokens=30)
+    assert await ledger.record(third) is True
+    assert await ledger.record(third) is False  # a replay of the same record
+    assert await ledger.record(rec(attempt=3, output_tokens=99)) is False  # same attempt, other tokens
+    assert await ledger.record(rec(attempt=2, output_tokens=20)) is False  # an older one, late
+    assert await ledger.record(rec(attempt=1, output_tokens=10)) is False
+    assert (await ledger.query("acme")).rows == [third]
+
+
+async def test_replaying_attempts_in_any_order_leaves_the_highest(ledger: UsageLedger) -> None:
+    attempts = [rec(attempt=a, output_tokens=10 * a) for a in (2, 1, 4, 3, 4, 1)]
+    await asyncio.gather(*(ledger.record(r) for r in attempts))
+    assert (await ledger.query("acme")).rows == [rec(attempt=4, output_tokens=40)]
+
+
 async def test_same_request_id_in_two_tenants_is_two_rows(ledger: UsageLedger) -> None:
     assert await ledger.record(rec("acme", "r"))
     assert await ledger.record(rec("globex", "r"))
@@ -153,7 +186,7 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
-    assert [row[1] for row in applied] == [1]
+    assert [row[1] for row in applied] == [1, 2]
 
 
 async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
@@ -161,6 +194,8 @@ async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
         await ledger.record(rec(finished_at=datetime(2026, 1, 1)))
     with pytest.raises(ValueError, match=">= 0"):
         await ledger.record(rec(output_tokens=-1))
+    with pytest.raises(ValueError, match="attempt"):
+        await ledger.record(rec(attempt=0))
     with pytest.raises(ValueError, match="timezone-aware"):
         await ledger.query("acme", since=datetime(2026, 1, 1))
     assert (await ledger.query("acme")).rows == []
@@ -178,6 +213,7 @@ def test_records_hold_no_text_fields() -> None:
         "status",
         "started_at",
         "finished_at",
+        "attempt",
     }
 
 
