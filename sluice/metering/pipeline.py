@@ -1,0 +1,208 @@
+"""``UsageMeter``: the one way a usage record reaches the ledger, through the outbox.
+
+``record(rec)``: append to the outbox (durable), then write to the ledger (bounded by
+``write_timeout_s``), then mark it done. If the ledger fails or does not answer in time the record stays
+pending and ``record`` returns normally: a request never fails because the ledger is down. A background
+task writes pending records with backoff (``retry_initial_s`` doubling to ``retry_max_s``) and, at
+``open()``, whatever a previous process left pending. While the ledger is known to be down, ``record``
+only appends (one group-committed fsync) and leaves the write to that task, so an outage adds no
+timeouts to requests after the first ones that find it.
+
+Exactly once: the outbox makes every record durable before any ledger write, and the ledger's upsert on
+(tenant_id, request_id, attempt) makes each write after the first a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+
+from sluice.domain import UsageRecord
+from sluice.ledger.base import UsageLedger, check_record
+from sluice.metering.outbox import Outbox
+
+log = logging.getLogger(__name__)
+
+
+def _no_op() -> None:
+    return None
+
+
+class UsageMeter:
+    """Counters (read them, e.g. from a metrics exporter): ``num_pending`` records not yet in the ledger,
+    ``num_written`` records the ledger accepted, ``num_failed_attempts`` ledger writes that failed or timed
+    out, ``num_outages`` times the ledger was found down. ``on_written`` / ``on_ledger_failure`` are called
+    as the last two grow."""
+
+    def __init__(
+        self,
+        ledger: UsageLedger,
+        outbox: Outbox,
+        *,
+        write_timeout_s: float = 2.0,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 5.0,
+        max_concurrent_writes: int = 8,
+        on_written: Callable[[], None] = _no_op,
+        on_ledger_failure: Callable[[], None] = _no_op,
+    ) -> None:
+        self._ledger = ledger
+        self._outbox = outbox
+        self._write_timeout_s = write_timeout_s
+        self._retry_initial_s = retry_initial_s
+        self._retry_max_s = retry_max_s
+        self._max_concurrent_writes = max_concurrent_writes
+        self._on_written = on_written
+        self._on_ledger_failure = on_ledger_failure
+        self._pending: dict[int, UsageRecord] = {}  # outbox seq -> record, not yet in the ledger
+        self._inline: set[int] = set()  # seqs a record() call is writing itself
+        self._writes: set[asyncio.Task[bool]] = set()  # ledger writes in flight
+        self._ledger_down = False
+        self._wake = asyncio.Event()
+        self._retrier: asyncio.Task[None] | None = None
+        self.num_written = 0
+        self.num_failed_attempts = 0
+        self.num_outages = 0
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def ledger_down(self) -> bool:
+        return self._ledger_down
+
+    async def open(self) -> None:
+        """Open the outbox and start writing what a previous process left pending."""
+        left = await self._outbox.open()
+        self._pending.update(left)
+        if left:
+            log.info("usage outbox: %d records left pending by a previous run, writing them", len(left))
+        self._retrier = asyncio.create_task(self._retry_loop(), name="usage-meter-retry")
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop retrying, give writes in flight ``write_timeout_s`` to land, close the outbox. Records
+        still pending stay in the outbox for the next ``open()``."""
+        if self._retrier is not None:
+            self._retrier.cancel()
+            await asyncio.gather(self._retrier, return_exceptions=True)
+            self._retrier = None
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=self._write_timeout_s)
+        await self._outbox.close()
+        if self._pending:
+            log.warning("usage outbox: %d records still pending at close, kept on disk", len(self._pending))
+
+    async def record(self, rec: UsageRecord) -> None:
+        """Make ``rec`` durable, then try the ledger once. Raises only for an invalid record
+        (``ValueError``), or when neither the outbox nor the ledger could take it."""
+        check_record(rec)
+        try:
+            seq = await self._outbox.append(rec)
+        except OSError:
+            # The disk failed us: the ledger is the only place left (the outbox already logged why).
+            async with asyncio.timeout(self._write_timeout_s):
+                await self._ledger.record(rec)
+            self._count_written()
+            return
+        self._pending[seq] = rec
+        if self._ledger_down:
+            return  # the retry task writes it once the ledger is back
+        self._inline.add(seq)
+        try:
+            await self._write(seq, rec)
+        finally:
+            self._inline.discard(seq)
+            if seq in self._pending:
+                self._wake.set()
+
+    # ------------------------------------------------------------------------------------ internals
+
+    async def _write(self, seq: int, rec: UsageRecord) -> bool:
+        """One bounded ledger write; True if the record left the pending set."""
+        task = asyncio.ensure_future(self._ledger.record(rec))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        done, _ = await asyncio.wait({task}, timeout=self._write_timeout_s)
+        if not done:
+            # NOTE: the write goes on (ledgers finish a write once started); if it lands late, it counts.
+            task.add_done_callback(lambda t: self._landed_late(seq, t))
+            self._failed(TimeoutError(f"no answer in {self._write_timeout_s} s"))
+            return False
+        exc = task.exception()
+        if exc is None:
+            self._done(seq)
+            self._recovered()
+            return True
+        if isinstance(exc, ValueError):  # the ledger refuses this record: retrying cannot help
+            log.error("usage record %s refused by the ledger, dropped: %s", rec.request_id, exc)
+            self._pending.pop(seq, None)
+            self._outbox.mark_done(seq)
+            return True
+        self._failed(exc)
+        return False
+
+    def _landed_late(self, seq: int, task: asyncio.Task[bool]) -> None:
+        if not task.cancelled() and task.exception() is None and seq in self._pending:
+            self._done(seq)
+
+    def _done(self, seq: int) -> None:
+        if self._pending.pop(seq, None) is None:
+            return  # written twice (a late write and a retry): counted once
+        # The outbox may be closed already (a late write): the record is replayed next run, a no-op.
+        with suppress(RuntimeError):
+            self._outbox.mark_done(seq)
+        self._count_written()
+
+    def _count_written(self) -> None:
+        self.num_written += 1
+        self._on_written()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.num_failed_attempts += 1
+        self._on_ledger_failure()
+        if not self._ledger_down:
+            self._ledger_down = True
+            self.num_outages += 1
+            log.warning(
+                "usage ledger unavailable (%s: %s): records are kept in the outbox %s and retried",
+                type(exc).__name__,
+                exc,
+                self._outbox.path,
+            )
+        self._wake.set()
+
+    def _recovered(self) -> None:
+        if self._ledger_down:
+            self._ledger_down = False
+            log.warning("usage ledger available again: writing %d pending records", len(self._pending))
+            self._wake.set()
+
+    async def _retry_loop(self) -> None:
+        delay_s = self._retry_initial_s
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while todo := [(s, r) for s, r in self._pending.items() if s not in self._inline]:
+                if await self._write_all(todo):
+                    delay_s = self._retry_initial_s
+                    continue
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, self._retry_max_s)
+
+    async def _write_all(self, todo: list[tuple[int, UsageRecord]]) -> bool:
+        """Write ``todo`` a few at a time; False at the first failure. While the ledger is down, one
+        record goes first as a probe, so a dead ledger sees one attempt per backoff step, not many."""
+        if self._ledger_down:
+            (seq, rec), todo = todo[0], todo[1:]
+            if not await self._write(seq, rec):
+                return False
+        for i in range(0, len(todo), self._max_concurrent_writes):
+            chunk = todo[i : i + self._max_concurrent_writes]
+            results = await asyncio.gather(*(self._write(s, r) for s, r in chunk if s in self._pending))
+            if not all(results):
+                return False
+        return True

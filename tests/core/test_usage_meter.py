@@ -1,0 +1,188 @@
+"""UsageMeter over a real SQLite ledger: the ledger's failures and hangs never reach the caller, pending
+records are written once it is back or after a restart, and replays never double a row."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from sluice.domain import Outcome, UsageRecord, UsageReport
+from sluice.ledger.base import UsageLedger
+from sluice.ledger.sqlite import SqliteLedger
+from sluice.metering.outbox import Outbox
+from sluice.metering.pipeline import UsageMeter
+
+pytestmark = pytest.mark.anyio
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def rec(i: int, **kw: object) -> UsageRecord:
+    r = UsageRecord("acme", f"req-{i}", "sluice-tiny", "1", 10, i, Outcome.FINISHED, T0, T0 + timedelta(1))
+    return dataclasses.replace(r, **kw)  # type: ignore[arg-type]
+
+
+class SwitchableLedger(UsageLedger):
+    """A real ledger whose writes can be made to fail (``down``) or hang (``hang``) on purpose."""
+
+    def __init__(self, inner: UsageLedger) -> None:
+        self.inner = inner
+        self.down = False
+        self.hang = False
+        self.num_writes = 0
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def record(self, rec: UsageRecord) -> bool:
+        self.num_writes += 1
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.down:
+            raise ConnectionError("ledger unreachable (on purpose)")
+        return await self.inner.record(rec)
+
+    async def query(self, tenant_id: str, **kw: object) -> UsageReport:
+        return await self.inner.query(tenant_id, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[SwitchableLedger]:
+    ledger = SwitchableLedger(SqliteLedger(tmp_path / "sluice.db"))
+    await ledger.open()
+    yield ledger
+    await ledger.close()
+
+
+def meter_over(ledger: UsageLedger, tmp_path: Path, **kw: object) -> UsageMeter:
+    fast: dict[str, object] = dict(write_timeout_s=0.2, retry_initial_s=0.02, retry_max_s=0.1)
+    return UsageMeter(ledger, Outbox(tmp_path / "outbox"), **{**fast, **kw})  # type: ignore[arg-type]
+
+
+async def rows(ledger: UsageLedger) -> dict[str, int]:
+    return {r.request_id: r.output_tokens for r in (await ledger.query("acme", limit=1000)).rows}
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_with_the_ledger_up_a_record_is_written_before_record_returns(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    written: list[int] = []
+    meter = meter_over(ledger, tmp_path, on_written=lambda: written.append(1))
+    await meter.open()
+    await asyncio.gather(*(meter.record(rec(i)) for i in range(20)))
+    assert await rows(ledger) == {f"req-{i}": i for i in range(20)}
+    assert (meter.num_pending, meter.num_written, len(written), meter.num_failed_attempts) == (0, 20, 20, 0)
+    await meter.close()
+    reopened = meter_over(ledger, tmp_path)
+    await reopened.open()
+    assert reopened.num_pending == 0  # every done line reached the outbox
+    await reopened.close()
+
+
+async def test_a_ledger_outage_is_absorbed_logged_once_and_caught_up(
+    ledger: SwitchableLedger, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures: list[int] = []
+    meter = meter_over(ledger, tmp_path, on_ledger_failure=lambda: failures.append(1))
+    await meter.open()
+    ledger.down = True
+    with caplog.at_level(logging.WARNING, logger="sluice.metering.pipeline"):
+        await asyncio.gather(*(meter.record(rec(i)) for i in range(30)))  # none raises
+        await asyncio.sleep(0.3)  # a few retries fail too
+        assert meter.num_pending == 30 and meter.ledger_down
+        assert await rows(ledger) == {}
+        num_attempts_down = ledger.num_writes
+        ledger.down = False
+        await until(lambda: meter.num_pending == 0)
+    assert await rows(ledger) == {f"req-{i}": i for i in range(30)}
+    assert meter.num_written == 30 and meter.num_outages == 1 and not meter.ledger_down
+    assert len(failures) == meter.num_failed_attempts >= 1
+    # While down, retries probe with one record per backoff step instead of retrying all 30.
+    assert num_attempts_down < 30 + 20, num_attempts_down
+    unavailable = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(unavailable) == 1  # once per outage, not per record
+    await meter.close()
+
+
+async def test_a_hanging_ledger_holds_record_for_the_write_timeout_only(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    meter = meter_over(ledger, tmp_path, write_timeout_s=0.2)
+    await meter.open()
+    ledger.hang = True
+    t0 = time.monotonic()
+    await meter.record(rec(1))
+    assert time.monotonic() - t0 < 1.0
+    t0 = time.monotonic()
+    await meter.record(rec(2))  # known down now: append only, no wait
+    assert time.monotonic() - t0 < 0.1
+    assert meter.num_pending == 2
+    ledger.hang = False
+    await until(lambda: meter.num_pending == 0)
+    assert await rows(ledger) == {"req-1": 1, "req-2": 2}
+    await meter.close()
+
+
+async def test_records_pending_at_close_are_written_after_a_restart(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    meter = meter_over(ledger, tmp_path)
+    await meter.open()
+    ledger.down = True
+    for i in range(5):
+        await meter.record(rec(i))
+    await meter.close()
+    assert meter.num_pending == 5
+    ledger.down = False
+    restarted = meter_over(ledger, tmp_path)
+    await restarted.open()
+    await until(lambda: restarted.num_pending == 0)
+    assert await rows(ledger) == {f"req-{i}": i for i in range(5)}
+    await restarted.close()
+
+
+async def test_the_same_record_replayed_twice_leaves_one_row(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    box = Outbox(tmp_path / "outbox")
+    await box.open()
+    await box.append(rec(7))
+    await box.append(rec(7))  # e.g. a record written, its done line lost, then written again
+    await box.append(rec(7, attempt=2, output_tokens=3))
+    await box.append(rec(7, output_tokens=99))  # attempt 1 again, late: no change
+    await box.close()
+    meter = meter_over(ledger, tmp_path)
+    await meter.open()
+    await until(lambda: meter.num_pending == 0)
+    report = await ledger.query("acme")
+    assert [(r.request_id, r.attempt, r.output_tokens) for r in report.rows] == [("req-7", 2, 3)]
+    assert report.totals.num_requests == 1
+    await meter.close()
+
+
+async def test_an_invalid_record_is_refused_before_the_outbox(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    meter = meter_over(ledger, tmp_path)
+    await meter.open()
+    with pytest.raises(ValueError, match=">= 0"):
+        await meter.record(rec(1, output_tokens=-1))
+    assert meter.num_pending == 0
+    await meter.close()
