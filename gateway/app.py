@@ -1,6 +1,6 @@
 """The gateway's application core: the one place that wires settings, the tokenizer, the engine client,
-the ledger, the tenant resolver, the quota store, the model's scheduler, telemetry, metrics, controllers
-and error handlers.
+the ledger and its usage meter (outbox under ``<state_dir>/outbox``), the tenant resolver, the quota
+store, the model's scheduler, telemetry, metrics, controllers and error handlers.
 
 ``create_app(settings)`` opens what settings name (``sluice.storage`` picks PostgreSQL or SQLite; the
 engine client is the one ``settings.engine_client`` names, logged at start, never a fallback). Tests may
@@ -28,6 +28,8 @@ from gateway.usage.controller import UsageController
 from sluice.engine_client import EngineClient
 from sluice.engine_client.factory import open_engine_client
 from sluice.ledger.base import UsageLedger
+from sluice.metering.outbox import Outbox
+from sluice.metering.pipeline import UsageMeter
 from sluice.quota.base import QuotaStore
 from sluice.quota.factory import open_quota_store
 from sluice.settings import Settings
@@ -65,6 +67,15 @@ def create_app(
             stack.push_async_callback(engine.close)
             opened_ledger = await _open_ledger(settings, ledger)
             stack.push_async_callback(opened_ledger.close)
+            meter = UsageMeter(
+                opened_ledger,
+                Outbox(settings.state_dir / "outbox"),
+                on_written=metrics.usage_records_written.inc,
+                on_ledger_failure=metrics.usage_ledger_failures.inc,
+            )
+            await meter.open()  # replays what a previous run left pending
+            stack.push_async_callback(meter.close)  # before the ledger closes: writes in flight land
+            metrics.usage_outbox_pending.set_function(lambda: meter.num_pending)
             store = await _open_tenant_store(settings, tenant_store)
             stack.push_async_callback(store.close)
             opened_quota = quota or await open_quota_store(settings, on_fail_open=metrics.quota_fail_open.inc)
@@ -84,6 +95,7 @@ def create_app(
                 metrics=metrics,
                 quota=opened_quota,
                 scheduler=scheduler,
+                meter=meter,
             )
             # Everything built so far lives as long as the process: keep it out of the collector's
             # generations so a collection pass on the request path does not walk it (tail latency).

@@ -68,6 +68,22 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.usage_outbox_pending = Gauge(
+            "sluice_gateway_usage_outbox_pending",
+            "Usage records in the durable outbox that the ledger has not accepted yet",
+            registry=self.registry,
+        )
+        self.usage_records_written = Counter(
+            "sluice_gateway_usage_records_written",
+            "Usage records the ledger accepted (directly, or replayed from the outbox)",
+            registry=self.registry,
+        )
+        self.usage_ledger_failures = Counter(
+            "sluice_gateway_usage_ledger_failures",
+            "Ledger writes of usage records that failed or timed out (the record stays in the outbox)",
+            registry=self.registry,
+        )
+
     def count_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()
 

@@ -1,5 +1,6 @@
-"""What every request handler shares: settings, the tokenizer, the engine client, the ledger, the tenant
-resolver, telemetry, metrics, the quota store and the model's scheduler. Built once in ``gateway.app``;
+"""What every request handler shares: settings, the tokenizer, the engine client, the ledger (read) and the
+usage meter (its only writer), the tenant resolver, telemetry, metrics, the quota store and the model's
+scheduler. Built once in ``gateway.app``;
 handlers reach it as ``app.state.gw``."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gateway.telemetry import TelemetryWriter
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
 from sluice.ledger.base import UsageLedger
+from sluice.metering.pipeline import UsageMeter
 from sluice.quota.base import QuotaStore
 from sluice.settings import Settings
 from sluice.text import TextCodec
@@ -33,3 +35,4 @@ class GatewayState:
     metrics: GatewayMetrics
     quota: QuotaStore
     scheduler: ModelScheduler
+    meter: UsageMeter  # usage records go through it (durable outbox), never straight to the ledger

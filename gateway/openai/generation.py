@@ -272,7 +272,7 @@ async def _record(
     if not reached_replica:
         return
     try:
-        await gw.ledger.record(
+        await gw.meter.record(
             UsageRecord(
                 tenant_id=job.tenant.tenant_id,
                 request_id=job.request_id,
