@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from storage_backends import Backend
 
+from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
 from sluice.domain import Outcome, UsageRecord
-from sluice.ledger.base import UsageLedger
+from sluice.ledger.base import USAGE_COLUMNS, UsageLedger
+from sluice.ledger.migrations import COMPONENT, MIGRATIONS
+from sluice.ledger.sqlite import to_text
 
 pytestmark = pytest.mark.anyio
 
@@ -187,6 +193,45 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
     assert [row[1] for row in applied] == [1, 2]
+
+
+async def test_rows_written_before_the_attempt_column_read_as_attempt_1(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """An existing ledger upgrades in place: its rows become attempt 1, which a retry then replaces."""
+    old = rec(request_id="before-upgrade")
+    columns = USAGE_COLUMNS.removesuffix(", attempt")
+    if backend.database_url is None:
+        # The SQLite backend's file (storage_backends.sqlite_backend).
+        with closing(sqlite3.connect(tmp_path / "sluice.db", isolation_level=None)) as conn:
+            apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS[:1])
+            conn.execute(
+                f"INSERT INTO usage ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
+                 old.output_tokens, old.status.value, to_text(old.started_at), to_text(old.finished_at)),
+            )  # fmt: skip
+    else:
+        pool = await open_pg_pool(backend.database_url, max_size=1, name="v1")
+        try:
+            await apply_pg_migrations(pool, COMPONENT, MIGRATIONS[:1])
+            async with pool.connection() as conn:
+                await conn.execute(
+                    f"INSERT INTO usage ({columns}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
+                     old.output_tokens, old.status.value, old.started_at, old.finished_at),
+                )  # fmt: skip
+        finally:
+            await pool.close()
+    ledger = backend.make_ledger()
+    await ledger.open()  # applies migration 2 over the existing row
+    try:
+        assert (await ledger.query("acme")).rows == [old]  # attempt defaults to 1
+        assert await ledger.record(old) is False
+        retry = rec(request_id="before-upgrade", attempt=2, output_tokens=1)
+        assert await ledger.record(retry) is True
+        assert (await ledger.query("acme")).rows == [retry]
+    finally:
+        await ledger.close()
 
 
 async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
