@@ -132,7 +132,8 @@ class UsageMeter:
             task.add_done_callback(lambda t: self._landed_late(seq, t))
             self._failed(TimeoutError(f"no answer in {self._write_timeout_s} s"))
             return False
-        exc = task.exception()
+        cancelled = task.cancelled()
+        exc = asyncio.CancelledError("ledger write cancelled") if cancelled else task.exception()
         if exc is None:
             self._done(seq)
             self._recovered()
@@ -187,7 +188,12 @@ class UsageMeter:
             await self._wake.wait()
             self._wake.clear()
             while todo := [(s, r) for s, r in self._pending.items() if s not in self._inline]:
-                if await self._write_all(todo):
+                try:
+                    ok = await self._write_all(todo)
+                except Exception:  # a bug must not end the retries: the records would wait for a restart
+                    log.exception("usage meter: retry pass failed")
+                    ok = False
+                if ok:
                     delay_s = self._retry_initial_s
                     continue
                 await asyncio.sleep(delay_s)
