@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     # None, as OpenAI: a request without max_tokens may use min(max_output_tokens, context - prompt).
     default_max_tokens: int | None = Field(None, ge=1)
 
+    # Safety filters (issue 5): block list, regexes and policies from a JSON file (unset: PII rules only).
+    safety_config_path: Path | None = None
+    safety_default_policy: str = "default"  # none, default, strict, or one the config adds
+    safety_classifier_model: str = "sluice-guard"  # the Triton model behind the "triton" classifier
+    safety_holdback_chars: int = Field(64, ge=1, le=4096)  # streamed text withheld until screened
+
     def __init__(self, **values: Any) -> None:
         check_unknown_env(os.environ)
         super().__init__(**values)

@@ -1,0 +1,152 @@
+"""Named safety policies: which classifiers screen a tenant's prompts and which its streamed output.
+
+Built in (``BUILTIN_POLICIES``): ``none`` (nothing), ``default`` (the rules, PII included, on input and
+output), ``strict`` (the rules and the Triton classifier on input; the rules on output). A safety
+config may add more (``SafetyConfig.policies``); each tenant names one (``Tenant.safety_policy``).
+
+    config = load_safety_config(settings.safety_config_path)
+    policies = build_policies(config, triton_url=settings.triton_grpc_url,
+                              classifier_model=settings.safety_classifier_model)
+    policy = policies[tenant.safety_policy]
+    if (verdict := await policy.screen_input(prompt)) is not None: ...  # 400 content_filter
+    screen = policy.output_screen(settings.safety_holdback_chars)  # None: output is not screened
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluice.safety.base import Classifier, Verdict
+from sluice.safety.config import BUILTIN_POLICY_NAMES, ClassifierRef, PolicySpec, SafetyConfig, policy_names
+from sluice.safety.rules import build_rules
+from sluice.safety.stream import StreamScreen
+from sluice.safety.triton import TritonClassifier
+
+BUILTIN_POLICIES: dict[str, PolicySpec] = {
+    "none": PolicySpec(),
+    "default": PolicySpec(input=("rules",), output=("rules",)),
+    "strict": PolicySpec(input=("rules", "triton"), output=("rules",)),
+}
+if tuple(BUILTIN_POLICIES) != BUILTIN_POLICY_NAMES:  # policy_names() lists the config module's names
+    raise RuntimeError("BUILTIN_POLICIES and config.BUILTIN_POLICY_NAMES disagree")
+
+
+class UnknownPolicyError(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class SafetyPolicy:
+    name: str
+    input_classifiers: tuple[Classifier, ...]
+    output_classifiers: tuple[Classifier, ...]  # all synchronous (supports_streaming)
+
+    async def screen_input(self, text: str) -> Verdict | None:
+        """The first blocking verdict on a prompt, or None. Synchronous classifiers run first, so a
+        prompt the rules block never costs a remote call. Remote failures raise
+        ``ClassifierUnavailableError``."""
+        for classifier in sorted(self.input_classifiers, key=lambda c: not c.supports_streaming):
+            if classifier.supports_streaming:
+                verdict = classifier.classify_now(text)
+            else:
+                verdict = await classifier.classify(text)
+            if verdict.blocked:
+                return verdict
+        return None
+
+    @property
+    def screens_output(self) -> bool:
+        return bool(self.output_classifiers)
+
+    def output_screen(self, min_holdback_chars: int) -> StreamScreen | None:
+        """A screen for one streamed response, holding back ``min_holdback_chars`` or the longest match
+        a rule can make, whichever is more; None when this policy does not screen output."""
+        if not self.output_classifiers:
+            return None
+        required = max(c.max_match_chars or 0 for c in self.output_classifiers)
+        return StreamScreen(self.output_classifiers, max(min_holdback_chars, required, 1))
+
+    def screen_output(self, text: str) -> Verdict | None:
+        """The first blocking verdict on a whole (non-streamed) output, or None."""
+        for classifier in self.output_classifiers:
+            verdict = classifier.classify_now(text)
+            if verdict.blocked:
+                return verdict
+        return None
+
+
+def _spec(name: str, config: SafetyConfig) -> PolicySpec:
+    spec = BUILTIN_POLICIES.get(name) or config.policies.get(name)
+    if spec is None:
+        raise UnknownPolicyError(f"unknown safety policy {name!r}; known: {', '.join(policy_names(config))}")
+    return spec
+
+
+class _Classifiers:
+    """Builds each classifier once, so policies naming the same one share it (and its gRPC client)."""
+
+    def __init__(self, config: SafetyConfig, triton: TritonClassifier | None) -> None:
+        self._config = config
+        self._triton = triton
+        self._built: dict[str, Classifier] = {}
+
+    def get(self, ref: ClassifierRef, policy: str) -> Classifier:
+        if ref == "triton":
+            if self._triton is None:
+                raise ValueError(
+                    f"safety policy {policy!r} uses the Triton classifier: give triton_url or triton"
+                )
+            return self._triton
+        if ref not in self._built:
+            groups = {"rules": (True, True, True), "blocklist": (True, False, False)}
+            groups |= {"regexes": (False, True, False), "pii": (False, False, True)}
+            blocklist, regexes, pii = groups[ref]
+            self._built[ref] = build_rules(self._config, blocklist, regexes, pii, name=ref)
+        return self._built[ref]
+
+    def many(self, refs: Sequence[ClassifierRef], policy: str) -> tuple[Classifier, ...]:
+        return tuple(self.get(ref, policy) for ref in refs)
+
+
+def _triton(
+    triton_url: str | None, classifier_model: str, triton: TritonClassifier | None
+) -> TritonClassifier | None:
+    if triton is not None or triton_url is None:
+        return triton
+    return TritonClassifier(triton_url, model_name=classifier_model)
+
+
+def build_policy(
+    name: str,
+    config: SafetyConfig,
+    *,
+    triton_url: str | None = None,
+    classifier_model: str = "sluice-guard",
+    triton: TritonClassifier | None = None,
+) -> SafetyPolicy:
+    """The named policy's classifiers. ``UnknownPolicyError`` for a name neither built in nor
+    configured; ``ValueError`` if it needs the Triton classifier and neither ``triton_url`` nor
+    ``triton`` is given."""
+    spec = _spec(name, config)
+    classifiers = _Classifiers(config, _triton(triton_url, classifier_model, triton))
+    return SafetyPolicy(name, classifiers.many(spec.input, name), classifiers.many(spec.output, name))
+
+
+def build_policies(
+    config: SafetyConfig,
+    *,
+    triton_url: str | None = None,
+    classifier_model: str = "sluice-guard",
+    triton: TritonClassifier | None = None,
+) -> dict[str, SafetyPolicy]:
+    """Every policy, sharing classifiers (one Triton client for all). Built at start: a policy that needs
+    the Triton classifier without a url fails here, not on a request."""
+    classifiers = _Classifiers(config, _triton(triton_url, classifier_model, triton))
+    policies = {}
+    for name in policy_names(config):
+        spec = _spec(name, config)
+        policies[name] = SafetyPolicy(
+            name, classifiers.many(spec.input, name), classifiers.many(spec.output, name)
+        )
+    return policies
