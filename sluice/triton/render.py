@@ -5,6 +5,10 @@
 writes ``<out>/<model_name>/config.pbtxt`` (the template with every ``${placeholder}`` filled) and
 ``<out>/<model_name>/1/model.py``, replacing whatever that model folder held before.
 ``python -m sluice.triton.render --out DIR --checkpoint-dir DIR`` does the same from a shell.
+
+``render_safety_classifier(repo, config_path)`` adds the safety classifier model
+(``model_repository/safety_classifier/``, the development stand-in for a Llama Guard model) to a
+repository the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from string import Template
 from cpu_engine.config import EngineConfig
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
+SAFETY_SOURCE_DIR = SOURCE_DIR.parent / "safety_classifier"
 TEMPLATE_NAME = "config.pbtxt.template"
 _MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -93,9 +98,34 @@ def render_model_repository(
 ) -> Path:
     """Write the model folder under ``out_dir`` and return it. The folder is swapped in whole."""
     config = fill_template((source_dir / TEMPLATE_NAME).read_text(), settings.template_values())
+    return _write_model(out_dir, settings.model_name, config, source_dir)
+
+
+def render_safety_classifier(
+    repo_dir: Path,
+    config_path: Path | None,
+    model_name: str = "sluice-guard",
+    source_dir: Path = SAFETY_SOURCE_DIR,
+) -> Path:
+    """Write the safety classifier's model folder under ``repo_dir`` and return it. ``config_path`` is the
+    safety config the model loads (the JSON of ``SLUICE_SAFETY_CONFIG``); None: the built-in PII rules."""
+    if not _MODEL_NAME_RE.match(model_name):
+        raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {model_name!r}")
+    if config_path is not None and not Path(config_path).is_file():
+        raise ValueError(f"safety config {config_path} is not a file")
+    values = {
+        "model_name": model_name,
+        "config_path": "" if config_path is None else str(Path(config_path).resolve()),
+    }
+    config = fill_template((source_dir / TEMPLATE_NAME).read_text(), values)
+    return _write_model(repo_dir, model_name, config, source_dir)
+
+
+def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) -> Path:
+    """Swap in ``out_dir/model_name`` holding ``config.pbtxt`` and ``1/model.py`` from ``source_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / settings.model_name
-    staging = Path(tempfile.mkdtemp(prefix=f".{settings.model_name}.", dir=out_dir))
+    target = out_dir / model_name
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_name}.", dir=out_dir))
     try:
         (staging / "config.pbtxt").write_text(config)
         (staging / "1").mkdir()
