@@ -37,6 +37,7 @@ class Tenant:
     tokens_per_minute: int | None = None  # prompt + output tokens reserved per minute; None = unlimited
     max_concurrent_requests: int | None = None  # admitted and not yet finished; None = unlimited
     allowed_classes: frozenset[RequestClass] = ALL_CLASSES
+    safety_policy: str = "default"  # which safety classifiers screen its prompts and output (sluice.safety)
 
 
 @dataclass(frozen=True)

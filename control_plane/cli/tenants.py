@@ -22,6 +22,7 @@ import psycopg_pool
 from control_plane.cli.table import render_table
 from sluice.db import describe_pg_url
 from sluice.domain import ALL_CLASSES, RequestClass, Tenant
+from sluice.safety.config import load_safety_config, policy_names
 from sluice.settings import Settings, SettingsError, get_settings
 from sluice.storage import open_tenant_store
 from sluice.tenants.base import (
@@ -40,7 +41,7 @@ EXIT_USAGE = 2
 NEW_TENANT_TOKENS_PER_MINUTE = 100_000
 NEW_TENANT_MAX_CONCURRENT_REQUESTS = 16
 
-HEADERS = ("ID", "NAME", "WEIGHT", "TOKENS/MIN", "CONCURRENT", "MODELS", "CLASSES", "KEYS")
+HEADERS = ("ID", "NAME", "WEIGHT", "TOKENS/MIN", "CONCURRENT", "MODELS", "CLASSES", "SAFETY", "KEYS")
 KEY_SHOWN_ONCE = "This key is shown only now: store it safely (Sluice keeps only its hash)."
 
 Command = Callable[[TenantStore, argparse.Namespace, Settings], Awaitable[int]]
@@ -108,6 +109,7 @@ def _row(tenant: Tenant, num_keys: int) -> list[str]:
         _show_limit(tenant.max_concurrent_requests),
         ",".join(sorted(tenant.allowed_models)) or "all",
         ",".join(sorted(tenant.allowed_classes)),
+        tenant.safety_policy,
         str(num_keys),
     ]
 
@@ -122,6 +124,7 @@ def tenant_json(tenant: Tenant, num_keys: int) -> dict[str, Any]:
         "max_concurrent_requests": tenant.max_concurrent_requests,
         "allowed_models": sorted(tenant.allowed_models),
         "allowed_classes": sorted(tenant.allowed_classes),
+        "safety_policy": tenant.safety_policy,
         "num_active_keys": num_keys,
     }
 
@@ -142,6 +145,16 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
     return {field: getattr(args, field) for field in sorted(MUTABLE_FIELDS) if hasattr(args, field)}
 
 
+def _check_safety_policy(changes: dict[str, Any], settings: Settings) -> None:
+    """A policy name must be one the gateways know: built in, or in their SLUICE_SAFETY_CONFIG."""
+    name = changes.get("safety_policy")
+    if name is None:
+        return
+    known = policy_names(load_safety_config(settings.safety_config_path))
+    if name not in known:
+        raise ValueError(f"unknown safety policy {name!r}; known: {', '.join(known)}")
+
+
 async def _create(store: TenantStore, args: argparse.Namespace, settings: Settings) -> int:
     new = Tenant(
         tenant_id=args.tenant_id,
@@ -149,6 +162,7 @@ async def _create(store: TenantStore, args: argparse.Namespace, settings: Settin
         tokens_per_minute=NEW_TENANT_TOKENS_PER_MINUTE,
         max_concurrent_requests=NEW_TENANT_MAX_CONCURRENT_REQUESTS,
     )
+    _check_safety_policy(_changes(args), settings)
     tenant = apply_changes(new, _changes(args))
     api_key = await store.create(tenant)
     if args.json:
@@ -173,6 +187,7 @@ async def _list(store: TenantStore, args: argparse.Namespace, settings: Settings
 
 
 async def _set(store: TenantStore, args: argparse.Namespace, settings: Settings) -> int:
+    _check_safety_policy(_changes(args), settings)
     tenant = await store.update(args.tenant_id, **_changes(args))
     num_keys = await store.num_active_keys(tenant.tenant_id)
     if args.json:
@@ -306,6 +321,14 @@ def _add_tenant_options(parser: argparse.ArgumentParser, *, creating: bool) -> N
         metavar="interactive,batch|all",
         help="request classes it may use" + new("both"),
     )
+    parser.add_argument(
+        "--safety-policy",
+        dest="safety_policy",
+        default=s,
+        metavar="NAME",
+        help="safety filters on its prompts and output: none, default, strict, or one from "
+        "SLUICE_SAFETY_CONFIG" + new("default"),
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -331,6 +354,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     def check_set(args: argparse.Namespace) -> int:
         if not _changes(args):
             options = "--name, --weight, --tokens-per-minute, --max-concurrent, --models, --classes"
+            options += ", --safety-policy"
             print(
                 f"{set_.prog}: error: give at least one of {options} (see {set_.prog} --help)",
                 file=sys.stderr,

@@ -3,7 +3,8 @@
 
 Only a key's SHA-256 (hex) and a short non-secret prefix for display are stored, never the key.
 ``allowed_models`` is a JSON array of model names (empty: every model); ``allowed_classes`` a JSON array
-of request classes (never empty); NULL ``tokens_per_minute`` / ``max_concurrent_requests``: unlimited.
+of request classes (never empty); NULL ``tokens_per_minute`` / ``max_concurrent_requests``: unlimited;
+``safety_policy`` names a safety policy (``sluice.safety.policy``), resolved by the gateway.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ _V2 = """
     ALTER TABLE tenants ADD COLUMN allowed_classes TEXT NOT NULL DEFAULT '{classes}'
 """.replace("{classes}", _classes_json(ALL_CLASSES))
 
+# Existing tenants keep the default policy (the built-in rules, PII included).
+_V3 = "ALTER TABLE tenants ADD COLUMN safety_policy TEXT NOT NULL DEFAULT 'default'"
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -60,6 +64,7 @@ MIGRATIONS: list[Migration] = [
         sqlite=_V2.format(real="REAL", int="INTEGER"),
         postgres=_V2.format(real="DOUBLE PRECISION", int="BIGINT"),
     ),
+    Migration(version=3, name="tenant safety policy", sqlite=_V3, postgres=_V3),
 ]
 
 # The tenant's columns, in the order of ``tenant_row`` and ``tenant_from_row``.
@@ -71,6 +76,7 @@ TENANT_COLUMNS: tuple[str, ...] = (
     "tokens_per_minute",
     "max_concurrent_requests",
     "allowed_classes",
+    "safety_policy",
 )
 
 
@@ -89,11 +95,12 @@ def tenant_row(tenant: Tenant) -> tuple[Any, ...]:
         tenant.tokens_per_minute,
         tenant.max_concurrent_requests,
         _classes_json(tenant.allowed_classes),
+        tenant.safety_policy,
     )
 
 
 def tenant_from_row(row: Sequence[Any]) -> Tenant:
-    tenant_id, name, models_json, weight, tokens_per_minute, max_concurrent, classes_json = row
+    tenant_id, name, models_json, weight, tokens_per_minute, max_concurrent, classes_json, safety = row
     return Tenant(
         tenant_id=tenant_id,
         name=name,
@@ -102,4 +109,5 @@ def tenant_from_row(row: Sequence[Any]) -> Tenant:
         tokens_per_minute=tokens_per_minute,
         max_concurrent_requests=max_concurrent,
         allowed_classes=frozenset(RequestClass(c) for c in json.loads(classes_json)),
+        safety_policy=safety,
     )

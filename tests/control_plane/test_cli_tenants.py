@@ -80,8 +80,8 @@ def test_create_list_set_and_rotate_key(capsys: pytest.CaptureFixture[str]) -> N
     first_key = key_in(out)
     assert "shown only now" in out and hash_key(first_key) not in out
     assert table(out)[:2] == [
-        ["ID", "NAME", "WEIGHT", "TOKENS/MIN", "CONCURRENT", "MODELS", "CLASSES", "KEYS"],
-        ["initech", "Initech", "1", "100000", "16", "sluice-tiny", "batch,interactive", "1"],
+        ["ID", "NAME", "WEIGHT", "TOKENS/MIN", "CONCURRENT", "MODELS", "CLASSES", "SAFETY", "KEYS"],
+        ["initech", "Initech", "1", "100000", "16", "sluice-tiny", "batch,interactive", "default", "1"],
     ]
     assert resolve(first_key) == Tenant(
         "initech",
@@ -95,8 +95,8 @@ def test_create_list_set_and_rotate_key(capsys: pytest.CaptureFixture[str]) -> N
     code, out, _ = sluice(capsys, "tenants", "list")
     assert code == 0
     assert table(out)[1:] == [
-        ["hooli", "Hooli", "1", "unlimited", "16", "all", "batch,interactive", "1"],
-        ["initech", "Initech", "1", "100000", "16", "sluice-tiny", "batch,interactive", "1"],
+        ["hooli", "Hooli", "1", "unlimited", "16", "all", "batch,interactive", "default", "1"],
+        ["initech", "Initech", "1", "100000", "16", "sluice-tiny", "batch,interactive", "default", "1"],
     ]
 
     code, out, _ = sluice(
@@ -110,6 +110,8 @@ def test_create_list_set_and_rotate_key(capsys: pytest.CaptureFixture[str]) -> N
         "unlimited",
         "--classes",
         "batch",
+        "--safety-policy",
+        "strict",
     )
     assert code == 0 and "SLUICE_TENANT_CACHE_TTL_S" in out
     code, out, _ = sluice(capsys, "tenants", "list", "--json")
@@ -122,6 +124,7 @@ def test_create_list_set_and_rotate_key(capsys: pytest.CaptureFixture[str]) -> N
         "max_concurrent_requests": None,
         "allowed_models": ["sluice-tiny"],
         "allowed_classes": ["batch"],
+        "safety_policy": "strict",
         "num_active_keys": 1,
     }
 
@@ -151,6 +154,7 @@ def test_create_json_has_the_defaults_and_the_key_but_never_its_hash(
         "max_concurrent_requests": 16,
         "allowed_models": [],
         "allowed_classes": ["batch", "interactive"],
+        "safety_policy": "default",
         "num_active_keys": 1,
     }
     assert resolve(report["api_key"]) is not None
@@ -173,8 +177,8 @@ def test_list_shows_the_dev_tenants_or_says_there_are_none(
     monkeypatch.setenv("SLUICE_DEV_TENANTS", "true")
     code, out, _ = sluice(capsys, "tenants", "list")
     assert table(out)[1:] == [
-        ["acme", "Acme", "1", "1000000", "64", "all", "batch,interactive", "1"],
-        ["globex", "Globex", "1", "1000000", "64", "all", "batch,interactive", "1"],
+        ["acme", "Acme", "1", "1000000", "64", "all", "batch,interactive", "default", "1"],
+        ["globex", "Globex", "1", "1000000", "64", "all", "batch,interactive", "default", "1"],
     ]
 
 
@@ -200,6 +204,11 @@ def test_list_shows_the_dev_tenants_or_says_there_are_none(
         ),
         (["tenants", "create", "x", "--name", "X", "--classes", "realtime"], 2, "unknown class 'realtime'"),
         (["tenants", "create", "x", "--name", "X", "--models", ","], 2, "model names separated by commas"),
+        (
+            ["tenants", "set", "initech", "--safety-policy", "lax"],
+            2,
+            "unknown safety policy 'lax'; known: none, default, strict",
+        ),
         (["tenants", "create", "x"], 2, "the following arguments are required: --name"),
         (["tenants", "create", "Not-Valid", "--name", "X"], 2, "tenant_id must match"),
         (["tenants", "create", "x", "--name", " "], 2, "name must be a non-empty string"),
@@ -216,6 +225,19 @@ def test_errors_are_one_line_on_stderr_with_an_exit_code(
     assert code == exit_code
     assert out == "" and fragment in err and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
+
+
+def test_safety_policies_from_the_config_file(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "safety.json"
+    config.write_text(json.dumps({"policies": {"pii-only": {"input": ["pii"], "output": ["pii"]}}}))
+    monkeypatch.setenv("SLUICE_SAFETY_CONFIG_PATH", str(config))
+    code, out, _ = sluice(capsys, "tenants", "create", "hooli", "--name", "H", "--safety-policy", "pii-only")
+    assert code == 0 and resolve(key_in(out)).safety_policy == "pii-only"  # type: ignore[union-attr]
+    config.write_text("{broken")
+    code, _, err = sluice(capsys, "tenants", "set", "hooli", "--safety-policy", "none")
+    assert code == 2 and "is not valid JSON" in err
 
 
 def test_bad_settings_are_a_usage_error(

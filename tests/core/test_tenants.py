@@ -125,6 +125,7 @@ FULL = Tenant(
     tokens_per_minute=120_000,
     max_concurrent_requests=8,
     allowed_classes=frozenset({RequestClass.BATCH}),
+    safety_policy="strict",
 )
 
 
@@ -152,8 +153,8 @@ async def test_put_tenant_upserts_every_field(store: TenantStore) -> None:
 
 async def test_update_changes_only_the_fields_given(store: TenantStore) -> None:
     key = await store.create(FULL)
-    updated = await store.update("acme", weight=4, tokens_per_minute=None)
-    assert updated == dataclasses.replace(FULL, weight=4.0, tokens_per_minute=None)
+    updated = await store.update("acme", weight=4, tokens_per_minute=None, safety_policy="none")
+    assert updated == dataclasses.replace(FULL, weight=4.0, tokens_per_minute=None, safety_policy="none")
     assert await store.get("acme") == updated == await store.resolve(key)
     # Iterables are taken for the set fields, class names for classes.
     updated = await store.update("acme", allowed_models=[], allowed_classes=["interactive", "batch"])
@@ -278,7 +279,7 @@ async def test_a_version_1_database_migrates_with_the_defaults(backend: Backend,
     try:
         expected = Tenant("old", "Old Co", frozenset({"sluice-tiny"}))  # weight 1, unlimited, both classes
         assert expected.weight == 1.0 and expected.tokens_per_minute is None
-        assert expected.allowed_classes == ALL_CLASSES
+        assert expected.allowed_classes == ALL_CLASSES and expected.safety_policy == "default"
         assert await store.resolve("sk-old-fixed-key-0123456789") == expected
         assert await store.list() == [expected]
         assert await store.update("old", tokens_per_minute=10) == dataclasses.replace(
@@ -287,7 +288,7 @@ async def test_a_version_1_database_migrates_with_the_defaults(backend: Backend,
     finally:
         await store.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "tenants"]
-    assert sorted(row[1] for row in applied) == [1, 2]
+    assert sorted(row[1] for row in applied) == [1, 2, 3]
 
 
 async def test_seed_dev_tenants_is_idempotent(store: TenantStore, backend: Backend) -> None:
@@ -314,7 +315,7 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "tenants"]
-    assert sorted(row[1] for row in applied) == [1, 2]
+    assert sorted(row[1] for row in applied) == [1, 2, 3]
 
 
 class FakeClock:
