@@ -57,7 +57,12 @@ class Settings(BaseSettings):
     itl_target_ms: float = Field(50.0, gt=0, le=10_000)  # a replica above it takes nothing new
     prefill_tokens_per_s: float = Field(5_000.0, gt=0)  # estimate, for "can it still meet its deadline"
     max_waiting_per_replica: int = Field(8, ge=1, le=10_000)  # dispatched, no first token yet
-    batch_kv_reserve_fraction: float = Field(0.2, ge=0, lt=1)  # KV share batch leaves to interactive
+    # Batch work and tenants over their fair share yield: they leave this much KV free, and need the
+    # replica's ITL under these shares of the target, so the headroom stays for everyone else.
+    yield_kv_reserve_fraction: float = Field(0.2, ge=0, lt=1)
+    batch_itl_fraction: float = Field(0.9, gt=0, le=1)
+    over_share_itl_fraction: float = Field(0.75, gt=0, le=1)
+    fair_share_tolerance: float = Field(0.25, ge=0)  # over share = holding > (1 + this) x weighted share
     batch_floor_share: float = Field(0.1, ge=0, lt=1)  # of dispatched tokens, while both classes wait
     batch_max_wait_s: float = Field(30.0, gt=0)  # ageing: a batch request waiting this long goes first
     replica_poll_interval_ms: float = Field(100.0, ge=10, le=10_000)  # replica metrics read period

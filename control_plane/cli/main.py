@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from control_plane.cli import tenants
+from control_plane.sim import cli as sim
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -26,6 +27,7 @@ Register = Callable[[argparse.ArgumentParser], None]
 # (name, one-line help, register): the registration point for every command group.
 COMMAND_GROUPS: list[tuple[str, str, Register]] = [
     ("tenants", "create, list, change tenants and rotate their API keys", tenants.register),
+    ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]
 
 
@@ -38,7 +40,9 @@ class CliParser(argparse.ArgumentParser):
 
 
 def build_parser() -> CliParser:
-    parser = CliParser(prog="sluice", description="Operate Sluice: tenants and their API keys.")
+    parser = CliParser(
+        prog="sluice", description="Operate Sluice: tenants and their API keys; the fleet simulator."
+    )
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     for name, help_text, register in COMMAND_GROUPS:
         group = groups.add_parser(name, help=help_text, description=help_text)

@@ -1,6 +1,6 @@
 """``sluice sim``: run a fleet scenario, write ``<out>/<scenario>.json`` and ``<out>/<scenario>.png``.
 
-``register(subparsers)`` adds the subcommand to the ``sluice`` CLI; ``python -m control_plane.sim.cli``
+``register(parser)`` adds it to the ``sluice`` CLI; ``python -m control_plane.sim.cli``
 runs it alone.
 """
 
@@ -11,7 +11,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from control_plane.sim.scenarios import SCENARIOS, Options, run_scenario
 
@@ -30,13 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary JSON")
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "sim", help="simulate the fleet: the real admission, quota, queue and dispatch policies"
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the options under ``parser`` (``sluice sim``; see control_plane/cli/main.py)."""
     add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
+    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

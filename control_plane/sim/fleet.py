@@ -33,10 +33,11 @@ from control_plane.sim.workload import (
     interactive_deadline_s,
 )
 from sluice.domain import RequestClass, Tenant
-from sluice.policy.admission import AdmissionConfig, check_queue
-from sluice.policy.dispatch import DispatchConfig, pick_replica
+from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
+from sluice.policy.dispatch import DispatchConfig, Standing, pick_replica, standing
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
+from sluice.policy.share import over_fair_share
 from sluice.quota.base import QuotaDenied
 from sluice.quota.inprocess import InProcessQuotaStore
 
@@ -52,6 +53,11 @@ class FleetConfig:
     seed: int = 0
     fair: bool = True  # False: FairQueue(fair=False), the FCFS baseline
     itl_target_s: float = 0.040
+    # What the gateway assumes a prompt's prefill runs at when it judges whether a request can still
+    # meet its deadline: half the calibrated 10 k tokens/s, since a prompt shares its steps with the
+    # decodes (the gateway's default, SLUICE_PREFILL_TOKENS_PER_S, is the same kind of estimate).
+    prefill_estimate_tokens_per_s: float = 5_000.0
+    fair_share_tolerance: float = 0.25
     sample_period_s: float = 1.0
     drain_window_s: float = 10.0  # the RateMeter's window
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
@@ -101,6 +107,10 @@ class Fleet:
         self._steps: tuple[array[float], ...] = tuple(array("d") for _ in range(4))
         self._samples: list[tuple[float, int, int]] = []
         self._decoding: dict[str, tuple[SimRequest, Replica]] = {}  # output not yet fully charged
+        # per class, per tenant: handed to a replica, not finished (shares are compared within a class:
+        # a tenant's batch job must not make its interactive requests yield)
+        self._num_in_flight: dict[RequestClass, dict[str, int]] = {c: {} for c in RequestClass}
+        self._weights = {t.tenant_id: t.weight for t in tenants.values()}
 
     # ----- the loop -----
     def run(self) -> FleetRun:
@@ -222,10 +232,14 @@ class Fleet:
         self.queue.push(entry)
 
     def _min_service_s(self, request: SimRequest) -> float:
-        """The least time serving it takes: its prefill at full speed plus every token at the ITL target."""
-        return (
-            request.prompt_tokens * self.cal.compute_s_per_token
-            + request.max_tokens * self.config.itl_target_s
+        """The least time serving it takes, with the gateway's policy function: the requests here must
+        FINISH by their deadline (the statistic checked is "finished past its deadline"), so every
+        output token counts, at the ITL target."""
+        return min_service_s(
+            request.prompt_tokens,
+            request.max_tokens,
+            self.config.prefill_estimate_tokens_per_s,
+            self.config.itl_target_s * 1000,
         )
 
     def _entry_min_service_s(self, entry: QueueEntry[SimRequest]) -> float:
@@ -249,20 +263,39 @@ class Fleet:
         for entry in self.queue.expire(now_s, self._entry_min_service_s):
             self._drop(entry)
         loads = [r.load() for r in self.replicas]
+        allow_batch, skip = True, set[str]()  # what the heads that could not be placed rule out
         while True:
-            head, dropped = self.queue.peek(now_s, allow_batch=True, min_service_s=self._entry_min_service_s)
+            head, dropped = self.queue.peek(
+                now_s, allow_batch=allow_batch, min_service_s=self._entry_min_service_s, skip_tenants=skip
+            )
             for entry in dropped:
                 self._drop(entry)
             if head is None:
                 return
-            load = pick_replica(loads, head.kv_tokens, head.request_class, self.config.dispatch)
+            over_share = self.config.fair and over_fair_share(
+                head.tenant_id,
+                head.weight,
+                self._num_in_flight[head.request_class],
+                self._weights,
+                self.config.fair_share_tolerance,
+            )
+            head_standing = standing(head.request_class, over_share)
+            load = pick_replica(loads, head.kv_tokens, head_standing, self.config.dispatch)
             if load is None:
-                return
+                if head_standing is Standing.UNDER_SHARE:
+                    return  # nothing behind a request that takes the full limits may overtake it
+                if head.request_class is RequestClass.BATCH:
+                    allow_batch = False
+                else:
+                    skip.add(head.tenant_id)
+                continue
             self.queue.take(head, now_s)
             self.meter.observe(now_s)
             index = self._index[load.replica_id]
             replica = self.replicas[index]
             head.payload.dispatch_s = now_s
+            in_flight = self._num_in_flight[head.request_class]
+            in_flight[head.tenant_id] = in_flight.get(head.tenant_id, 0) + 1
             replica.submit(head.payload)
             if not replica.busy:
                 self._start_step(index)
@@ -286,7 +319,13 @@ class Fleet:
             assert request.grant is not None
             self.quota.settle_now(request.grant, request.prompt_tokens + request.max_tokens, now_s)
             self._charge(request, request.max_tokens)
-            del self._decoding[request.request_id]
+            self._decoding.pop(request.request_id, None)
+            in_flight = self._num_in_flight[request.request_class]
+            remaining = in_flight[request.tenant_id] - 1
+            if remaining:
+                in_flight[request.tenant_id] = remaining
+            else:
+                del in_flight[request.tenant_id]
         end_s, duration_s, num_decode, num_emitted = self._steps
         end_s.append(now_s)
         duration_s.append(result.duration_s)

@@ -24,9 +24,10 @@ from gateway.metrics import GatewayMetrics
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
-from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, pick_replica
+from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica, standing
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
+from sluice.policy.share import over_fair_share
 from sluice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,16 @@ class ModelScheduler:
         self._dispatch = DispatchConfig(
             itl_target_ms=settings.itl_target_ms,
             max_waiting_per_replica=settings.max_waiting_per_replica,
-            batch_kv_reserve_fraction=settings.batch_kv_reserve_fraction,
+            yield_kv_reserve_fraction=settings.yield_kv_reserve_fraction,
+            batch_itl_fraction=settings.batch_itl_fraction,
+            over_share_itl_fraction=settings.over_share_itl_fraction,
         )
         self._drain = RateMeter(window_s=10.0)
         self._replica = _ReplicaView()
+        # per class, per tenant: dispatched, not yet released (shares are compared within a class: a
+        # tenant's batch job must not make its interactive requests yield)
+        self._num_in_flight: dict[RequestClass, dict[str, int]] = {c: {} for c in RequestClass}
+        self._weights: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     # ----- life -----
@@ -186,6 +193,12 @@ class ModelScheduler:
     def release(self, slot: Slot) -> None:
         """The request ended (however): its claim on the replica goes."""
         if self._replica.slots.pop(slot.request_id, None) is not None:
+            in_flight = self._num_in_flight[slot.request_class]
+            remaining = in_flight[slot.tenant_id] - 1
+            if remaining:
+                in_flight[slot.tenant_id] = remaining
+            else:
+                del in_flight[slot.tenant_id]
             self._dispatch_pass(time.monotonic())
             self._update_depth()
 
@@ -213,20 +226,40 @@ class ModelScheduler:
     def _dispatch_pass(self, now: float) -> None:
         min_service = self._entry_min_service_s
         self._fail_dropped(self._queue.expire(now, min_service))
+        allow_batch, skip = True, set[str]()  # what the heads that could not be placed rule out
         while True:
-            head, dropped = self._queue.peek(now, min_service_s=min_service)
+            head, dropped = self._queue.peek(
+                now, allow_batch=allow_batch, min_service_s=min_service, skip_tenants=skip
+            )
             self._fail_dropped(dropped)
             if head is None:
                 return
             if head.payload.done():  # its caller left between cancellation and removal
                 self._queue.take(head, now)
                 continue
-            if pick_replica([self._load()], head.kv_tokens, head.request_class, self._dispatch) is None:
-                return
+            over_share = over_fair_share(
+                head.tenant_id,
+                head.weight,
+                self._num_in_flight[head.request_class],
+                self._weights,
+                self._settings.fair_share_tolerance,
+            )
+            head_standing = standing(head.request_class, over_share)
+            if pick_replica([self._load()], head.kv_tokens, head_standing, self._dispatch) is None:
+                if head_standing is Standing.UNDER_SHARE:
+                    return  # nothing behind a request that takes the full limits may overtake it
+                if head.request_class is RequestClass.BATCH:
+                    allow_batch = False
+                else:
+                    skip.add(head.tenant_id)
+                continue
             self._queue.take(head, now)
             self._drain.observe(now)
             slot = Slot(head.request_id, head.tenant_id, head.request_class, head.kv_tokens, now)
             self._replica.slots[slot.request_id] = slot
+            in_flight = self._num_in_flight[head.request_class]
+            in_flight[head.tenant_id] = in_flight.get(head.tenant_id, 0) + 1
+            self._weights[head.tenant_id] = head.weight
             self._replica.dispatched_kv_tokens_since_read += slot.kv_tokens
             self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)
             head.payload.set_result(slot)

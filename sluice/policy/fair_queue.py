@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -91,11 +91,11 @@ class _ClassQueue(Generic[T]):
         line.append(entry)
         self.num_waiting += 1
 
-    def next_tenant(self) -> str | None:
+    def next_tenant(self, skip: Collection[str] = ()) -> str | None:
         best: tuple[float, float] | None = None
         chosen = None
         for tenant, line in self.lines.items():
-            if line:
+            if line and tenant not in skip:
                 key = (self.counters[tenant], line[0].arrival_s)
                 if best is None or key < best:
                     best, chosen = key, tenant
@@ -167,17 +167,32 @@ class FairQueue(Generic[T]):
         return entry
 
     def peek(
-        self, now_s: float, *, allow_batch: bool = True, min_service_s: MinServiceFn[T] | None = None
+        self,
+        now_s: float,
+        *,
+        allow_batch: bool = True,
+        min_service_s: MinServiceFn[T] | None = None,
+        skip_tenants: Collection[str] = (),
     ) -> tuple[QueueEntry[T] | None, list[QueueEntry[T]]]:
         """The request to dispatch next (left in the queue; ``take`` it once it is placed), and the
-        requests dropped on the way because they could no longer meet their deadline."""
+        requests dropped on the way because they could no longer meet their deadline.
+
+        ``skip_tenants``: lines not to consider this time (a dispatcher whose head request could not be
+        placed because its tenant yields asks for the next one; under FCFS there is one line, so a
+        blocked head blocks everyone, as FCFS does)."""
         dropped: list[QueueEntry[T]] = []
+        skip = {self._line(t) for t in skip_tenants}
         while True:
-            request_class = self._choose_class(now_s, allow_batch)
+            candidates = {c: self._classes[c].next_tenant(skip) for c in RequestClass}
+            request_class = self._choose_class(
+                now_s,
+                allow_batch and candidates[RequestClass.BATCH] is not None,
+                candidates[RequestClass.INTERACTIVE] is not None,
+            )
             if request_class is None:
                 return None, dropped
             queue = self._classes[request_class]
-            tenant = queue.next_tenant()
+            tenant = candidates[request_class]
             assert tenant is not None
             head = queue.lines[tenant][0]
             if min_service_s is not None and now_s + min_service_s(head) > head.deadline_s:
@@ -243,14 +258,12 @@ class FairQueue(Generic[T]):
         del self._by_id[entry.request_id]
         return entry
 
-    def _choose_class(self, now_s: float, allow_batch: bool) -> RequestClass | None:
-        interactive = self._classes[RequestClass.INTERACTIVE]
-        batch = self._classes[RequestClass.BATCH]
-        if not allow_batch or batch.num_waiting == 0:
-            return RequestClass.INTERACTIVE if interactive.num_waiting else None
-        if interactive.num_waiting == 0:
+    def _choose_class(self, now_s: float, batch_ready: bool, interactive_ready: bool) -> RequestClass | None:
+        if not batch_ready:
+            return RequestClass.INTERACTIVE if interactive_ready else None
+        if not interactive_ready:
             return RequestClass.BATCH
-        oldest = batch.oldest_arrival_s()
+        oldest = self._classes[RequestClass.BATCH].oldest_arrival_s()
         if oldest is not None and now_s - oldest >= self.config.batch_max_wait_s:
             return RequestClass.BATCH  # ageing
         self._decay(now_s)

@@ -8,7 +8,7 @@ import re
 
 from sluice.engine_client.base import ReplicaStats
 
-_SAMPLE = re.compile(r'^(nv_trt_llm_(?:kv_cache_block|request)_metrics)\{([^}]*)\}\s+(\S+)')
+_SAMPLE = re.compile(r"^(nv_trt_llm_(?:kv_cache_block|request)_metrics)\{([^}]*)\}\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 

@@ -107,7 +107,8 @@ def test_noisy_tenant_hurts_others_less_under_wfq_than_fcfs(tmp_path: Path) -> N
     summary = _summary(tmp_path, "noisy-tenant")
     others = summary["others_ttft_p95_ms"]
     assert others["wfq-noisy"] < others["fcfs-noisy"]
-    assert others["wfq-baseline"] <= others["wfq-noisy"]
+    rise = summary["others_ttft_p95_rise"]
+    assert rise["wfq"] < 0.25 < rise["fcfs"]  # at full scale: +3% against +320% (docs/simulator.md)
     assert summary["wfq-noisy"]["noisy_outcomes"]  # the burst arrived
 
 

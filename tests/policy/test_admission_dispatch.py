@@ -6,8 +6,9 @@ import pytest
 
 from sluice.domain import RequestClass
 from sluice.policy.admission import AdmissionConfig, check_queue
-from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, pick_replica
+from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica, standing
 from sluice.policy.rate import RateMeter
+from sluice.policy.share import over_fair_share
 
 CONFIG = AdmissionConfig(min_drain_rate_per_s=1.0, min_retry_after_s=1.0)
 
@@ -42,33 +43,67 @@ def load(
     return ReplicaLoad(rid, free, total, waiting, running, itl)
 
 
-DISPATCH = DispatchConfig(itl_target_ms=40.0, max_waiting_per_replica=1, batch_kv_reserve_fraction=0.2)
+DISPATCH = DispatchConfig(
+    itl_target_ms=40.0,
+    max_waiting_per_replica=1,
+    yield_kv_reserve_fraction=0.2,
+    batch_itl_fraction=0.9,
+    over_share_itl_fraction=0.75,
+)
+FULL, BATCH, OVER = Standing.UNDER_SHARE, Standing.BATCH, Standing.OVER_SHARE
 
 
 def test_picks_the_replica_with_the_most_free_kv() -> None:
     loads = [load("a", 3_000), load("b", 6_000), load("c", 5_000)]
-    assert pick_replica(loads, 1_000, RequestClass.INTERACTIVE, DISPATCH).replica_id == "b"  # type: ignore[union-attr]
+    assert pick_replica(loads, 1_000, FULL, DISPATCH).replica_id == "b"  # type: ignore[union-attr]
 
 
 def test_kv_headroom_waiting_and_latency_gate_dispatch() -> None:
-    assert pick_replica([load("a", 999)], 1_000, RequestClass.INTERACTIVE, DISPATCH) is None
-    assert pick_replica([load("a", 9_000, waiting=1)], 1_000, RequestClass.INTERACTIVE, DISPATCH) is None
-    assert pick_replica([load("a", 9_000, itl=41.0)], 1_000, RequestClass.INTERACTIVE, DISPATCH) is None
+    assert pick_replica([load("a", 999)], 1_000, FULL, DISPATCH) is None
+    assert pick_replica([load("a", 9_000, waiting=1)], 1_000, FULL, DISPATCH) is None
+    assert pick_replica([load("a", 9_000, itl=41.0)], 1_000, FULL, DISPATCH) is None
     # An idle replica's last ITL is stale: it takes work.
     idle = load("a", 9_000, itl=90.0, running=0)
-    assert pick_replica([idle], 1_000, RequestClass.INTERACTIVE, DISPATCH) is idle
+    assert pick_replica([idle], 1_000, FULL, DISPATCH) is idle
 
 
-def test_batch_leaves_a_kv_reserve_for_interactive() -> None:
+def test_yielding_work_leaves_kv_and_latency_headroom() -> None:
     replica = load("a", 2_500)  # reserve = 20% of 10,000 = 2,000
-    assert pick_replica([replica], 1_000, RequestClass.INTERACTIVE, DISPATCH) is replica
-    assert pick_replica([replica], 1_000, RequestClass.BATCH, DISPATCH) is None
-    assert pick_replica([replica], 500, RequestClass.BATCH, DISPATCH) is replica
+    assert pick_replica([replica], 1_000, FULL, DISPATCH) is replica
+    assert pick_replica([replica], 1_000, BATCH, DISPATCH) is None
+    assert pick_replica([replica], 500, BATCH, DISPATCH) is replica
+    busy = load("b", 9_000, itl=33.0)  # under 90% of the 40 ms target, over 75% of it
+    assert pick_replica([busy], 500, FULL, DISPATCH) is busy
+    assert pick_replica([busy], 500, BATCH, DISPATCH) is busy
+    assert pick_replica([busy], 500, OVER, DISPATCH) is None
+    busier = load("c", 9_000, itl=37.0)
+    assert pick_replica([busier], 500, FULL, DISPATCH) is busier
+    assert pick_replica([busier], 500, BATCH, DISPATCH) is None
+
+
+def test_batch_and_tenants_over_their_share_yield() -> None:
+    assert standing(RequestClass.BATCH, over_share=False) is BATCH
+    assert standing(RequestClass.INTERACTIVE, over_share=True) is OVER
+    assert standing(RequestClass.BATCH, over_share=True) is OVER
+    assert standing(RequestClass.INTERACTIVE, over_share=False) is FULL
+
+
+def test_fair_share_is_weighted_among_tenants_with_work_in_flight() -> None:
+    assert not over_fair_share("a", 1.0, {}, {})  # alone: everything is its share
+    assert not over_fair_share("a", 1.0, {"a": 50}, {"a": 1.0})
+    in_flight = {"noisy": 60, "b": 10, "c": 10}
+    assert over_fair_share("noisy", 1.0, in_flight, {})
+    assert not over_fair_share("b", 1.0, in_flight, {})
+    assert not over_fair_share("new", 1.0, in_flight, {})  # a newcomer is far under its share
+    # Weight 4 against two tenants of weight 1: a share of 4/6 of 81 = 54, so 60 (+1) is within 25%.
+    assert not over_fair_share("noisy", 4.0, in_flight, {"b": 1.0, "c": 1.0})
 
 
 def test_bad_configs_fail() -> None:
     with pytest.raises(ValueError):
         DispatchConfig(max_waiting_per_replica=0)
+    with pytest.raises(ValueError):
+        DispatchConfig(over_share_itl_fraction=0)
     with pytest.raises(ValueError):
         AdmissionConfig(min_drain_rate_per_s=0)
 

@@ -1,0 +1,32 @@
+"""Is a tenant already holding more than its share of the replicas? (the seed: "tenants above their fair
+share are throttled before tenants below it").
+
+The fair queue decides the ORDER of waiting requests; this decides how much room a request may take
+once it is at the head. A tenant over its weighted share of the requests in flight yields like batch
+work (``dispatch.pick_replica(..., yields=True)``): it may fill replicas only up to the softer limits,
+leaving headroom for the bursts of tenants under their share. Without it, one tenant with a deep
+backlog fills every free slot the moment it frees, and everyone else's burst meets a full fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def over_fair_share(
+    tenant_id: str,
+    weight: float,
+    num_in_flight: Mapping[str, int],
+    weights: Mapping[str, float],
+    tolerance: float = 0.25,
+) -> bool:
+    """True if, with one more request, ``tenant_id`` would hold more than ``1 + tolerance`` times its
+    weighted share of all requests in flight (shares among tenants with something in flight, this one
+    included). ``weights`` holds the other tenants' weights (1.0 if missing)."""
+    own = num_in_flight.get(tenant_id, 0)
+    total = sum(num_in_flight.values()) + 1
+    active_weight = weight + sum(
+        weights.get(t, 1.0) for t, n in num_in_flight.items() if n > 0 and t != tenant_id
+    )
+    fair = total * weight / active_weight
+    return own + 1 > fair * (1 + tolerance)
