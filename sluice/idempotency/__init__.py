@@ -1,0 +1,1 @@
+"""Idempotency keys: one record per (tenant, Idempotency-Key), in Redis or in process (base.py)."""
