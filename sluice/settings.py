@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     redis_key_prefix: str = "sluice:"  # every Sluice key in Redis starts with this
     # Redis unreachable: quotas are enforced per gateway for this long, then requests are refused.
     quota_fail_open_s: float = Field(30.0, ge=0, le=3600)
+    # Idempotency-Key: completed results are replayed this long.
+    idempotency_ttl_s: float = Field(24 * 3600.0, gt=0, le=30 * 24 * 3600)
 
     # Gateway.
     gateway_host: str = "127.0.0.1"
