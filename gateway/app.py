@@ -1,6 +1,7 @@
 """The gateway's application core: the one place that wires settings, the tokenizer, the engine client,
 the ledger and its usage meter (outbox under ``<state_dir>/outbox``), the tenant resolver, the quota
-store, the model's scheduler, telemetry, metrics, controllers and error handlers.
+store, the model's scheduler, the safety policies, the idempotency store, telemetry, metrics,
+controllers and error handlers.
 
 ``create_app(settings)`` opens what settings name (``sluice.storage`` picks PostgreSQL or SQLite; the
 engine client is the one ``settings.engine_client`` names, logged at start, never a fallback). Tests may
@@ -27,11 +28,15 @@ from gateway.telemetry import TelemetryWriter
 from gateway.usage.controller import UsageController
 from sluice.engine_client import EngineClient
 from sluice.engine_client.factory import open_engine_client
+from sluice.idempotency.factory import open_idempotency_store
 from sluice.ledger.base import UsageLedger
 from sluice.metering.outbox import Outbox
 from sluice.metering.pipeline import UsageMeter
 from sluice.quota.base import QuotaStore
 from sluice.quota.factory import open_quota_store
+from sluice.safety.config import load_safety_config
+from sluice.safety.policy import build_policies
+from sluice.safety.triton import TritonClassifier
 from sluice.settings import Settings
 from sluice.storage import open_ledger, open_tenant_store
 from sluice.tenants.base import TenantStore, seed_dev_tenants
@@ -85,6 +90,14 @@ def create_app(
             scheduler = ModelScheduler(settings.model_name, engine, settings, metrics)
             await scheduler.start()
             stack.push_async_callback(scheduler.close)
+            idempotency = await open_idempotency_store(settings)
+            stack.push_async_callback(idempotency.close)
+            # The Triton classifier (policy "strict") is another model on the replica's Triton server.
+            classifier = TritonClassifier(
+                settings.triton_grpc_url, model_name=settings.safety_classifier_model
+            )
+            stack.push_async_callback(classifier.close)
+            safety = build_policies(load_safety_config(settings.safety_config_path), triton=classifier)
             app.state.gw = GatewayState(
                 settings=settings,
                 codec=codec,
@@ -96,6 +109,8 @@ def create_app(
                 quota=opened_quota,
                 scheduler=scheduler,
                 meter=meter,
+                safety=safety,
+                idempotency=idempotency,
             )
             # Everything built so far lives as long as the process: keep it out of the collector's
             # generations so a collection pass on the request path does not walk it (tail latency).

@@ -91,6 +91,11 @@ def context_length_exceeded(message: str) -> OpenAIError:
     return OpenAIError(400, message, code="context_length_exceeded", param="messages")
 
 
+def content_filtered(message: str) -> OpenAIError:
+    """The terminal event of a stream the output filter stopped (after its content_filter chunk)."""
+    return OpenAIError(400, f"The output was stopped: {message}.", code="content_filter")
+
+
 def from_http_exception(exc: HTTPException) -> OpenAIError:
     status = exc.status_code
     if isinstance(exc, ValidationException) or status == 400:

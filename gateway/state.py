@@ -1,7 +1,7 @@
 """What every request handler shares: settings, the tokenizer, the engine client, the ledger (read) and the
-usage meter (its only writer), the tenant resolver, telemetry, metrics, the quota store and the model's
-scheduler. Built once in ``gateway.app``;
-handlers reach it as ``app.state.gw``."""
+usage meter (its only writer), the tenant resolver, telemetry, metrics, the quota store, the model's
+scheduler, the safety policies and the idempotency store. Built once in ``gateway.app``; handlers reach
+it as ``app.state.gw``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from gateway.scheduling.scheduler import ModelScheduler
 from gateway.telemetry import TelemetryWriter
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
+from sluice.idempotency.base import IdempotencyStore
 from sluice.ledger.base import UsageLedger
 from sluice.metering.pipeline import UsageMeter
 from sluice.quota.base import QuotaStore
+from sluice.safety.policy import SafetyPolicy
 from sluice.settings import Settings
 from sluice.text import TextCodec
 
@@ -35,4 +37,6 @@ class GatewayState:
     metrics: GatewayMetrics
     quota: QuotaStore
     scheduler: ModelScheduler
+    safety: dict[str, SafetyPolicy]  # by name; a tenant names one (Tenant.safety_policy)
+    idempotency: IdempotencyStore
     meter: UsageMeter  # usage records go through it (durable outbox), never straight to the ledger

@@ -1,4 +1,4 @@
-"""One telemetry record per request that reached a replica, as a JSON line appended to a file."""
+"""One telemetry record per admitted request (refusals included), as a JSON line appended to a file."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ class TelemetryRecord:
     outcome: str
     finish_reason: str | None
     error: str | None = None
+    attempt: int = 1  # with an Idempotency-Key: this attempt's number
+    superseded_output_tokens: int = 0  # waste: what the abandoned previous attempt had generated
 
 
 class TelemetryWriter:

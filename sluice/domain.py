@@ -14,6 +14,8 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"  # the client went away
     DEADLINE = "deadline"  # the hard deadline passed mid-generation
     FAILED = "failed"  # the replica or the engine failed
+    FILTERED = "filtered"  # a safety classifier stopped the output mid-stream
+    REPLAYED = "replayed"  # an Idempotency-Key retry answered from the stored result: no ledger row
     REFUSED = "refused"  # never reached a replica (quota, full queue, deadline): no ledger row
 
 

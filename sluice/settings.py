@@ -84,7 +84,6 @@ class Settings(BaseSettings):
 
     # Safety filters (issue 5): block list, regexes and policies from a JSON file (unset: PII rules only).
     safety_config_path: Path | None = None
-    safety_default_policy: str = "default"  # none, default, strict, or one the config adds
     safety_classifier_model: str = "sluice-guard"  # the Triton model behind the "triton" classifier
     safety_holdback_chars: int = Field(64, ge=1, le=4096)  # streamed text withheld until screened
 

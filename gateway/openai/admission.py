@@ -4,9 +4,11 @@ deterministic limits (prompt tokens, output tokens, context, deadline), all befo
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from gateway.errors import OpenAIError, context_length_exceeded, invalid_request, model_not_found
-from gateway.openai.generation import Job
+from gateway.openai.idempotency import check_key, fingerprint, request_id_for
+from gateway.openai.job import Job
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, unsupported_params
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
@@ -20,7 +22,13 @@ SERVICE_TIERS = {
 }
 
 
-def admit_chat(req: ChatCompletionRequest, tenant: Tenant, gw: GatewayState, arrival_s: float) -> Job:
+def admit_chat(
+    req: ChatCompletionRequest,
+    tenant: Tenant,
+    gw: GatewayState,
+    arrival_s: float,
+    idempotency_key: str | None = None,
+) -> Job:
     _check_common(req, tenant, gw)
     if not req.messages:
         raise invalid_request("'messages' must hold at least one message.", param="messages")
@@ -31,39 +39,43 @@ def admit_chat(req: ChatCompletionRequest, tenant: Tenant, gw: GatewayState, arr
         raise invalid_request(str(exc), param="messages") from None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    return _job(
-        "chatcmpl",
-        "/v1/chat/completions",
-        req,
-        tenant,
-        gw,
-        gw.codec.encode(prompt_text),
-        max_tokens,
-        param,
-        arrival_s,
-    )
+    prompt = _Prompt(gw.codec.encode(prompt_text), "\n".join(m["content"] for m in messages))
+    return _job("chatcmpl", "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param), arrival_s,
+                idempotency_key)  # fmt: skip
 
 
-def admit_completion(req: CompletionRequest, tenant: Tenant, gw: GatewayState, arrival_s: float) -> Job:
+def admit_completion(
+    req: CompletionRequest,
+    tenant: Tenant,
+    gw: GatewayState,
+    arrival_s: float,
+    idempotency_key: str | None = None,
+) -> Job:
     _check_common(req, tenant, gw)
-    prompt = req.prompt
-    if isinstance(prompt, str):
-        token_ids = gw.codec.encode(prompt)
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        token_ids = [int(t) for t in prompt]
+    given = req.prompt
+    if isinstance(given, str):
+        prompt = _Prompt(gw.codec.encode(given), given)
+    elif given and all(isinstance(p, int) for p in given):
+        token_ids = [int(t) for t in given]
         vocab = gw.codec.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise invalid_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
-    elif len(prompt) == 1 and isinstance(prompt[0], str):
-        token_ids = gw.codec.encode(prompt[0])
+        prompt = _Prompt(token_ids, gw.codec.decode(token_ids))  # screened as the text it stands for
+    elif len(given) == 1 and isinstance(given[0], str):
+        prompt = _Prompt(gw.codec.encode(given[0]), given[0])
     else:
         raise invalid_request(
             "prompt must be a string, a list of one string, or a list of token ids (one prompt per request).",
             param="prompt",
         )
-    return _job(
-        "cmpl", "/v1/completions", req, tenant, gw, token_ids, req.max_tokens, "max_tokens", arrival_s
-    )
+    return _job("cmpl", "/v1/completions", req, tenant, gw, prompt, (req.max_tokens, "max_tokens"), arrival_s,
+                idempotency_key)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    token_ids: list[int]
+    text: str  # what the safety policy screens
 
 
 def _check_common(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant, gw: GatewayState) -> None:
@@ -110,12 +122,14 @@ def _job(
     req: ChatCompletionRequest | CompletionRequest,
     tenant: Tenant,
     gw: GatewayState,
-    token_ids: list[int],
-    max_tokens: int | None,
-    max_tokens_param: str,
+    prompt: _Prompt,
+    max_tokens_and_param: tuple[int | None, str],
     arrival_s: float,
+    idempotency_key: str | None,
 ) -> Job:
     settings = gw.settings
+    token_ids = prompt.token_ids
+    max_tokens, max_tokens_param = max_tokens_and_param
     num_prompt = len(token_ids)
     if num_prompt == 0:
         raise invalid_request("The prompt is empty.", param="prompt")
@@ -152,8 +166,12 @@ def _job(
         if chosen_class is RequestClass.BATCH
         else settings.request_deadline_s
     )
+    if idempotency_key is not None:
+        request_id = request_id_for(id_prefix, tenant.tenant_id, check_key(idempotency_key))
+    else:
+        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     return Job(
-        request_id=f"{id_prefix}-{uuid.uuid4().hex}",
+        request_id=request_id,
         route=route,
         tenant=tenant,
         model=req.model,
@@ -167,4 +185,7 @@ def _job(
         arrival_s=arrival_s,
         deadline_s=arrival_s + deadline_s,
         request_class=chosen_class,
+        prompt_text=prompt.text,
+        idempotency_key=idempotency_key,
+        fingerprint=fingerprint(route, req) if idempotency_key is not None else "",
     )

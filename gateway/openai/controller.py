@@ -20,9 +20,10 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from gateway.auth import require_tenant, tenant_of
-from gateway.errors import OpenAIError
+from gateway.errors import OpenAIError, content_filtered
 from gateway.openai.admission import admit_chat, admit_completion
-from gateway.openai.generation import Event, FinishEvent, Job, TextEvent, Timing, generate_text
+from gateway.openai.generation import generate_text
+from gateway.openai.job import Event, FinishEvent, Job, TextEvent, Timing
 from gateway.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -187,6 +188,9 @@ async def _stream(
                         yield _sse(shape.finish(event))
                         if include_usage:
                             yield _sse(shape.usage(event))
+                        if event.filter_message is not None:  # the terminal event of a filtered stream
+                            yield _sse(content_filtered(event.filter_message).body())
+                            return
                         yield b"data: [DONE]\n\n"
                         return
                     event = await anext(events)
@@ -267,7 +271,8 @@ class OpenAIController(Controller):
     ) -> Response[ChatCompletion] | Stream:
         """Chat completion; ``stream: true`` streams ``chat.completion.chunk`` events."""
         gw: GatewayState = request.app.state.gw
-        job = admit_chat(data, tenant_of(request), gw, request.state.arrival_s)
+        key = request.headers.get("idempotency-key")
+        job = admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
 
@@ -277,7 +282,8 @@ class OpenAIController(Controller):
     ) -> Response[Completion] | Stream:
         """Text completion; ``stream: true`` streams ``text_completion`` events."""
         gw: GatewayState = request.app.state.gw
-        job = admit_completion(data, tenant_of(request), gw, request.state.arrival_s)
+        key = request.headers.get("idempotency-key")
+        job = admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)
 

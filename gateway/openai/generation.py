@@ -1,109 +1,40 @@
-"""One admitted request's generation: engine deltas in, text events out, and ONE ``finally`` that cancels
-the engine call and writes the usage record, the telemetry record and the metrics, however it ends
-(finished, stop string, deadline, client gone, engine failure).
+"""One request's generation: admitted (safety screen of the prompt, the tenant's quota, the model's queue),
+then engine deltas in, screened text events out, and ONE ``finally`` that cancels the engine call,
+releases the replica slot and the quota, settles the idempotency record and writes the usage record, the
+telemetry line and the metrics, however it ends (finished, stop string, deadline, content filter, client
+gone, engine failure, refused).
 
-``generate_text`` is an async generator; callers must close it (``contextlib.aclosing``). A client
-disconnect reaches it as a cancellation at its current ``await``.
+``generate_text`` is an async generator; callers must close it (``contextlib.aclosing``). A refusal is
+raised (``OpenAIError``) before the first event, so it can still be an HTTP error. A client disconnect
+reaches it as a cancellation at its current ``await``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from collections.abc import AsyncGenerator
 from contextlib import suppress
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import anyio
 
 from gateway.errors import OpenAIError
+from gateway.openai.idempotency import begin_attempt, settle_attempt
+from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, TextEvent, Timing
+from gateway.openai.records import Ended, record_request
 from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
 from gateway.scheduling.scheduler import Admission, Slot
 from gateway.state import GatewayState
-from gateway.telemetry import TelemetryRecord
-from sluice.domain import Outcome, RequestClass, Tenant, UsageRecord
+from sluice.domain import Outcome, RequestClass
 from sluice.engine_client import Delta, EngineError, EngineErrorKind, FinishReason, GenerateRequest
 from sluice.quota.base import QuotaGrant
+from sluice.safety.base import ClassifierUnavailableError, Verdict
+from sluice.safety.policy import SafetyPolicy
+from sluice.safety.stream import StreamScreen
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Job:
-    """A request that passed auth and every limit: what the engine is asked to do."""
-
-    request_id: str
-    route: str
-    tenant: Tenant
-    model: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    temperature: float | None
-    top_p: float | None
-    seed: int | None
-    stop: list[str]
-    ignore_eos: bool
-    arrival_s: float  # time.monotonic() at arrival (ns resolution; uvloop's loop.time() has only ms)
-    deadline_s: float  # time.monotonic() by which generation stops
-    request_class: RequestClass = RequestClass.INTERACTIVE
-    created: int = field(default_factory=lambda: int(time.time()))
-    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-
-@dataclass(frozen=True)
-class TextEvent:
-    text: str
-
-
-@dataclass(frozen=True)
-class FinishEvent:
-    finish_reason: str  # OpenAI's: "stop" or "length"
-    prompt_tokens: int
-    output_tokens: int
-
-
-Event = TextEvent | FinishEvent
-
-
-@dataclass
-class Timing:
-    """When tokens arrived, as the gateway saw them (several tokens in one delta arrive together).
-
-    The caller creates it and may read it while the request runs: once the first event is out,
-    ``engine_start_s`` and ``first_token_s`` split TTFT into the gateway's part and the replica's.
-    """
-
-    arrival_s: float
-    engine_start_s: float | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    gaps_s: list[float] = field(default_factory=list)
-
-    def server_timing(self) -> str:
-        """A ``Server-Timing`` header value (ms): time in the gateway before the replica call, and the
-        replica's time to first token as seen from the gateway."""
-        parts = []
-        if self.engine_start_s is not None:
-            parts.append(f"gateway;dur={(self.engine_start_s - self.arrival_s) * 1000:.3f}")
-            if self.first_token_s is not None:
-                parts.append(f"replica-ttft;dur={(self.first_token_s - self.engine_start_s) * 1000:.3f}")
-        return ", ".join(parts)
-
-    def observe(self, now: float, num_tokens: int) -> None:
-        if num_tokens == 0:
-            return
-        if self.first_token_s is None:
-            self.first_token_s = now
-            self.gaps_s.extend([0.0] * (num_tokens - 1))
-        else:
-            assert self.last_token_s is not None
-            self.gaps_s.append(now - self.last_token_s)
-            self.gaps_s.extend([0.0] * (num_tokens - 1))
-        self.last_token_s = now
 
 
 def _finish_reason(reason: FinishReason) -> str:
@@ -111,7 +42,7 @@ def _finish_reason(reason: FinishReason) -> str:
 
 
 async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGenerator[Event, None]:
-    """Admit the request (quota, queue), then yield its text as it is produced and one ``FinishEvent``.
+    """Admit the request, then yield its text as it is produced and one ``FinishEvent``.
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``)."""
@@ -133,11 +64,27 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
     error: str | None = None
     num_output_tokens = 0
     reached_replica = False
+    texts: list[str] = []  # what the client was sent (kept only to replay an idempotent request)
+    verdict: Verdict | None = None
+    attempt: IdempotentAttempt | None = None
     grant: QuotaGrant | None = None
     slot: Slot | None = None
     engine_deltas: AsyncGenerator[Delta, None] | None = None
+    screen: StreamScreen | None = None
     try:
-        # Admission: the tenant's quota, then the model's queue. A refusal raises (429) before any event.
+        if job.idempotency_key is not None:  # 409 while another attempt runs, 422 for another body
+            begun = await begin_attempt(gw, job)
+            if isinstance(begun, list):  # finished before: replay, no generation, no billing
+                outcome = Outcome.REPLAYED
+                for event in begun:
+                    yield event
+                return
+            attempt = begun
+        # Admission: the prompt's safety screen, the tenant's quota, then the model's queue. A refusal
+        # raises before any event; none of them costs the tenant anything.
+        policy = _safety_policy(job, gw)
+        await _screen_prompt(job, gw, policy)
+        screen = policy.output_screen(gw.settings.safety_holdback_chars)
         grant = await acquire_quota(
             gw.quota, gw.metrics, job.tenant, len(job.prompt_token_ids) + job.max_tokens, job.deadline_s
         )
@@ -147,38 +94,49 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         gw.metrics.in_flight.inc()
         timing.engine_start_s = time.monotonic()
         while finish_reason is None:
+            ended = False
             try:
                 async with asyncio.timeout(job.deadline_s - time.monotonic()):
                     delta: Delta = await anext(engine_deltas)
             except TimeoutError:
                 outcome, finish_reason = Outcome.DEADLINE, "length"
-                text = stops.flush() + detok.finish()
-                if text:
-                    yield TextEvent(text)
-                break
+                emit, ended = stops.flush() + detok.finish(), True
             except StopAsyncIteration:
                 # The engine client's contract is a final delta with a finish reason.
                 raise EngineError(
                     EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
                 ) from None
-            num_output_tokens += len(delta.token_ids)
-            now = time.monotonic()
-            gap_s = None if timing.last_token_s is None else now - timing.last_token_s
-            timing.observe(now, len(delta.token_ids))
-            gw.scheduler.on_tokens(slot, len(delta.token_ids), gap_s)
-            text = detok.push(delta.token_ids)
-            if delta.finish_reason is not None:
-                text += detok.finish()
-            emit, hit_stop = stops.feed(text)
-            if hit_stop:
-                outcome, finish_reason = Outcome.FINISHED, "stop"
-            elif delta.finish_reason is not None:
-                emit += stops.flush()
-                outcome, finish_reason = Outcome.FINISHED, _finish_reason(delta.finish_reason)
+            else:
+                num_output_tokens += len(delta.token_ids)
+                now = time.monotonic()
+                gap_s = None if timing.last_token_s is None else now - timing.last_token_s
+                timing.observe(now, len(delta.token_ids))
+                gw.scheduler.on_tokens(slot, len(delta.token_ids), gap_s)
+                text = detok.push(delta.token_ids)
+                if delta.finish_reason is not None:
+                    text += detok.finish()
+                emit, hit_stop = stops.feed(text)
+                if hit_stop:
+                    outcome, finish_reason, ended = Outcome.FINISHED, "stop", True
+                elif delta.finish_reason is not None:
+                    emit += stops.flush()
+                    outcome, finish_reason = Outcome.FINISHED, _finish_reason(delta.finish_reason)
+                    ended = True
+            if screen is not None:
+                emit, verdict = _screened(screen, emit, ended)
+                if verdict is not None:
+                    outcome, finish_reason = Outcome.FILTERED, "content_filter"
+                    gw.metrics.filtered.labels("output", verdict.category).inc()
             if emit:
+                texts.append(emit)
                 yield TextEvent(emit)
         assert finish_reason is not None
-        yield FinishEvent(finish_reason, len(job.prompt_token_ids), num_output_tokens)
+        yield FinishEvent(
+            finish_reason,
+            len(job.prompt_token_ids),
+            num_output_tokens,
+            filter_message=verdict.message if verdict is not None else None,
+        )
     except OpenAIError as exc:  # refused at admission
         outcome, error = Outcome.REFUSED, exc.code
         raise
@@ -186,13 +144,18 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         outcome, error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
         # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
         reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or num_output_tokens > 0
+        if screen is not None and verdict is None:  # the stream ends here: what is held back and safe goes
+            rest, _ = _screened(screen, "", ended=True)
+            if rest:
+                texts.append(rest)
+                yield TextEvent(rest)
         raise
     except Exception as exc:
         outcome, error = Outcome.FAILED, repr(exc)
         raise
     finally:
-        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the release
-        # of the replica slot and the quota, or the records.
+        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the releases
+        # or the records.
         with anyio.CancelScope(shield=True):
             if engine_deltas is not None:
                 with suppress(Exception):
@@ -205,7 +168,64 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                 with suppress(Exception):
                     await gw.quota.settle(grant, used_tokens)
             outcome = outcome or Outcome.CANCELLED
-            await _record(job, gw, outcome, finish_reason, num_output_tokens, timing, error, reached_replica)
+            if attempt is not None:
+                filter_message = verdict.message if verdict is not None else None
+                await settle_attempt(
+                    gw,
+                    job,
+                    attempt,
+                    outcome,
+                    finish_reason,
+                    "".join(texts),
+                    num_output_tokens,
+                    filter_message,
+                )
+            ended_as = Ended(outcome, finish_reason, num_output_tokens, error, reached_replica)
+            await record_request(job, gw, ended_as, timing, attempt)
+
+
+def _safety_policy(job: Job, gw: GatewayState) -> SafetyPolicy:
+    policy = gw.safety.get(job.tenant.safety_policy)
+    if policy is None:  # the tenant names a policy this gateway was not configured with
+        log.error("tenant %s names unknown safety policy %r", job.tenant.tenant_id, job.tenant.safety_policy)
+        raise OpenAIError(
+            500,
+            "This API key's safety policy is not configured on this gateway.",
+            type="server_error",
+            code="safety_policy_unknown",
+        )
+    return policy
+
+
+async def _screen_prompt(job: Job, gw: GatewayState, policy: SafetyPolicy) -> None:
+    """400 ``content_filter`` for a blocked prompt; 503 if a remote classifier cannot be reached (fail
+    closed: an unscreened prompt never reaches a replica)."""
+    try:
+        verdict = await policy.screen_input(job.prompt_text)
+    except ClassifierUnavailableError as exc:
+        log.warning("safety classifier unavailable: %s", exc)
+        raise OpenAIError(
+            503,
+            "The safety classifier is unavailable; retry later.",
+            type="server_error",
+            code="safety_classifier_unavailable",
+            retry_after_s=1.0,
+        ) from None
+    if verdict is not None:
+        gw.metrics.filtered.labels("input", verdict.category).inc()
+        raise OpenAIError(
+            400, f"The prompt was blocked: {verdict.message}.", code="content_filter", param="prompt"
+        )
+
+
+def _screened(screen: StreamScreen, text: str, ended: bool) -> tuple[str, Verdict | None]:
+    """The part of ``text`` that is safe to send now (all of it that was screened once the stream
+    ended), or the verdict that ends the stream (and nothing more is sent)."""
+    released, verdict = screen.feed(text) if text else ("", None)
+    if verdict is None and ended:
+        rest, verdict = screen.finish()
+        released += rest
+    return released, verdict
 
 
 def _admission(job: Job) -> Admission:
@@ -219,75 +239,3 @@ def _admission(job: Job) -> Admission:
         arrival_s=job.arrival_s,
         deadline_s=job.deadline_s,
     )
-
-
-async def _record(
-    job: Job,
-    gw: GatewayState,
-    outcome: Outcome,
-    finish_reason: str | None,
-    num_output_tokens: int,
-    timing: Timing,
-    error: str | None,
-    reached_replica: bool,
-) -> None:
-    now = time.monotonic()
-    num_prompt_tokens = len(job.prompt_token_ids)
-    ttft_s = None if timing.first_token_s is None else timing.first_token_s - job.arrival_s
-    gaps_ms = [g * 1000 for g in timing.gaps_s]
-    record = TelemetryRecord(
-        request_id=job.request_id,
-        tenant_id=job.tenant.tenant_id,
-        model=job.model,
-        model_version=gw.engine.model_version,
-        replica=gw.engine.replica,
-        engine_client=gw.engine.kind,
-        queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
-        ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
-        replica_ttft_ms=_ms_between(timing.engine_start_s, timing.first_token_s),
-        prompt_tokens=num_prompt_tokens,
-        output_tokens=num_output_tokens,
-        inter_token_p50_ms=round(statistics.median(gaps_ms), 3) if gaps_ms else None,
-        inter_token_max_ms=round(max(gaps_ms), 3) if gaps_ms else None,
-        duration_ms=round((now - job.arrival_s) * 1000, 3),
-        outcome=str(outcome),
-        finish_reason=finish_reason,
-        error=error,
-    )
-    try:
-        gw.telemetry.write(record)
-    except OSError:
-        log.exception("telemetry record for %s was not written", job.request_id)
-    metrics = gw.metrics
-    if outcome is not Outcome.REFUSED:  # a refusal is counted where it becomes an HTTP error
-        status_code = "500" if outcome is Outcome.FAILED else "200"
-        metrics.requests.labels(job.route, status_code, str(outcome)).inc()
-    metrics.prompt_tokens.inc(num_prompt_tokens)
-    metrics.output_tokens.inc(num_output_tokens)
-    if ttft_s is not None:
-        metrics.ttft_s.observe(ttft_s)
-    for gap_s in timing.gaps_s:
-        metrics.inter_token_s.observe(gap_s)
-    # Last: once the usage row is visible, the telemetry record and metrics are already written.
-    if not reached_replica:
-        return
-    try:
-        await gw.meter.record(
-            UsageRecord(
-                tenant_id=job.tenant.tenant_id,
-                request_id=job.request_id,
-                model=job.model,
-                model_version=gw.engine.model_version,
-                prompt_tokens=num_prompt_tokens,
-                output_tokens=num_output_tokens,
-                status=outcome,
-                started_at=job.started_at,
-                finished_at=datetime.now(UTC),
-            )
-        )
-    except Exception:
-        log.exception("usage record for %s was not written", job.request_id)
-
-
-def _ms_between(start_s: float | None, end_s: float | None) -> float | None:
-    return None if start_s is None or end_s is None else round((end_s - start_s) * 1000, 3)

@@ -163,10 +163,10 @@ def test_config_file_loading(tmp_path: Path) -> None:
 
 
 def test_safety_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SLUICE_SAFETY_CONFIG_PATH", "SLUICE_SAFETY_HOLDBACK_CHARS", "SLUICE_SAFETY_DEFAULT_POLICY"):
+    for name in ("SLUICE_SAFETY_CONFIG_PATH", "SLUICE_SAFETY_HOLDBACK_CHARS"):
         monkeypatch.delenv(name, raising=False)
     settings = load_settings()
-    assert settings.safety_config_path is None and settings.safety_default_policy == "default"
+    assert settings.safety_config_path is None
     assert settings.safety_classifier_model == "sluice-guard" and settings.safety_holdback_chars == 64
     monkeypatch.setenv("SLUICE_SAFETY_HOLDBACK_CHARS", "0")
     with pytest.raises(SettingsError, match="SLUICE_SAFETY_HOLDBACK_CHARS"):

@@ -1,0 +1,96 @@
+"""What a finished request leaves behind, written once from the generation's ``finally``: the telemetry
+line, the metrics, and (if it reached a replica) the usage record through the durable meter."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gateway.openai.job import IdempotentAttempt, Job, Timing
+from gateway.state import GatewayState
+from gateway.telemetry import TelemetryRecord
+from sluice.domain import Outcome, UsageRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ended:
+    outcome: Outcome
+    finish_reason: str | None
+    num_output_tokens: int
+    error: str | None
+    reached_replica: bool
+
+
+async def record_request(
+    job: Job, gw: GatewayState, ended: Ended, timing: Timing, attempt: IdempotentAttempt | None
+) -> None:
+    now = time.monotonic()
+    num_prompt_tokens = len(job.prompt_token_ids)
+    ttft_s = None if timing.first_token_s is None else timing.first_token_s - job.arrival_s
+    gaps_ms = [g * 1000 for g in timing.gaps_s]
+    record = TelemetryRecord(
+        request_id=job.request_id,
+        tenant_id=job.tenant.tenant_id,
+        model=job.model,
+        model_version=gw.engine.model_version,
+        replica=gw.engine.replica,
+        engine_client=gw.engine.kind,
+        queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
+        ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+        replica_ttft_ms=_ms_between(timing.engine_start_s, timing.first_token_s),
+        prompt_tokens=num_prompt_tokens,
+        output_tokens=ended.num_output_tokens,
+        inter_token_p50_ms=round(statistics.median(gaps_ms), 3) if gaps_ms else None,
+        inter_token_max_ms=round(max(gaps_ms), 3) if gaps_ms else None,
+        duration_ms=round((now - job.arrival_s) * 1000, 3),
+        outcome=str(ended.outcome),
+        finish_reason=ended.finish_reason,
+        error=ended.error,
+        attempt=attempt.attempt if attempt else 1,
+        superseded_output_tokens=attempt.superseded_output_tokens if attempt else 0,
+    )
+    try:
+        gw.telemetry.write(record)
+    except OSError:
+        log.exception("telemetry record for %s was not written", job.request_id)
+    metrics = gw.metrics
+    if ended.outcome is not Outcome.REFUSED:  # a refusal is counted where it becomes an HTTP error
+        status_code = "500" if ended.outcome is Outcome.FAILED else "200"
+        metrics.requests.labels(job.route, status_code, str(ended.outcome)).inc()
+    metrics.prompt_tokens.inc(num_prompt_tokens if ended.reached_replica else 0)
+    metrics.output_tokens.inc(ended.num_output_tokens)
+    if attempt is not None and attempt.superseded_output_tokens:
+        metrics.wasted_output_tokens.inc(attempt.superseded_output_tokens)
+    if ttft_s is not None:
+        metrics.ttft_s.observe(ttft_s)
+    for gap_s in timing.gaps_s:
+        metrics.inter_token_s.observe(gap_s)
+    # Last: once the usage row is visible, the telemetry record and metrics are already written.
+    if not ended.reached_replica:
+        return
+    try:
+        await gw.meter.record(
+            UsageRecord(
+                tenant_id=job.tenant.tenant_id,
+                request_id=job.request_id,
+                model=job.model,
+                model_version=gw.engine.model_version,
+                prompt_tokens=num_prompt_tokens,
+                output_tokens=ended.num_output_tokens,
+                status=ended.outcome,
+                started_at=job.started_at,
+                finished_at=datetime.now(UTC),
+                attempt=attempt.attempt if attempt else 1,
+            )
+        )
+    except Exception:
+        log.exception("usage record for %s was not written", job.request_id)
+
+
+def _ms_between(start_s: float | None, end_s: float | None) -> float | None:
+    return None if start_s is None or end_s is None else round((end_s - start_s) * 1000, 3)
