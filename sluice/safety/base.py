@@ -66,3 +66,9 @@ class Classifier(ABC):
         text may still grow, so a match running up to its very end (which the next characters could
         still undo: ``bomb`` + ``astic``) is not reported yet. The default ignores both refinements."""
         return self.classify_now(text[start:])
+
+    def earliest_match_start(self, text: str, start: int) -> int | None:
+        """Where the earliest match at or after ``start`` begins, ``text`` being final (None: no match).
+        A stream that trips sends what comes before it. Classifiers that cannot say raise
+        ``NotImplementedError``, and a tripped stream then sends nothing more."""
+        raise NotImplementedError(f"classifier {self.name!r} cannot locate its matches")

@@ -155,6 +155,10 @@ class RulesClassifier(Classifier):
                 return match
         return None
 
+    def earliest_match_start(self, text: str, start: int) -> int | None:
+        starts = [m.start for rule in self.rules if (m := rule.first_match(text, start, True)) is not None]
+        return min(starts, default=None)
+
     def classify_window(self, text: str, start: int, final: bool) -> Verdict:
         match = self.first_match(text, start, final)
         return Verdict.allow(self.name) if match is None else Verdict.block(self.name, match.category)

@@ -79,8 +79,9 @@ class StreamScreen:
         return self._num_chars - self._num_released
 
     def feed(self, text: str) -> tuple[str, Verdict | None]:
-        """Add streamed text; return what may be sent now, and the verdict if this text tripped a rule
-        (then nothing more is ever released; later calls return ``("", verdict)``)."""
+        """Add streamed text; return what may be sent now, and the verdict if this text tripped a rule.
+        On a trip the stream ends there, so the held text before the earliest match is released with the
+        verdict (nothing of any match is); later calls return ``("", verdict)``."""
         if self.verdict is not None:
             return "", self.verdict
         if self._finished:
@@ -90,7 +91,7 @@ class StreamScreen:
         self._buf += text
         self._num_chars += len(text)
         if self._scan(final=False):
-            return "", self.verdict
+            return self._release(self._before_earliest_match()), self.verdict
         return self._release(self._num_chars - self.holdback_chars), None
 
     def finish(self) -> tuple[str, Verdict | None]:
@@ -101,8 +102,22 @@ class StreamScreen:
             return "", None
         self._finished = True
         if self._scan(final=True):
-            return "", self.verdict
+            return self._release(self._before_earliest_match()), self.verdict
         return self._release(self._num_chars), None
+
+    def _before_earliest_match(self) -> int:
+        """After a trip: the absolute position of the earliest match any classifier sees in the held
+        text, the stream taken as ended (or what was released already, if a classifier cannot say)."""
+        start = self._num_released - self._base
+        limit = self._num_chars
+        for classifier in self._classifiers:
+            try:
+                found = classifier.earliest_match_start(self._buf, start)
+            except NotImplementedError:
+                return self._num_released
+            if found is not None:
+                limit = min(limit, self._base + found)
+        return limit
 
     def _scan(self, final: bool) -> bool:
         start = self._scan_from - self._base

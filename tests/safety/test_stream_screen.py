@@ -109,11 +109,12 @@ def test_a_trip_sticks_and_pii_split_across_tokens_is_caught() -> None:
         out.append(released)
         if verdict is not None:
             break
-    assert verdict is not None and verdict.category == "pii:email" and "".join(out) == ""
+    # The text before the address goes with the verdict (the stream ends there); none of the address.
+    assert verdict is not None and verdict.category == "pii:email" and "".join(out) == "Write to "
     assert screen.feed("more") == ("", verdict) and screen.finish() == ("", verdict)
     card = StreamScreen([RULES], holdback_chars=64)
     released, verdict = stream(card, "x" * 100 + " 4111 1111 1111 1111 ok", list(range(0, 130, 3)))
-    assert verdict is not None and verdict.category == "pii:card" and released == "x" * len(released)
+    assert verdict is not None and verdict.category == "pii:card" and released == "x" * 100 + " "
 
 
 def test_memory_stays_bounded_on_a_long_stream() -> None:
