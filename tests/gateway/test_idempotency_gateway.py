@@ -1,0 +1,118 @@
+"""Issue 5's Idempotency-Key through the gateway: one generation and one ledger row per key, replay after
+completion without billing, 409 while running, 422 for another body, start-over after a cancel."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fakes import ScriptedFakeEngine
+from harness import MODEL, RunningGateway, start_gateway
+
+from sluice.text import TextCodec
+
+KEY_HEADER = "Idempotency-Key"
+
+
+@pytest.fixture
+def slow_gateway(dev_checkpoint: Path, tmp_path: Path) -> Iterator[tuple[RunningGateway, ScriptedFakeEngine]]:
+    token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
+    engine = ScriptedFakeEngine(token_id, interval_s=0.02)
+    gateway = start_gateway(tmp_path, dev_checkpoint, engine=engine)
+    yield gateway, engine
+    gateway.stop()
+
+
+def post(gateway: RunningGateway, key: str | None, stream: bool = False, **body: object) -> httpx.Response:
+    headers = {"Authorization": "Bearer sk-acme-dev", **({KEY_HEADER: key} if key is not None else {})}
+    payload = {"model": MODEL, "prompt": "x", "max_tokens": 10, "stream": stream, **body}
+    with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
+        return http.post("/v1/completions", json=payload, headers=headers)
+
+
+def streamed_text(resp: httpx.Response) -> str:
+    events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+    return "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+
+
+def test_twenty_concurrent_requests_with_one_key_generate_once(
+    slow_gateway: tuple[RunningGateway, ScriptedFakeEngine],
+) -> None:
+    gateway, engine = slow_gateway
+    results: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda: results.append(post(gateway, "order-17"))) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for r in results if r.status_code == 200]
+    busy = [r for r in results if r.status_code == 409]
+    assert len(ok) + len(busy) == 20 and len(ok) >= 1
+    assert all(r.json()["error"]["code"] == "idempotency_key_in_progress" for r in busy)
+    assert len(engine.requests) == 1  # one generation
+    assert len({r.json()["id"] for r in ok}) == 1  # late ones got the replay of the same response
+    rows = [r for r in gateway.usage(limit="1000")["data"] if r["request_id"] == ok[0].json()["id"]]
+    assert len(rows) == 1 and rows[0]["output_tokens"] == 10
+    assert gateway.usage()["totals"]["num_requests"] == 1
+
+
+def test_a_retry_after_completion_replays_without_billing(
+    slow_gateway: tuple[RunningGateway, ScriptedFakeEngine],
+) -> None:
+    gateway, engine = slow_gateway
+    first = post(gateway, "k-replay")
+    assert first.status_code == 200
+    gateway.usage_row(first.json()["id"])
+    before = gateway.usage()["totals"]
+    again = post(gateway, "k-replay")
+    streamed = post(gateway, "k-replay", stream=True)  # the stored result, replayed as SSE
+    assert again.json()["choices"] == first.json()["choices"] and again.json()["id"] == first.json()["id"]
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert streamed_text(streamed) == first.json()["choices"][0]["text"]
+    assert len(engine.requests) == 1
+    assert gateway.usage()["totals"] == before
+    assert [r["outcome"] for r in gateway.telemetry()].count("replayed") == 2
+
+
+def test_a_key_reused_with_another_body_is_422(slow_gateway: tuple[RunningGateway, ScriptedFakeEngine]) -> None:
+    gateway, _ = slow_gateway
+    assert post(gateway, "k-body", max_tokens=3).status_code == 200
+    resp = post(gateway, "k-body", max_tokens=4)
+    assert resp.status_code == 422 and resp.json()["error"]["code"] == "idempotency_key_reused"
+    assert post(gateway, "k-body", max_tokens=3, stream=True).status_code == 200  # stream is not the body
+    bad = post(gateway, "x" * 300)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_idempotency_key"
+
+
+def test_a_cancelled_attempt_starts_over_and_bills_only_the_last(
+    slow_gateway: tuple[RunningGateway, ScriptedFakeEngine],
+) -> None:
+    gateway, engine = slow_gateway
+    headers = {"Authorization": "Bearer sk-acme-dev", KEY_HEADER: "k-cancel"}
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 40, "stream": True}
+    with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
+            for n, _line in enumerate(resp.iter_lines()):
+                if n >= 3:
+                    break  # the client goes away mid-stream
+    deadline = time.monotonic() + 5
+    while not engine.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(engine.cancelled) == 1
+    while not any(r["attempt"] == 1 for r in gateway.telemetry()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    retry = post(gateway, "k-cancel", stream=True, max_tokens=40)
+    assert retry.status_code == 200 and streamed_text(retry) == "ab" * 40  # started over, not resumed
+    records = [r for r in gateway.telemetry() if r["outcome"] != "replayed"]
+    first, second = records[-2], records[-1]
+    assert (first["attempt"], first["outcome"]) == (1, "cancelled") and first["output_tokens"] > 0
+    assert (second["attempt"], second["outcome"]) == (2, "finished")
+    assert second["superseded_output_tokens"] == first["output_tokens"]  # the waste, reported
+    row = gateway.usage_row(second["request_id"])
+    assert row["output_tokens"] == 40 and row["status"] == "finished"  # never a sum
+    assert gateway.usage()["totals"]["num_requests"] == 1
