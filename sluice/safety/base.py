@@ -67,6 +67,12 @@ class Classifier(ABC):
         still undo: ``bomb`` + ``astic``) is not reported yet. The default ignores both refinements."""
         return self.classify_now(text[start:])
 
+    def earliest_possible_start(self, text: str, start: int) -> int:
+        """How far a stream may be sent: the first position at or after ``start`` where a match could
+        still begin if more text came. The default knows nothing better than the longest match."""
+        assert self.max_match_chars is not None
+        return max(start, len(text) - self.max_match_chars)
+
     def earliest_match_start(self, text: str, start: int) -> int | None:
         """Where the earliest match at or after ``start`` begins, ``text`` being final (None: no match).
         A stream that trips sends what comes before it. Classifiers that cannot say raise

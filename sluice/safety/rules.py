@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+import regex
 
 from sluice.safety.base import Classifier, Verdict
 from sluice.safety.config import SafetyConfig
@@ -55,6 +58,10 @@ class RuleMatch:
     end: int
 
 
+_FLAGS = ((re.IGNORECASE, regex.IGNORECASE), (re.MULTILINE, regex.MULTILINE), (re.DOTALL, regex.DOTALL),
+          (re.VERBOSE, regex.VERBOSE))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Rule:
     """One pattern. ``confirm`` turns a candidate into a match (the Luhn check); ``needs`` is a character
@@ -65,6 +72,28 @@ class Rule:
     max_match_chars: int
     confirm: Callable[[str], bool] | None = None
     needs: str | None = None
+
+    @cached_property
+    def _partial(self) -> regex.Pattern[str]:
+        """The same pattern in the ``regex`` module, which can report a match cut short by the end of
+        the text (``partial=True``): the decisions stay with ``re``; this only says where to wait."""
+        flags = 0
+        for re_flag, regex_flag in _FLAGS:
+            if self.pattern.flags & re_flag:
+                flags |= regex_flag
+        return regex.compile(self.pattern.pattern, flags)
+
+    def earliest_possible_start(self, text: str, start: int = 0) -> int:
+        """The first position at or after ``start`` where a match could begin once more text arrives
+        (a match cut short by the end, one running to the end, or a confirmed one), else ``len(text)``:
+        everything before it can be sent without waiting."""
+        end_of_text = len(text)
+        for m in self._partial.finditer(text, start, partial=True):
+            if m.partial or m.end() == end_of_text:
+                return int(m.start())
+            if m.end() > m.start() and (self.confirm is None or self.confirm(m.group())):
+                return int(m.start())
+        return end_of_text
 
     def first_match(self, text: str, start: int = 0, final: bool = True) -> RuleMatch | None:
         """The first confirmed match starting at or after ``start`` (``text[:start]`` is context for
@@ -154,6 +183,9 @@ class RulesClassifier(Classifier):
             if match is not None:
                 return match
         return None
+
+    def earliest_possible_start(self, text: str, start: int) -> int:
+        return min((r.earliest_possible_start(text, start) for r in self.rules), default=len(text))
 
     def earliest_match_start(self, text: str, start: int) -> int | None:
         starts = [m.start for rule in self.rules if (m := rule.first_match(text, start, True)) is not None]

@@ -92,7 +92,7 @@ class StreamScreen:
         self._num_chars += len(text)
         if self._scan(final=False):
             return self._release(self._before_earliest_match()), self.verdict
-        return self._release(self._num_chars - self.holdback_chars), None
+        return self._release(self._safe_upto()), None
 
     def finish(self) -> tuple[str, Verdict | None]:
         """The stream ended: screen the held text as final and release all of it, unless it trips."""
@@ -104,6 +104,15 @@ class StreamScreen:
         if self._scan(final=True):
             return self._release(self._before_earliest_match()), self.verdict
         return self._release(self._num_chars), None
+
+    def _safe_upto(self) -> int:
+        """Release everything before the first position where a match could still begin (for the
+        built-in rules, usually just the last word), and never hold more than ``holdback_chars``."""
+        start = self._num_released - self._base
+        upto = self._num_chars
+        for classifier in self._classifiers:
+            upto = min(upto, self._base + classifier.earliest_possible_start(self._buf, start))
+        return max(upto, self._num_chars - self.holdback_chars)
 
     def _before_earliest_match(self) -> int:
         """After a trip: the absolute position of the earliest match any classifier sees in the held

@@ -79,7 +79,9 @@ def test_a_retry_after_completion_replays_without_billing(
     assert [r["outcome"] for r in gateway.telemetry()].count("replayed") == 2
 
 
-def test_a_key_reused_with_another_body_is_422(slow_gateway: tuple[RunningGateway, ScriptedFakeEngine]) -> None:
+def test_a_key_reused_with_another_body_is_422(
+    slow_gateway: tuple[RunningGateway, ScriptedFakeEngine],
+) -> None:
     gateway, _ = slow_gateway
     assert post(gateway, "k-body", max_tokens=3).status_code == 200
     resp = post(gateway, "k-body", max_tokens=4)
@@ -95,11 +97,13 @@ def test_a_cancelled_attempt_starts_over_and_bills_only_the_last(
     gateway, engine = slow_gateway
     headers = {"Authorization": "Bearer sk-acme-dev", KEY_HEADER: "k-cancel"}
     body = {"model": MODEL, "prompt": "x", "max_tokens": 40, "stream": True}
-    with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
-        with http.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
-            for n, _line in enumerate(resp.iter_lines()):
-                if n >= 3:
-                    break  # the client goes away mid-stream
+    with (
+        httpx.Client(base_url=gateway.base_url, timeout=30) as http,
+        http.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
+    ):
+        for n, _line in enumerate(resp.iter_lines()):
+            if n >= 3:
+                break  # the client goes away mid-stream
     deadline = time.monotonic() + 5
     while not engine.cancelled and time.monotonic() < deadline:
         time.sleep(0.02)

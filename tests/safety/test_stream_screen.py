@@ -81,17 +81,20 @@ def test_the_stream_decides_as_the_whole_text_would(text: str, cuts: list[int]) 
         assert first is not None and text.startswith(released) and len(released) <= first.start
 
 
-def test_nothing_is_released_until_screened_with_holdback_chars_after_it() -> None:
+def test_only_text_a_match_could_still_start_in_is_held_back() -> None:
     screen = StreamScreen([RULES], holdback_chars=64)
-    assert screen.feed("x" * 64) == ("", None)
-    assert screen.feed("y") == ("x", None)
-    assert screen.feed("z" * 10) == ("x" * 10, None)
-    assert screen.num_held_chars == 64
-    rest, verdict = screen.finish()
-    assert verdict is None and rest == "x" * 53 + "y" + "z" * 10
-    assert screen.finish() == ("", None)
-    with pytest.raises(RuntimeError, match="after finish"):
-        screen.feed("more")
+    assert screen.feed("Hello there, my friend") == ("Hello there, my ", None)  # "friend" may be an e-mail
+    assert screen.feed("ly note") == ("friendly ", None)
+    assert screen.feed(" 4111 ") == ("note ", None)  # digits may become a card number
+    assert screen.feed("1111 1111 1112 done") == ("4111 1111 1111 1112 ", None)  # fails Luhn: not a card
+    assert screen.finish() == ("done", None)
+    # A word longer than an e-mail's local part (32) cannot start one: only its last 32 are held.
+    long = StreamScreen([RULES], holdback_chars=64)
+    released, _ = long.feed("x" * 100)
+    assert released == "x" * 68 and long.num_held_chars == 32
+    rest, verdict = long.finish()
+    assert verdict is None and released + rest == "x" * 100
+    assert long.finish() == ("", None)
 
 
 def test_a_word_completed_by_the_next_chunk_is_not_a_match() -> None:
