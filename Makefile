@@ -23,7 +23,7 @@ $(DEV_MODEL)/model.safetensors: $(VENV)/.installed
 
 checkpoint: $(DEV_MODEL)/model.safetensors
 
-$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(wildcard model_repository/cpu_engine/*.template model_repository/cpu_engine/1/*.py)
+$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(wildcard model_repository/*/*.template model_repository/*/1/*.py)
 	$(PY) -m sluice.triton.render --out $(STATE)/model_repository --checkpoint-dir $(DEV_MODEL) --model-name sluice-tiny
 
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt
@@ -38,7 +38,7 @@ test: install checkpoint
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy cpu_engine sluice gateway
+	$(PY) -m mypy cpu_engine sluice gateway control_plane
 
 bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs

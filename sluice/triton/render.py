@@ -141,7 +141,7 @@ def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Render the CPU engine's Triton model repository.")
+    parser = argparse.ArgumentParser(description="Render the Triton model repository: the CPU engine and the safety classifier.")
     parser.add_argument("--out", required=True, type=Path, help="model repository folder to write into")
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--model-name", default=CpuEngineModelSettings.model_name)
@@ -151,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-running", type=int, default=CpuEngineModelSettings.max_num_running)
     parser.add_argument("--target-step-ms", type=float, default=None)
     parser.add_argument("--cancellation-check-period-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--safety-classifier",
+        metavar="NAME",
+        default="sluice-guard",
+        help="also render the safety classifier model under this name ('' for none)",
+    )
+    parser.add_argument("--safety-config", type=Path, default=None, help="the classifier's rules (JSON)")
     args = parser.parse_args(argv)
     settings = CpuEngineModelSettings(
         checkpoint_dir=args.checkpoint_dir,
@@ -163,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         cancellation_check_period_ms=args.cancellation_check_period_ms,
     )
     print(render_model_repository(args.out, settings))
+    if args.safety_classifier:
+        print(render_safety_classifier(args.out, args.safety_config, args.safety_classifier))
     return 0
 
 
