@@ -141,7 +141,9 @@ def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Render the Triton model repository: the CPU engine and the safety classifier.")
+    parser = argparse.ArgumentParser(
+        description="Render the Triton model repository: the CPU engine and the safety classifier."
+    )
     parser.add_argument("--out", required=True, type=Path, help="model repository folder to write into")
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--model-name", default=CpuEngineModelSettings.model_name)

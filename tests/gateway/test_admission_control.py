@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,7 +109,7 @@ def test_a_tenant_at_its_concurrency_cap_gets_429(gateway_factory, token_id: int
     thread = threading.Thread(target=lambda: first.append(post(gateway, key, max_tokens=10)))
     thread.start()
     while not gateway.gw.engine.requests:  # type: ignore[attr-defined]
-        pass
+        time.sleep(0.002)  # not a bare spin: the gateway's thread needs the GIL
     resp = post(gateway, key)
     thread.join()
     assert first[0].status_code == 200
@@ -130,7 +131,7 @@ def test_a_quiet_tenant_overtakes_a_noisy_backlog(gateway_factory, token_id: int
     for t in noisy:
         t.start()
     while len(engine.requests) < 2:  # the noisy backlog is queued behind the first dispatches
-        pass
+        time.sleep(0.002)
     quiet = threading.Thread(target=call, args=(quiet_key,))
     quiet.start()
     for t in [*noisy, quiet]:
