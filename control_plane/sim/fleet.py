@@ -34,10 +34,10 @@ from control_plane.sim.workload import (
 )
 from sluice.domain import RequestClass, Tenant
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
-from sluice.policy.dispatch import DispatchConfig, Standing, pick_replica, standing
+from sluice.policy.dispatch import DispatchConfig
+from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
-from sluice.policy.share import over_fair_share
 from sluice.quota.base import QuotaDenied
 from sluice.quota.inprocess import InProcessQuotaStore
 
@@ -263,32 +263,16 @@ class Fleet:
         for entry in self.queue.expire(now_s, self._entry_min_service_s):
             self._drop(entry)
         loads = [r.load() for r in self.replicas]
-        allow_batch, skip = True, set[str]()  # what the heads that could not be placed rule out
-        while True:
-            head, dropped = self.queue.peek(
-                now_s, allow_batch=allow_batch, min_service_s=self._entry_min_service_s, skip_tenants=skip
-            )
-            for entry in dropped:
-                self._drop(entry)
-            if head is None:
-                return
-            over_share = self.config.fair and over_fair_share(
-                head.tenant_id,
-                head.weight,
-                self._num_in_flight[head.request_class],
-                self._weights,
-                self.config.fair_share_tolerance,
-            )
-            head_standing = standing(head.request_class, over_share)
-            load = pick_replica(loads, head.kv_tokens, head_standing, self.config.dispatch)
-            if load is None:
-                if head_standing is Standing.UNDER_SHARE:
-                    return  # nothing behind a request that takes the full limits may overtake it
-                if head.request_class is RequestClass.BATCH:
-                    allow_batch = False
-                else:
-                    skip.add(head.tenant_id)
-                continue
+        dispatch = DispatchPass(
+            self.queue,
+            now_s,
+            self.config.dispatch,
+            self._entry_min_service_s,
+            self.config.fair_share_tolerance,
+            share_aware=self.config.fair,
+        )
+        while (placed := dispatch.next(loads, self._num_in_flight, self._weights)) is not None:
+            head, load = placed
             self.queue.take(head, now_s)
             self.meter.observe(now_s)
             index = self._index[load.replica_id]
@@ -300,6 +284,8 @@ class Fleet:
             if not replica.busy:
                 self._start_step(index)
             loads[index] = replica.load()
+        for entry in dispatch.dropped:
+            self._drop(entry)
 
     # ----- replicas -----
     def _start_step(self, index: int) -> None:

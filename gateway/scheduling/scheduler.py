@@ -24,10 +24,10 @@ from gateway.metrics import GatewayMetrics
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
-from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica, standing
+from sluice.policy.dispatch import DispatchConfig, ReplicaLoad
+from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
-from sluice.policy.share import over_fair_share
 from sluice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -226,32 +226,13 @@ class ModelScheduler:
     def _dispatch_pass(self, now: float) -> None:
         min_service = self._entry_min_service_s
         self._fail_dropped(self._queue.expire(now, min_service))
-        allow_batch, skip = True, set[str]()  # what the heads that could not be placed rule out
-        while True:
-            head, dropped = self._queue.peek(
-                now, allow_batch=allow_batch, min_service_s=min_service, skip_tenants=skip
-            )
-            self._fail_dropped(dropped)
-            if head is None:
-                return
+        dispatch = DispatchPass(
+            self._queue, now, self._dispatch, min_service, self._settings.fair_share_tolerance
+        )
+        while (placed := dispatch.next([self._load()], self._num_in_flight, self._weights)) is not None:
+            head, _replica = placed
             if head.payload.done():  # its caller left between cancellation and removal
                 self._queue.take(head, now)
-                continue
-            over_share = over_fair_share(
-                head.tenant_id,
-                head.weight,
-                self._num_in_flight[head.request_class],
-                self._weights,
-                self._settings.fair_share_tolerance,
-            )
-            head_standing = standing(head.request_class, over_share)
-            if pick_replica([self._load()], head.kv_tokens, head_standing, self._dispatch) is None:
-                if head_standing is Standing.UNDER_SHARE:
-                    return  # nothing behind a request that takes the full limits may overtake it
-                if head.request_class is RequestClass.BATCH:
-                    allow_batch = False
-                else:
-                    skip.add(head.tenant_id)
                 continue
             self._queue.take(head, now)
             self._drain.observe(now)
@@ -263,6 +244,7 @@ class ModelScheduler:
             self._replica.dispatched_kv_tokens_since_read += slot.kv_tokens
             self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)
             head.payload.set_result(slot)
+        self._fail_dropped(dispatch.dropped)
 
     def _entry_min_service_s(self, entry: QueueEntry[asyncio.Future[Slot]]) -> float:
         return self.min_service_s(entry.prompt_tokens)

@@ -1,0 +1,76 @@
+"""One dispatch pass: which waiting request goes to which replica next, run by the gateway's scheduler
+and the fleet simulator alike.
+
+The fair queue proposes its head; the head's standing (``dispatch.standing``: batch, over its tenant's
+fair share, or neither) sets the limits it meets; ``pick_replica`` finds a replica or not. A head that
+yields and does not fit steps aside for the rest of the pass (its tenant's line, or all batch), so it
+cannot block work that takes the full limits; a head with the full limits that does not fit ends the
+pass (nothing behind it may overtake it).
+
+    dispatch = DispatchPass(queue, now_s, config, min_service_s, tolerance)
+    while (placed := dispatch.next(loads, num_in_flight, weights)) is not None:
+        entry, replica = placed
+        queue.take(entry, now_s)   # then hand it over and update loads / num_in_flight
+    handle(dispatch.dropped)       # could no longer meet their deadline: never dispatched
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from sluice.domain import RequestClass
+from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica, standing
+from sluice.policy.fair_queue import FairQueue, MinServiceFn, QueueEntry
+from sluice.policy.share import over_fair_share
+
+T = TypeVar("T")
+
+
+@dataclass
+class DispatchPass(Generic[T]):
+    queue: FairQueue[T]
+    now_s: float
+    config: DispatchConfig
+    min_service_s: MinServiceFn[T]
+    fair_share_tolerance: float
+    share_aware: bool = True  # False: the FCFS baseline, which knows nothing of tenants' shares
+    dropped: list[QueueEntry[T]] = field(default_factory=list)
+    _allow_batch: bool = True
+    _skip: set[str] = field(default_factory=set)
+
+    def next(
+        self,
+        loads: Sequence[ReplicaLoad],
+        num_in_flight: Mapping[RequestClass, Mapping[str, int]],
+        weights: Mapping[str, float],
+    ) -> tuple[QueueEntry[T], ReplicaLoad] | None:
+        """The next request to dispatch and its replica (still queued: ``take`` it), or None: done."""
+        while True:
+            head, dropped = self.queue.peek(
+                self.now_s,
+                allow_batch=self._allow_batch,
+                min_service_s=self.min_service_s,
+                skip_tenants=self._skip,
+            )
+            self.dropped += dropped
+            if head is None:
+                return None
+            over_share = self.share_aware and over_fair_share(
+                head.tenant_id,
+                head.weight,
+                num_in_flight[head.request_class],
+                weights,
+                self.fair_share_tolerance,
+            )
+            head_standing = standing(head.request_class, over_share)
+            load = pick_replica(loads, head.kv_tokens, head_standing, self.config)
+            if load is not None:
+                return head, load
+            if head_standing is Standing.UNDER_SHARE:
+                return None
+            if head.request_class is RequestClass.BATCH:
+                self._allow_batch = False
+            else:
+                self._skip.add(head.tenant_id)
