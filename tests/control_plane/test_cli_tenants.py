@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
+from pg import PostgresUnreachable, created_database
 
 from control_plane.cli.main import main
 from sluice.domain import Tenant
@@ -257,16 +255,10 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
 def pg_database_url() -> Iterator[str]:
     """A PostgreSQL database made for this test and dropped after it; skips if the server is not there."""
     try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL at {ADMIN_URL} unreachable: {' '.join(str(exc).split())}")
-    dbname = f"sluice_test_cli_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-        try:
-            yield f"{ADMIN_URL.rpartition('/')[0]}/{dbname}"
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        with created_database("sluice_test_cli") as url:
+            yield url
+    except PostgresUnreachable as exc:
+        pytest.skip(str(exc))
 
 
 def test_the_same_commands_against_postgresql(

@@ -8,7 +8,6 @@ PostgreSQL params skip, saying why, only when the server cannot be reached. The 
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +15,9 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from pg import PostgresUnreachable, created_database
 from psycopg import sql
 from storage_backends import Backend, postgres_backend, sqlite_backend
-
-ADMIN_URL = os.environ.get("TEST_POSTGRES_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 @pytest.fixture
@@ -34,20 +32,11 @@ _PG_UNREACHABLE: list[str] = []  # why the PostgreSQL params skip, when they do
 def pg_database() -> Iterator[str | None]:
     """A database created for this run (URL), or None with the reason in ``_PG_UNREACHABLE``."""
     try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        reason = " ".join(str(exc).split())
-        _PG_UNREACHABLE.append(f"PostgreSQL at {ADMIN_URL} unreachable: {reason}")
+        with created_database() as url:
+            yield url
+    except PostgresUnreachable as exc:
+        _PG_UNREACHABLE.append(str(exc))
         yield None
-        return
-    dbname = f"sluice_test_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-        try:
-            base, _, _ = ADMIN_URL.rpartition("/")
-            yield f"{base}/{dbname}"
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
 
 
 @pytest.fixture

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +19,7 @@ import psycopg
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
-from psycopg import sql
+from pg import ADMIN_URL, PostgresUnreachable, created_database
 from tcp_proxy import TcpProxy
 
 from sluice.domain import Outcome, UsageRecord
@@ -30,7 +28,6 @@ from sluice.text import TextCodec
 
 T = TypeVar("T")
 
-ADMIN_URL = os.environ.get("TEST_POSTGRES_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}
 NUM_BURST = 30
 
@@ -39,16 +36,10 @@ NUM_BURST = 30
 def database() -> Iterator[str]:
     """A database created for this test (its URL, direct to the server), dropped at the end."""
     try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL at {ADMIN_URL} unreachable: {' '.join(str(exc).split())}")
-    dbname = f"sluice_test_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-        try:
-            yield f"{ADMIN_URL.rpartition('/')[0]}/{dbname}"
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        with created_database() as url:
+            yield url
+    except PostgresUnreachable as exc:
+        pytest.skip(str(exc))
 
 
 class ProxyThread:
