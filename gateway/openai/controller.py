@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.params import JSONBody
+from litestar.params import HeaderParameter, JSONBody
 from litestar.response import Stream
 
 from gateway.auth import require_tenant, tenant_of
@@ -260,29 +260,54 @@ async def _until_disconnect(request: Request[Any, Any, Any], work: Callable[[], 
     return completed
 
 
+IdempotencyKey = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Idempotency-Key",
+        required=False,
+        description="Retry safely: one generation and one bill per key (per tenant); see the notes.",
+    ),
+]
+
+_RETRIES = (
+    "Retries with an `Idempotency-Key` header: if an earlier attempt with the key finished, its result is "
+    "replayed (as SSE when streaming) without generating or billing again; while one runs, 409 "
+    "`idempotency_key_in_progress`; the key with a different body, 422 `idempotency_key_reused`. After a "
+    "failed or cancelled attempt the retry STARTS OVER (it does not resume the stream); the usage ledger "
+    "keeps one row per key, with the tokens of the attempt that finished (or the last one), never a sum. "
+    "Refusals before any work: 400 `content_filter` (the prompt), 429 `tokens_per_minute_exceeded` / "
+    "`concurrent_requests_exceeded` / `service_overloaded` with `Retry-After` and `retry-after-ms`. A "
+    'stream the output filter stops ends with `finish_reason: "content_filter"` and an error event.'
+)
+
+
 class OpenAIController(Controller):
     path = "/v1"
     guards = [require_tenant]  # noqa: RUF012 — Litestar's declaration style
     tags = ["OpenAI"]  # noqa: RUF012
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, description=_RETRIES)
     async def chat_completions(
-        self, request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[ChatCompletionRequest],
+        key: IdempotencyKey = None,
     ) -> Response[ChatCompletion] | Stream:
         """Chat completion; ``stream: true`` streams ``chat.completion.chunk`` events."""
         gw: GatewayState = request.app.state.gw
-        key = request.headers.get("idempotency-key")
         job = admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, description=_RETRIES)
     async def completions(
-        self, request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
+        self,
+        request: Request[Any, Any, Any],
+        data: JSONBody[CompletionRequest],
+        key: IdempotencyKey = None,
     ) -> Response[Completion] | Stream:
         """Text completion; ``stream: true`` streams ``text_completion`` events."""
         gw: GatewayState = request.app.state.gw
-        key = request.headers.get("idempotency-key")
         job = admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)

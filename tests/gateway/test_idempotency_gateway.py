@@ -120,3 +120,14 @@ def test_a_cancelled_attempt_starts_over_and_bills_only_the_last(
     row = gateway.usage_row(second["request_id"])
     assert row["output_tokens"] == 40 and row["status"] == "finished"  # never a sum
     assert gateway.usage()["totals"]["num_requests"] == 1
+
+
+def test_the_api_docs_declare_the_header_and_say_start_over(
+    slow_gateway: tuple[RunningGateway, ScriptedFakeEngine],
+) -> None:
+    gateway, _ = slow_gateway
+    with gateway.http() as http:
+        schema = http.get("/schema/openapi.json").json()
+    operation = schema["paths"]["/v1/chat/completions"]["post"]
+    assert any(p["name"] == "Idempotency-Key" and p["in"] == "header" for p in operation["parameters"])
+    assert "STARTS OVER" in operation["description"]
