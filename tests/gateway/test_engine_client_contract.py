@@ -51,7 +51,7 @@ def subject(request: pytest.FixtureRequest, aio: Aio, dev_checkpoint: Path) -> I
         aio(inproc.close())
     else:
         replica: TritonServer = request.getfixturevalue("replica")
-        triton = TritonEngineClient(replica.grpc_url, MODEL)
+        triton = TritonEngineClient(replica.grpc_url, MODEL, metrics_url=replica.metrics_url)
         aio(triton.start())
         yield Subject(triton, lambda: used_kv_blocks(replica.metrics_url))
         aio(triton.close())
@@ -113,3 +113,25 @@ def test_closing_the_generator_early_frees_the_sequence_within_a_second(aio: Aio
     while subject.used_blocks() > 0:
         assert time.monotonic() < deadline, "the sequence outlived its cancelled call by a second"
         time.sleep(0.02)
+
+
+def test_replica_stats_report_the_kv_pool_and_its_use(aio: Aio, subject: Subject) -> None:
+    idle = aio(subject.client.replica_stats())
+    assert idle is not None and idle.num_kv_tokens_total > 0 and idle.num_waiting >= 0
+    assert idle.num_kv_tokens_free <= idle.num_kv_tokens_total
+
+    async def while_generating() -> tuple[int, int]:
+        async with aclosing(subject.client.generate(_request(200))) as deltas:
+            async for delta in deltas:
+                if delta.token_ids:
+                    break
+            for _ in range(100):  # the replica's metrics refresh on their own period
+                busy = await subject.client.replica_stats()
+                assert busy is not None
+                if busy.num_running >= 1 and busy.num_kv_tokens_free < busy.num_kv_tokens_total:
+                    return busy.num_running, busy.num_kv_tokens_free
+                await asyncio.sleep(0.02)
+        raise AssertionError("the replica never reported the running request")
+
+    num_running, free = aio(while_generating())
+    assert num_running >= 1 and free < idle.num_kv_tokens_total
