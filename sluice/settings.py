@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     fair_share_tolerance: float = Field(0.25, ge=0)  # over share = holding > (1 + this) x weighted share
     batch_floor_share: float = Field(0.1, ge=0, lt=1)  # of dispatched tokens, while both classes wait
     batch_max_wait_s: float = Field(30.0, gt=0)  # ageing: a batch request waiting this long goes first
-    replica_poll_interval_ms: float = Field(100.0, ge=10, le=10_000)  # replica metrics read period
+    replica_poll_interval_ms: float = Field(250.0, ge=10, le=10_000)  # replica metrics read period
 
     # Engine and model.
     engine_client: Literal["triton", "inprocess"] = "triton"
