@@ -261,7 +261,7 @@ class ModelScheduler:
                     429,
                     "service_overloaded",
                     f"Model '{self.model}' is at capacity: this request waited "
-                    f"{time.monotonic() - entry.arrival_s:.1f} s and can no longer finish before its "
+                    f"{time.monotonic() - entry.arrival_s:.1f} s and can no longer start before its "
                     f"deadline, so it was not started. Retry after {retry_after_s:.1f} s.",
                     retry_after_s,
                 )

@@ -148,7 +148,7 @@ def test_a_request_that_cannot_start_before_its_deadline_is_dropped_unserved(
     gateway = gateway_factory(engine, request_deadline_s=0.5, itl_target_ms=10.0)  # no KV: nothing dispatches
     resp = post(gateway, "sk-acme-dev")
     assert resp.status_code == 429 and resp.json()["error"]["code"] == "service_overloaded"
-    assert "can no longer finish before its deadline" in resp.json()["error"]["message"]
+    assert "can no longer start before its deadline" in resp.json()["error"]["message"]
     assert_retry_after(resp)
     assert engine.requests == []  # never reached the replica
     assert [r["outcome"] for r in gateway.telemetry()] == ["refused"]
@@ -175,7 +175,7 @@ def test_a_full_queue_refuses_at_admission_with_the_drain_time(gateway_factory, 
     messages = [r.json()["error"]["message"] for r in results]
     assert all(r.status_code == 429 for r in results)
     assert any("of queue ahead" in m for m in messages)  # refused at admission: 3+ ahead at 1/s
-    assert any("can no longer finish" in m for m in messages)  # admitted, then dropped at the head
+    assert any("can no longer start" in m for m in messages)  # admitted, then dropped at the head
 
 
 def test_flex_is_the_batch_class_and_tenants_may_be_kept_out_of_it(
