@@ -1,4 +1,5 @@
-"""Builds the CPU engine's native kernels (paged attention, bf16 linear); the rest is in pyproject.toml."""
+"""Builds the CPU engine's native kernels (paged attention, bf16 linear, elementwise); the rest is in
+pyproject.toml."""
 
 import numpy as np
 from setuptools import Extension, setup
@@ -20,6 +21,15 @@ setup(
             sources=["cpu_engine/csrc/linear_bf16.c"],
             include_dirs=[np.get_include()],
             extra_compile_args=COMPILE_ARGS,
+            extra_link_args=["-fopenmp"],
+        ),
+        Extension(
+            "cpu_engine._elementwise",
+            sources=["cpu_engine/csrc/elementwise.c"],
+            include_dirs=[np.get_include()],
+            extra_compile_args=COMPILE_ARGS,
+            # NOTE: libm explicitly: the vectorised expf (libmvec) is not in the Python binary's libm.
+            libraries=["m"],
             extra_link_args=["-fopenmp"],
         ),
     ]

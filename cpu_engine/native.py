@@ -1,11 +1,11 @@
-"""The engine's two native kernels, loaded in one place so their shared OpenMP runtime is set up once.
+"""The engine's native kernels, loaded in one place so their shared OpenMP runtime is set up once.
 
-NOTE: both kernels use one libgomp, which reads OMP_WAIT_POLICY once, when the first of them loads it.
-Its default lets idle threads spin after each call, which steals a core from whatever runs next (numpy,
-the Triton stub's sender thread, the gateway on the same two cores); passive threads sleep instead, at
-10-20 us per call to wake them (the linear kernel weighs that when sizing its team). An explicit setting
-in the environment wins. This has no effect if another module loaded libgomp first (torch ships its own
-copy under the same name).
+NOTE: the attention and linear kernels use one libgomp (the elementwise kernels are single-threaded),
+which reads OMP_WAIT_POLICY once, when the first of them loads it. Its default lets idle threads spin
+after each call, which steals a core from whatever runs next (numpy, the Triton stub's sender thread,
+the gateway on the same two cores); passive threads sleep instead, at 10-20 us per call to wake them
+(the linear kernel weighs that when sizing its team). An explicit setting in the environment wins. This
+has no effect if another module loaded libgomp first (torch ships its own copy under the same name).
 """
 
 from __future__ import annotations
@@ -29,3 +29,4 @@ def _load(module: str, what: str) -> ModuleType:
 
 paged_attention_ext = _load("_paged_attention", "the paged attention kernel")
 linear_ext = _load("_linear", "the bf16 linear kernel")
+elementwise_ext = _load("_elementwise", "the elementwise kernels (RMSNorm, SiLU, RoPE)")
