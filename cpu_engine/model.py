@@ -14,6 +14,7 @@ import numpy as np
 from cpu_engine.attention import paged_attention, write_kv
 from cpu_engine.config import LinearDType, ModelConfig
 from cpu_engine.linear import PackedLinear
+from cpu_engine.native import elementwise_ext as _native
 from cpu_engine.rope import RotaryTable
 from cpu_engine.weights import LlamaWeights
 
@@ -46,12 +47,27 @@ class _Layer:
     down: Linear
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None) -> np.ndarray:
+    """RMSNorm of each row of x (float32 [n, d], C-contiguous), natively: a new array. With ``residual``
+    ([n, d]), ``x += residual`` first, in place: the residual stream's add fused with the norm that
+    reads it. The numbers of ``rms_norm_reference`` to float32 rounding."""
+    return _native.rms_norm(x, weight, eps, residual)
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` (float32 [n, 2i], C-contiguous) -> [n, i],
+    natively; the numbers of ``silu_mul_reference`` to float32 rounding."""
+    return _native.silu_mul(gate_up)
+
+
+def rms_norm_reference(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """The numpy reference of ``rms_norm`` (for tests)."""
     variance = np.mean(x * x, axis=-1, keepdims=True)
     return (x / np.sqrt(variance + eps)) * weight
 
 
-def silu_mul(gate_up: np.ndarray, intermediate: int) -> np.ndarray:
+def silu_mul_reference(gate_up: np.ndarray, intermediate: int) -> np.ndarray:
+    """The numpy reference of ``silu_mul`` (for tests)."""
     gate, up = gate_up[:, :intermediate], gate_up[:, intermediate:]
     return gate / (1.0 + np.exp(-gate)) * up
 
@@ -121,22 +137,25 @@ class LlamaModel:
         """
         cfg = self.cfg
         num_tokens = input_ids.shape[0]
+        # NOTE: a copy (fancy indexing), so the residual stream can be added to in place.
         hidden = self.embed[input_ids]
-        cos, sin = self.rope.gather(positions)
+        delta: np.ndarray | None = None  # what the last sublayer adds to hidden, added by the next norm
         for layer, k_cache, v_cache in zip(self.layers, self.kv.keys, self.kv.values, strict=True):
-            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual=delta)
             qkv = layer.qkv(x)
             q = qkv[:, : self.q_dim].reshape(num_tokens, cfg.num_attention_heads, cfg.head_dim)
             k = qkv[:, self.q_dim : self.q_dim + self.kv_dim].reshape(
                 num_tokens, cfg.num_key_value_heads, cfg.head_dim
             )
             v = qkv[:, self.q_dim + self.kv_dim :].reshape(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
-            q = self.rope.apply(q, cos, sin)
-            k = self.rope.apply(k, cos, sin)
+            # q into a new array (attention wants it C-contiguous); k in place (write_kv takes strided rows).
+            q = self.rope.apply(q, positions)
+            self.rope.apply(k, positions, out=k)
             write_kv(k_cache, v_cache, k, v, slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, block_tables, seq_index, positions, self.scale)
-            hidden = hidden + layer.o(attn.reshape(num_tokens, self.q_dim))
-            x = rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
-            hidden = hidden + layer.down(silu_mul(layer.gate_up(x), cfg.intermediate_size))
-        last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps)
+            delta = layer.o(attn.reshape(num_tokens, self.q_dim))
+            x = rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps, residual=delta)
+            delta = layer.down(silu_mul(layer.gate_up(x)))
+        last_residual = None if delta is None else delta[logits_indices]
+        last = rms_norm(hidden[logits_indices], self.final_norm, cfg.rms_norm_eps, residual=last_residual)
         return self.lm_head(last)

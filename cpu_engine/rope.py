@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from cpu_engine.native import elementwise_ext as _native
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> np.ndarray:
     """Per-pair rotation frequencies, float32, computed as transformers does so greedy outputs agree."""
@@ -48,12 +50,22 @@ class RotaryTable:
         self.sin = np.sin(freqs).astype(np.float32)
         self.half = head_dim // 2
 
+    def apply(self, x: np.ndarray, positions: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rotate ``x`` ([num_tokens, num_heads, head_dim], float32, each token's row contiguous) by the
+        angles of ``positions`` (int32 [num_tokens]), natively; the same numbers as ``apply_reference``.
+
+        Written into ``out`` (like x; default: a new C-contiguous array), which may be ``x`` itself.
+        Returns ``out``. A wrong dtype raises TypeError; a wrong shape or layout, or a position outside
+        the table, ValueError.
+        """
+        return _native.rope(x, positions, self.cos, self.sin, out)
+
     def gather(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin for these positions, shaped to broadcast over heads: [num_tokens, 1, head_dim // 2]."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
-    def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """Rotate ``x`` ([num_tokens, num_heads, head_dim]) by the angles from ``gather``."""
+    def apply_reference(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """The numpy reference of ``apply`` (for tests): rotate ``x`` by the angles from ``gather``."""
         x1, x2 = x[..., : self.half], x[..., self.half :]
         out = np.empty_like(x)
         out[..., : self.half] = x1 * cos - x2 * sin
