@@ -119,7 +119,7 @@ static PyArrayObject *as_array(PyObject *obj, const char *name, int typenum, int
     if (rows_only) {
         const npy_intp *dims = PyArray_DIMS(arr), *strides = PyArray_STRIDES(arr);
         npy_intp expected = PyArray_ITEMSIZE(arr);
-        int ok = PyArray_ISALIGNED(arr) && strides[0] > 0;
+        int ok = PyArray_ISALIGNED(arr);
         for (int i = ndim - 1; i >= 1 && ok; --i) {
             ok = dims[i] == 1 || strides[i] == expected;
             expected *= dims[i];
@@ -151,6 +151,12 @@ static int overlaps(PyArrayObject *a, PyArrayObject *b) {
     const npy_intp a_len = (a_rows - 1) * PyArray_STRIDE(a, 0) + PyArray_NBYTES(a) / a_rows;
     const npy_intp b_len = (b_rows - 1) * PyArray_STRIDE(b, 0) + PyArray_NBYTES(b) / b_rows;
     return a0 < b0 + b_len && b0 < a0 + a_len;
+}
+
+/* Whether two arrays of one shape are the same elements (out given as x itself, or as another view of it). */
+static int same_elements(PyArrayObject *a, PyArrayObject *b) {
+    return PyArray_BYTES(a) == PyArray_BYTES(b) &&
+           PyArray_CompareLists(PyArray_STRIDES(a), PyArray_STRIDES(b), PyArray_NDIM(a));
 }
 
 static int check_writeable(PyArrayObject *arr, const char *name) {
@@ -219,7 +225,7 @@ static PyObject *rms_norm(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     PyArrayObject *out = output(o_out, 2, PyArray_DIMS(x), "[n, d]", 0);
     if (out == NULL) return NULL;
-    if ((out != x && overlaps(out, x)) || overlaps(out, weight) || (residual && overlaps(out, residual))) {
+    if ((!same_elements(out, x) && overlaps(out, x)) || overlaps(out, weight) || (residual && overlaps(out, residual))) {
         PyErr_SetString(PyExc_ValueError, "out must be x itself or not overlap x, weight or residual");
         Py_DECREF(out);
         return NULL;
@@ -300,7 +306,7 @@ static PyObject *rope(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     PyArrayObject *out = output(o_out, 3, PyArray_DIMS(x), "[num_tokens, num_heads, head_dim]", 1);
     if (out == NULL) return NULL;
-    if ((out != x && overlaps(out, x)) || overlaps(out, cos_t) || overlaps(out, sin_t)) {
+    if ((!same_elements(out, x) && overlaps(out, x)) || overlaps(out, cos_t) || overlaps(out, sin_t)) {
         PyErr_SetString(PyExc_ValueError, "out must be x itself or not overlap x, cos or sin");
         Py_DECREF(out);
         return NULL;
