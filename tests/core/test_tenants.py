@@ -195,6 +195,8 @@ async def test_concurrent_updates_of_different_fields_both_land(store: TenantSto
         ({"allowed_classes": frozenset({"realtime"})}, "unknown class"),
         ({"allowed_models": frozenset({""})}, "allowed_models"),
         ({"name": " "}, "name must be a non-empty string"),
+        ({"safety_policy": ""}, "safety_policy must match"),
+        ({"safety_policy": "Strict Policy"}, "safety_policy must match"),
     ],
 )
 async def test_invalid_tenants_are_refused_by_every_write(
