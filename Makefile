@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: install checkpoint repository run test lint bench-engine clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c cpu_engine/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip "setuptools>=68" wheel
 	$(PY) -m pip install -q -e '.[test]'

@@ -19,6 +19,7 @@ setup(
         Extension(
             "cpu_engine._linear",
             sources=["cpu_engine/csrc/linear_bf16.c"],
+            depends=["cpu_engine/csrc/npy_args.h"],
             include_dirs=[np.get_include()],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=["-fopenmp"],
@@ -26,6 +27,7 @@ setup(
         Extension(
             "cpu_engine._elementwise",
             sources=["cpu_engine/csrc/elementwise.c"],
+            depends=["cpu_engine/csrc/npy_args.h"],
             include_dirs=[np.get_include()],
             extra_compile_args=COMPILE_ARGS,
             # NOTE: libm explicitly: the vectorised expf (libmvec) is not in the Python binary's libm.

@@ -35,6 +35,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "npy_args.h"
+
 #include <math.h>
 #include <stdint.h>
 
@@ -99,23 +101,8 @@ static void rope_rows(const float *x, npy_intp x_stride, float *out, npy_intp ou
  * ndim - 1 dimensions must be contiguous: each row, rows at any positive stride). */
 static PyArrayObject *as_array(PyObject *obj, const char *name, int typenum, int ndim, const char *shape,
                                int rows_only) {
-    if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
-        return NULL;
-    }
-    PyArrayObject *arr = (PyArrayObject *)obj;
-    if (PyArray_TYPE(arr) != typenum || PyArray_ISBYTESWAPPED(arr)) {
-        PyArray_Descr *want = PyArray_DescrFromType(typenum);
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %S, got %S", name, (PyObject *)want,
-                     (PyObject *)PyArray_DESCR(arr));
-        Py_DECREF(want);
-        return NULL;
-    }
-    if (PyArray_NDIM(arr) != ndim) {
-        PyErr_Format(PyExc_ValueError, "%s must have %d dimensions %s, got %d", name, ndim, shape,
-                     PyArray_NDIM(arr));
-        return NULL;
-    }
+    PyArrayObject *arr = typed_array(obj, name, typenum, ndim, shape);
+    if (arr == NULL) return NULL;
     if (rows_only) {
         const npy_intp *dims = PyArray_DIMS(arr), *strides = PyArray_STRIDES(arr);
         npy_intp expected = PyArray_ITEMSIZE(arr);
