@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from pg import PostgresUnreachable, created_database
 from psycopg import sql
+from redis_run import delete_run_keys, unreachable_reason
 from storage_backends import Backend, postgres_backend, sqlite_backend
 
 
@@ -55,3 +56,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         return sqlite_backend(tmp_path)
     return postgres_backend(request.getfixturevalue("pg_schema_url"))
+
+
+@pytest.fixture(scope="session")
+def redis_up() -> Iterator[str | None]:
+    """None if Redis answers (and this run's keys are deleted at the end), else why not."""
+    reason = unreachable_reason()
+    try:
+        yield reason
+    finally:
+        if reason is None:
+            delete_run_keys()

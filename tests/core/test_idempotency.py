@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import cast
 
 import pytest
 import redis
 import redis.asyncio
+from redis_run import REDIS_URL, RUN_PREFIX, need_redis
 
 from sluice.idempotency.base import ATTEMPT_RECORD_TTL_S, Begin, BeginKind, IdempotencyStore
 from sluice.idempotency.factory import open_idempotency_store
@@ -25,8 +25,6 @@ from sluice.idempotency.inprocess import InProcessIdempotencyStore
 from sluice.idempotency.redis import RedisIdempotencyStore
 from sluice.settings import load_settings
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-RUN_PREFIX = f"sluice-test-{uuid.uuid4().hex}:"
 KEY_PREFIX = f"{RUN_PREFIX}idem:"
 RUNNING_TTL_S = 30.0
 RESULT_TTL_S = 3600.0
@@ -34,34 +32,6 @@ BODY = hashlib.sha256(b'{"model": "dev", "messages": []}').hexdigest()
 OTHER_BODY = hashlib.sha256(b'{"model": "dev", "messages": [1]}').hexdigest()
 # Not UTF-8, with NUL, CR/LF and every byte value: replays must be byte-exact.
 BINARY_RESULT = b"\xff\xfe\x00data: {}\r\n\r\n\x80" + bytes(range(256))
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def redis_up() -> Iterator[str | None]:
-    """None if Redis answers (and this run's keys are deleted at the end), else why not."""
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError as exc:
-        yield f"Redis at {REDIS_URL} unreachable: {exc}"
-        return
-    try:
-        yield None
-    finally:
-        keys = list(client.scan_iter(match=f"{RUN_PREFIX}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
-
-
-def need_redis(redis_up: str | None) -> None:
-    if redis_up is not None:
-        pytest.skip(redis_up)
 
 
 def new_tenant() -> str:

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
 import redis.asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from redis_run import REDIS_URL, RUN_PREFIX, need_redis
 from tcp_proxy import TcpProxy
 
 from sluice.domain import Tenant
@@ -31,38 +31,8 @@ from sluice.quota.inprocess import InProcessQuotaStore
 from sluice.quota.redis import RedisQuotaStore
 from sluice.settings import load_settings
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-RUN_PREFIX = f"sluice-test-{uuid.uuid4().hex}:"
 KEY_PREFIX = f"{RUN_PREFIX}quota:"
 LEASE_TTL_S = 30.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def redis_up() -> Iterator[str | None]:
-    """None if Redis answers (and this run's keys are deleted at the end), else why not."""
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError as exc:
-        yield f"Redis at {REDIS_URL} unreachable: {exc}"
-        return
-    try:
-        yield None
-    finally:
-        keys = list(client.scan_iter(match=f"{RUN_PREFIX}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
-
-
-def need_redis(redis_up: str | None) -> None:
-    if redis_up is not None:
-        pytest.skip(redis_up)
 
 
 def new_tenant(tokens_per_minute: int | None = None, max_concurrent_requests: int | None = None) -> Tenant:
