@@ -10,40 +10,29 @@ from sluice.db import Migration
 
 COMPONENT = "ledger"
 
+# The two dialects differ only in the timestamp type.
+_USAGE_DDL = """
+            CREATE TABLE usage (
+                tenant_id TEXT NOT NULL,
+                request_id TEXT NOT NULL,
+                model TEXT NOT NULL,
+                model_version TEXT NOT NULL,
+                prompt_tokens INTEGER NOT NULL CHECK (prompt_tokens >= 0),
+                output_tokens INTEGER NOT NULL CHECK (output_tokens >= 0),
+                status TEXT NOT NULL,
+                started_at {ts} NOT NULL,
+                finished_at {ts} NOT NULL,
+                PRIMARY KEY (tenant_id, request_id)
+            );
+            CREATE INDEX usage_tenant_finished ON usage (tenant_id, finished_at)
+        """
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
         name="usage table",
-        sqlite="""
-            CREATE TABLE usage (
-                tenant_id TEXT NOT NULL,
-                request_id TEXT NOT NULL,
-                model TEXT NOT NULL,
-                model_version TEXT NOT NULL,
-                prompt_tokens INTEGER NOT NULL CHECK (prompt_tokens >= 0),
-                output_tokens INTEGER NOT NULL CHECK (output_tokens >= 0),
-                status TEXT NOT NULL,
-                started_at TEXT NOT NULL,
-                finished_at TEXT NOT NULL,
-                PRIMARY KEY (tenant_id, request_id)
-            );
-            CREATE INDEX usage_tenant_finished ON usage (tenant_id, finished_at)
-        """,
-        postgres="""
-            CREATE TABLE usage (
-                tenant_id TEXT NOT NULL,
-                request_id TEXT NOT NULL,
-                model TEXT NOT NULL,
-                model_version TEXT NOT NULL,
-                prompt_tokens INTEGER NOT NULL CHECK (prompt_tokens >= 0),
-                output_tokens INTEGER NOT NULL CHECK (output_tokens >= 0),
-                status TEXT NOT NULL,
-                started_at TIMESTAMPTZ NOT NULL,
-                finished_at TIMESTAMPTZ NOT NULL,
-                PRIMARY KEY (tenant_id, request_id)
-            );
-            CREATE INDEX usage_tenant_finished ON usage (tenant_id, finished_at)
-        """,
+        sqlite=_USAGE_DDL.format(ts="TEXT"),
+        postgres=_USAGE_DDL.format(ts="TIMESTAMPTZ"),
     ),
     Migration(
         version=2,
