@@ -64,7 +64,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
     error: str | None = None
     num_output_tokens = 0
     reached_replica = False
-    texts: list[str] = []  # what the client was sent (kept only to replay an idempotent request)
+    texts: list[str] = []  # what the client was sent: kept only with an Idempotency-Key, for replays
     verdict: Verdict | None = None
     attempt: IdempotentAttempt | None = None
     grant: QuotaGrant | None = None
@@ -128,7 +128,8 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                     outcome, finish_reason = Outcome.FILTERED, "content_filter"
                     gw.metrics.filtered.labels("output", verdict.category).inc()
             if emit:
-                texts.append(emit)
+                if attempt is not None:
+                    texts.append(emit)
                 yield TextEvent(emit)
         assert finish_reason is not None
         yield FinishEvent(
@@ -147,7 +148,8 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         if screen is not None and verdict is None:  # the stream ends here: what is held back and safe goes
             rest, _ = _screened(screen, "", ended=True)
             if rest:
-                texts.append(rest)
+                if attempt is not None:
+                    texts.append(rest)
                 yield TextEvent(rest)
         raise
     except Exception as exc:

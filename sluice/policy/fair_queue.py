@@ -135,16 +135,6 @@ class FairQueue(Generic[T]):
             return len(self._by_id)
         return self._classes[request_class].num_waiting
 
-    def num_waiting_for(self, tenant_id: str, request_class: RequestClass) -> int:
-        if not self.fair:
-            return sum(
-                1
-                for e in self._by_id.values()
-                if e.tenant_id == tenant_id and e.request_class is request_class
-            )
-        line = self._classes[request_class].lines.get(tenant_id)
-        return len(line) if line else 0
-
     def counter(self, tenant_id: str, request_class: RequestClass) -> float:
         return self._classes[request_class].counters.get(self._line(tenant_id), 0.0)
 
