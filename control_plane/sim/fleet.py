@@ -38,6 +38,7 @@ from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
+from sluice.policy.share import InFlight
 from sluice.quota.base import QuotaDenied
 from sluice.quota.inprocess import InProcessQuotaStore
 
@@ -107,9 +108,7 @@ class Fleet:
         self._steps: tuple[array[float], ...] = tuple(array("d") for _ in range(4))
         self._samples: list[tuple[float, int, int]] = []
         self._decoding: dict[str, tuple[SimRequest, Replica]] = {}  # output not yet fully charged
-        # per class, per tenant: handed to a replica, not finished (shares are compared within a class:
-        # a tenant's batch job must not make its interactive requests yield)
-        self._num_in_flight: dict[RequestClass, dict[str, int]] = {c: {} for c in RequestClass}
+        self._num_in_flight = InFlight()  # handed to a replica, not finished
         self._weights = {t.tenant_id: t.weight for t in tenants.values()}
 
     # ----- the loop -----
@@ -278,8 +277,7 @@ class Fleet:
             index = self._index[load.replica_id]
             replica = self.replicas[index]
             head.payload.dispatch_s = now_s
-            in_flight = self._num_in_flight[head.request_class]
-            in_flight[head.tenant_id] = in_flight.get(head.tenant_id, 0) + 1
+            self._num_in_flight.add(head.request_class, head.tenant_id)
             replica.submit(head.payload)
             if not replica.busy:
                 self._start_step(index)
@@ -306,12 +304,7 @@ class Fleet:
             self.quota.settle_now(request.grant, request.prompt_tokens + request.max_tokens, now_s)
             self._charge(request, request.max_tokens)
             self._decoding.pop(request.request_id, None)
-            in_flight = self._num_in_flight[request.request_class]
-            remaining = in_flight[request.tenant_id] - 1
-            if remaining:
-                in_flight[request.tenant_id] = remaining
-            else:
-                del in_flight[request.tenant_id]
+            self._num_in_flight.remove(request.request_class, request.tenant_id)
         end_s, duration_s, num_decode, num_emitted = self._steps
         end_s.append(now_s)
         duration_s.append(result.duration_s)

@@ -28,6 +28,7 @@ from sluice.policy.dispatch import DispatchConfig, ReplicaLoad
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
+from sluice.policy.share import InFlight
 from sluice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,7 @@ class ModelScheduler:
         )
         self._drain = RateMeter(window_s=10.0)
         self._replica = _ReplicaView()
-        # per class, per tenant: dispatched, not yet released (shares are compared within a class: a
-        # tenant's batch job must not make its interactive requests yield)
-        self._num_in_flight: dict[RequestClass, dict[str, int]] = {c: {} for c in RequestClass}
+        self._num_in_flight = InFlight()  # dispatched, not yet released
         self._weights: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -193,12 +192,7 @@ class ModelScheduler:
     def release(self, slot: Slot) -> None:
         """The request ended (however): its claim on the replica goes."""
         if self._replica.slots.pop(slot.request_id, None) is not None:
-            in_flight = self._num_in_flight[slot.request_class]
-            remaining = in_flight[slot.tenant_id] - 1
-            if remaining:
-                in_flight[slot.tenant_id] = remaining
-            else:
-                del in_flight[slot.tenant_id]
+            self._num_in_flight.remove(slot.request_class, slot.tenant_id)
             self._dispatch_pass(time.monotonic())
             self._update_depth()
 
@@ -238,8 +232,7 @@ class ModelScheduler:
             self._drain.observe(now)
             slot = Slot(head.request_id, head.tenant_id, head.request_class, head.kv_tokens, now)
             self._replica.slots[slot.request_id] = slot
-            in_flight = self._num_in_flight[head.request_class]
-            in_flight[head.tenant_id] = in_flight.get(head.tenant_id, 0) + 1
+            self._num_in_flight.add(head.request_class, head.tenant_id)
             self._weights[head.tenant_id] = head.weight
             self._replica.dispatched_kv_tokens_since_read += slot.kv_tokens
             self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)

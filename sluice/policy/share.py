@@ -12,6 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sluice.domain import RequestClass
+
+
+class InFlight(dict[RequestClass, dict[str, int]]):
+    """Requests handed to replicas and not yet ended, per class, per tenant (shares are compared within a
+    class: a tenant's batch job must not make its interactive requests yield). A tenant with none has
+    no entry. Owned by one dispatcher (the gateway's scheduler, or the simulated fleet)."""
+
+    def __init__(self) -> None:
+        super().__init__({c: {} for c in RequestClass})
+
+    def add(self, request_class: RequestClass, tenant_id: str) -> None:
+        counts = self[request_class]
+        counts[tenant_id] = counts.get(tenant_id, 0) + 1
+
+    def remove(self, request_class: RequestClass, tenant_id: str) -> None:
+        counts = self[request_class]
+        remaining = counts[tenant_id] - 1
+        if remaining:
+            counts[tenant_id] = remaining
+        else:
+            del counts[tenant_id]
+
 
 def over_fair_share(
     tenant_id: str,
