@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from ports import free_ports
 
 from cpu_engine.devckpt import write_checkpoint
 from sluice.triton.launcher import TritonServer, TritonServerConfig
@@ -24,15 +23,6 @@ T = TypeVar("T")
 def dev_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The dev checkpoint (seed 0), written once per test session. Treat it as read-only."""
     return write_checkpoint(tmp_path_factory.mktemp("dev_checkpoint"), seed=0)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel says are free now (held open together, so they are distinct)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 @pytest.fixture

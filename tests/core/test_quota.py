@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ import redis
 import redis.asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from ports import free_port
 from redis_run import REDIS_URL, RUN_PREFIX, need_redis
 from tcp_proxy import TcpProxy
 
@@ -43,12 +43,6 @@ def new_tenant(tokens_per_minute: int | None = None, max_concurrent_requests: in
         tokens_per_minute=tokens_per_minute,
         max_concurrent_requests=max_concurrent_requests,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class FakeClock:

@@ -4,7 +4,6 @@ storage they name (SQLite under a temporary state_dir), and the engine client th
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ import httpx
 import openai
 import uvicorn
 from litestar import Litestar
+from ports import free_port
 
 from gateway.app import create_app
 from gateway.state import GatewayState
@@ -24,13 +24,6 @@ from sluice.settings import Settings
 ACME_KEY = "sk-acme-dev"
 GLOBEX_KEY = "sk-globex-dev"
 MODEL = "sluice-tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import openai
-from harness import free_port
+from ports import free_port
 from proc_table import processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

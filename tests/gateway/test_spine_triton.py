@@ -8,9 +8,10 @@ from pathlib import Path
 
 import openai
 import pytest
-from harness import MODEL, RunningGateway, free_port, start_gateway
+from harness import MODEL, RunningGateway, start_gateway
 from metrics_text import read_metric, used_kv_blocks
 from openai.types.chat import ChatCompletionMessageParam
+from ports import free_port
 
 from sluice.triton.launcher import TritonServer
 

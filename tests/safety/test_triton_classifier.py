@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from ports import free_ports
 
 from sluice.safety.base import ClassifierUnavailableError, Verdict
 from sluice.safety.config import SafetyConfig
@@ -25,15 +24,6 @@ T = TypeVar("T")
 Aio = Callable[[Coroutine[Any, Any, T]], T]
 # Only the served model blocks this phrase: the gateway's own rules (empty config) do not.
 GUARD_ONLY_PHRASE = "forbidden guard phrase"
-
-
-def free_ports(count: int) -> list[int]:
-    """As tests/conftest.py's (not importable by name here: every test folder has a conftest)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 @pytest.fixture(scope="module")
