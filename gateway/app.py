@@ -21,6 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from gateway.errors import exception_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
+from gateway.openapi_links import add_links
 from gateway.scheduling.scheduler import ModelScheduler
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
@@ -124,13 +125,15 @@ def create_app(
             )
             yield
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[OpenAIController, UsageController, *SYSTEM_HANDLERS],
         exception_handlers=exception_handlers(metrics),
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Sluice", version="0.1.0", path="/schema"),
     )
+    add_links(app.openapi_schema)
+    return app
 
 
 async def _open_ledger(settings: Settings, ledger: UsageLedger | None) -> UsageLedger:
