@@ -41,20 +41,32 @@ class UsageResponse(msgspec.Struct):
 
 
 def parse_time(value: str | None, param: str) -> datetime | None:
-    """Unix seconds ("1717171717", "1717171717.5") or ISO 8601 (naive means UTC)."""
+    """Unix seconds ("1717171717", "1717171717.5") or ISO 8601 (naive means UTC), as an aware UTC time.
+
+    400 for anything else, and for a time no timestamp can hold: NaN, infinities, or before year 1 / after
+    year 9999 once in UTC (``1e20``, ``9999-12-31T23:59:59-05:00``)."""
     if value is None or value == "":
         return None
+    shown = value if len(value) <= 40 else value[:40] + "..."
     try:
-        return datetime.fromtimestamp(float(value), UTC)
+        seconds: float | None = float(value)
     except ValueError:
-        pass
+        seconds = None
     try:
+        if seconds is not None:
+            return datetime.fromtimestamp(seconds, UTC)
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # NaN, inf, out of range; or not ISO 8601 at all
         raise invalid_request(
-            f"{param} must be unix seconds or an ISO 8601 time, got {value!r}.", param=param
+            f"{param} must be unix seconds or an ISO 8601 time between years 1 and 9999, got {shown!r}.",
+            param=param,
         ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except OverflowError:  # a valid local time whose UTC instant is outside years 1-9999
+        raise invalid_request(
+            f"{param} is out of range once in UTC (years 1 to 9999), got {shown!r}.", param=param
+        ) from None
 
 
 class UsageController(Controller):
