@@ -67,6 +67,21 @@ class GatewayMetrics:
             "Quota decisions served from the local fallback because the quota store was unreachable",
             registry=self.registry,
         )
+        self.tenant_store_down = Gauge(
+            "sluice_gateway_tenant_store_down",
+            "1 while the tenant store is unavailable (known keys served from the cache, others refused)",
+            registry=self.registry,
+        )
+        self.tenant_stale_resolutions = Counter(
+            "sluice_gateway_tenant_stale_resolutions",
+            "API keys resolved from a cache entry past its TTL because the tenant store was unavailable",
+            registry=self.registry,
+        )
+        self.tenant_store_lookups = Counter(
+            "sluice_gateway_tenant_store_lookups",
+            "API key lookups sent to the tenant store (cache misses, after merging concurrent ones)",
+            registry=self.registry,
+        )
 
         self.usage_outbox_pending = Gauge(
             "sluice_gateway_usage_outbox_pending",

@@ -52,6 +52,18 @@ class Settings(BaseSettings):
     request_deadline_s: float = Field(60.0, gt=0, le=3600)
     telemetry_path: Path  # default <state_dir>/telemetry.jsonl
     tenant_cache_ttl_s: float = Field(5.0, ge=0, le=3600)  # 0: every request goes to the store
+    # A "no such key" is cached this long (at most tenant_cache_ttl_s): a flood of random keys costs one
+    # query per key per this interval, not per request.
+    tenant_unknown_ttl_s: float = Field(1.0, ge=0, le=3600)
+    # Tenant store down: a key resolved at most this long ago keeps working from its last good view;
+    # other keys get 503 tenant_store_unavailable.
+    tenant_stale_max_s: float = Field(600.0, ge=0, le=24 * 3600)
+    # Tenant store down: at most one query per this interval checks whether it is back (Retry-After).
+    tenant_store_probe_interval_s: float = Field(2.0, gt=0, le=300)
+    # A tenant lookup slower than this counts as the store being down.
+    tenant_lookup_timeout_s: float = Field(2.0, gt=0, le=60)
+    # Tenant lookups in flight at once per gateway; more wait, so random keys cannot exhaust the pool.
+    tenant_max_concurrent_lookups: int = Field(4, ge=1, le=200)
     dev_tenants: bool = True  # seed acme/sk-acme-dev and globex/sk-globex-dev
 
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.

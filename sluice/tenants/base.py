@@ -41,6 +41,19 @@ class KeyConflictError(ValueError):
     """The key is already registered to a different tenant."""
 
 
+class TenantStoreUnavailable(ConnectionError):
+    """The store cannot answer now (server down or unreachable, no connection within the pool's wait, a
+    locked or unopenable file): nothing was read or written, and a later call may succeed. Every backend
+    raises this for such failures instead of its driver's own types; any other error is a bug.
+
+    A ``ConnectionError`` (an ``OSError``), so callers that already treat ``OSError`` as "unreachable" keep
+    working. ``retry_after_s`` is set by whoever knows when to try again (the cached resolver)."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 _POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # as sluice.safety.config names policies
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import builtins
 import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -15,6 +17,7 @@ from sluice.tenants.base import (
     KeyConflictError,
     TenantExistsError,
     TenantStore,
+    TenantStoreUnavailable,
     UnknownTenantError,
     apply_changes,
     check_tenant,
@@ -41,6 +44,8 @@ _UPDATE_TENANT = (
     f"UPDATE tenants SET {', '.join(f'{c} = %s' for c in TENANT_COLUMNS[1:])} WHERE tenant_id = %s"
 )
 _SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
+# The server or the network failed (psycopg_pool's PoolTimeout is an OperationalError): not our SQL.
+_UNREACHABLE = (psycopg.OperationalError, OSError)
 
 
 async def _require_tenant(conn: psycopg.AsyncConnection, tenant_id: str) -> None:
@@ -75,14 +80,27 @@ class PostgresTenantStore(TenantStore):
         return self._db.pool
 
     async def open(self) -> None:
-        await self._db.open()
+        try:
+            await self._db.open()
+        except _UNREACHABLE as exc:
+            raise TenantStoreUnavailable(f"tenant store (PostgreSQL) unavailable: {exc}") from exc
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A pooled connection; the server or network failing, here or in the caller's block, raises
+        ``TenantStoreUnavailable`` (the driver's types stay inside this backend)."""
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except _UNREACHABLE as exc:
+            raise TenantStoreUnavailable(f"tenant store (PostgreSQL) unavailable: {exc}") from exc
 
     async def close(self) -> None:
         await self._db.close()
 
     async def resolve(self, api_key: str) -> Tenant | None:
         digest = hash_key(api_key)
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 f"SELECT k.key_sha256, {select_columns('t')}"
                 " FROM api_keys k JOIN tenants t USING (tenant_id)"
@@ -95,7 +113,7 @@ class PostgresTenantStore(TenantStore):
         return tenant_from_row(row[1:])
 
     async def get(self, tenant_id: str) -> Tenant:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(f"{_SELECT_TENANT} WHERE tenant_id = %s", (tenant_id,))
             row = await cur.fetchone()
         if row is None:
@@ -104,7 +122,7 @@ class PostgresTenantStore(TenantStore):
 
     async def put_tenant(self, tenant: Tenant) -> None:
         check_tenant(tenant)
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.execute(
                 f"{_INSERT_TENANT} ON CONFLICT (tenant_id) DO UPDATE SET {_SET_TENANT}", tenant_row(tenant)
             )
@@ -112,7 +130,7 @@ class PostgresTenantStore(TenantStore):
     async def create(self, tenant: Tenant) -> str:
         check_tenant(tenant)
         api_key = new_api_key(tenant.tenant_id)
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             cur = await conn.execute(
                 f"{_INSERT_TENANT} ON CONFLICT (tenant_id) DO NOTHING", tenant_row(tenant)
             )
@@ -122,7 +140,7 @@ class PostgresTenantStore(TenantStore):
         return api_key
 
     async def update(self, tenant_id: str, /, **changes: Any) -> Tenant:
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             # FOR UPDATE: two concurrent updates of different fields both land.
             cur = await conn.execute(f"{_SELECT_TENANT} WHERE tenant_id = %s FOR UPDATE", (tenant_id,))
             row = await cur.fetchone()
@@ -134,7 +152,7 @@ class PostgresTenantStore(TenantStore):
 
     async def rotate_key(self, tenant_id: str, revoke_old: bool = True) -> str:
         api_key = new_api_key(tenant_id)
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             await _require_tenant(conn, tenant_id)
             if revoke_old:
                 await conn.execute(
@@ -145,7 +163,7 @@ class PostgresTenantStore(TenantStore):
         return api_key
 
     async def num_active_keys(self, tenant_id: str) -> int:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "SELECT (SELECT count(*) FROM api_keys k WHERE k.tenant_id = t.tenant_id"
                 " AND k.revoked_at IS NULL) FROM tenants t WHERE t.tenant_id = %s",
@@ -157,11 +175,11 @@ class PostgresTenantStore(TenantStore):
         return int(row[0])
 
     async def add_key(self, tenant_id: str, api_key: str) -> None:
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             await _insert_key(conn, tenant_id, api_key)
 
     async def revoke_key(self, api_key: str) -> bool:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 "UPDATE api_keys SET revoked_at = now() WHERE key_sha256 = %s AND revoked_at IS NULL",
                 (hash_key(api_key),),
@@ -169,7 +187,7 @@ class PostgresTenantStore(TenantStore):
             return cur.rowcount == 1
 
     async def list(self) -> builtins.list[Tenant]:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(f"{_SELECT_TENANT} ORDER BY tenant_id")
             rows = await cur.fetchall()
         return [tenant_from_row(r) for r in rows]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import builtins
 import hmac
 import sqlite3
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sluice.db import SqliteDb, apply_sqlite_migrations, transaction
 from sluice.domain import Tenant
@@ -15,6 +16,7 @@ from sluice.tenants.base import (
     KeyConflictError,
     TenantExistsError,
     TenantStore,
+    TenantStoreUnavailable,
     UnknownTenantError,
     apply_changes,
     check_tenant,
@@ -37,6 +39,15 @@ _INSERT_TENANT = (
 )
 _SET_TENANT = ", ".join(f"{c} = excluded.{c}" for c in TENANT_COLUMNS[1:])
 _SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
+# sqlite3.OperationalError also reports our own SQL's mistakes ("no such table"): only these messages
+# say the file cannot be used right now.
+_UNAVAILABLE_MESSAGES = ("locked", "busy", "unable to open", "disk i/o", "disk is full", "readonly")
+
+T = TypeVar("T")
+
+
+def _unavailable(exc: BaseException) -> TenantStoreUnavailable:
+    return TenantStoreUnavailable(f"tenant store (SQLite) unavailable: {exc}")
 
 
 def _now() -> str:
@@ -73,8 +84,23 @@ class SqliteTenantStore(TenantStore):
         self._db = SqliteDb(path)
 
     async def open(self) -> None:
-        await self._db.open()
-        await self._db.run(lambda conn: apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS))
+        try:
+            await self._db.open()
+        except (sqlite3.OperationalError, OSError) as exc:
+            raise _unavailable(exc) from exc
+        await self._run(lambda conn: apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS))
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` on the connection's thread; a file that cannot be used now raises
+        ``TenantStoreUnavailable`` (the driver's types stay inside this backend)."""
+        try:
+            return await self._db.run(fn)
+        except sqlite3.OperationalError as exc:
+            if not any(m in str(exc).lower() for m in _UNAVAILABLE_MESSAGES):
+                raise
+            raise _unavailable(exc) from exc
+        except OSError as exc:
+            raise _unavailable(exc) from exc
 
     async def close(self) -> None:
         await self._db.close()
@@ -93,15 +119,15 @@ class SqliteTenantStore(TenantStore):
                 return None
             return tenant_from_row(row[1:])
 
-        return await self._db.run(read)
+        return await self._run(read)
 
     async def get(self, tenant_id: str) -> Tenant:
-        return await self._db.run(lambda conn: _get(conn, tenant_id))
+        return await self._run(lambda conn: _get(conn, tenant_id))
 
     async def put_tenant(self, tenant: Tenant) -> None:
         check_tenant(tenant)
         params = (*tenant_row(tenant), _now())
-        await self._db.run(
+        await self._run(
             lambda conn: conn.execute(
                 f"{_INSERT_TENANT} ON CONFLICT (tenant_id) DO UPDATE SET {_SET_TENANT}", params
             )
@@ -119,7 +145,7 @@ class SqliteTenantStore(TenantStore):
                 raise TenantExistsError(tenant.tenant_id) from None
             _insert_key(conn, tenant.tenant_id, api_key)
 
-        await self._db.run(lambda conn: transaction(conn, write))
+        await self._run(lambda conn: transaction(conn, write))
         return api_key
 
     async def update(self, tenant_id: str, /, **changes: Any) -> Tenant:
@@ -131,7 +157,7 @@ class SqliteTenantStore(TenantStore):
             )
             return tenant
 
-        return await self._db.run(lambda conn: transaction(conn, write))
+        return await self._run(lambda conn: transaction(conn, write))
 
     async def rotate_key(self, tenant_id: str, revoke_old: bool = True) -> str:
         api_key = new_api_key(tenant_id)
@@ -145,7 +171,7 @@ class SqliteTenantStore(TenantStore):
                 )
             _insert_key(conn, tenant_id, api_key)
 
-        await self._db.run(lambda conn: transaction(conn, write))
+        await self._run(lambda conn: transaction(conn, write))
         return api_key
 
     async def num_active_keys(self, tenant_id: str) -> int:
@@ -159,14 +185,14 @@ class SqliteTenantStore(TenantStore):
                 raise UnknownTenantError(tenant_id)
             return int(row[0])
 
-        return await self._db.run(read)
+        return await self._run(read)
 
     async def add_key(self, tenant_id: str, api_key: str) -> None:
-        await self._db.run(lambda conn: transaction(conn, lambda c: _insert_key(c, tenant_id, api_key)))
+        await self._run(lambda conn: transaction(conn, lambda c: _insert_key(c, tenant_id, api_key)))
 
     async def revoke_key(self, api_key: str) -> bool:
         digest = hash_key(api_key)
-        cur = await self._db.run(
+        cur = await self._run(
             lambda conn: conn.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE key_sha256 = ? AND revoked_at IS NULL",
                 (_now(), digest),
@@ -175,7 +201,7 @@ class SqliteTenantStore(TenantStore):
         return cur.rowcount == 1
 
     async def list(self) -> builtins.list[Tenant]:
-        rows = await self._db.run(
+        rows = await self._run(
             lambda conn: conn.execute(f"{_SELECT_TENANT} ORDER BY tenant_id").fetchall()
         )
         return [tenant_from_row(r) for r in rows]

@@ -11,7 +11,9 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from storage_backends import Backend
+from tcp_proxy import TcpProxy
 
 from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
 from sluice.domain import ALL_CLASSES, RequestClass, Tenant
@@ -22,14 +24,17 @@ from sluice.tenants.base import (
     KeyConflictError,
     TenantExistsError,
     TenantStore,
+    TenantStoreUnavailable,
     UnknownTenantError,
     dev_tenant,
     hash_key,
     key_prefix,
     seed_dev_tenants,
 )
-from sluice.tenants.cache import CachedTenantResolver
+from sluice.tenants.cache import CachedTenantResolver, ResolverLimits
 from sluice.tenants.migrations import COMPONENT, MIGRATIONS
+from sluice.tenants.postgres import PostgresTenantStore
+from sluice.tenants.sqlite import SqliteTenantStore
 
 pytestmark = pytest.mark.anyio
 
@@ -320,6 +325,46 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
     assert sorted(row[1] for row in applied) == [1, 2, 3]
 
 
+async def test_postgres_failures_raise_the_interfaces_error(pg_schema_url: str) -> None:
+    """A connection cut under the store: ``TenantStoreUnavailable``, not a psycopg type."""
+    info = conninfo_to_dict(pg_schema_url)
+    proxy = TcpProxy(str(info.get("host") or "127.0.0.1"), int(str(info.get("port") or 5432)))
+    port = await proxy.start()
+    store = PostgresTenantStore(make_conninfo(pg_schema_url, host="127.0.0.1", port=port), pool_max_size=1)
+    await store.open()
+    try:
+        key = await store.create(Tenant("acme", "Acme"))
+        await proxy.cut()
+        with pytest.raises(TenantStoreUnavailable, match="PostgreSQL"):
+            await store.resolve(key)
+    finally:
+        await store.close()
+
+
+async def test_sqlite_failures_raise_the_interfaces_error(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TenantStoreUnavailable, match="SQLite"):
+        await SqliteTenantStore(tmp_path / "a-file" / "tenants.db").open()  # its directory is a file
+    locked = SqliteTenantStore(tmp_path / "tenants.db")
+    await locked.open()
+    try:
+        await locked.create(Tenant("acme", "Acme"))
+
+        def refuse(conn: sqlite3.Connection) -> None:
+            raise sqlite3.OperationalError("database is locked")  # what a writer past busy_timeout sees
+
+        with pytest.raises(TenantStoreUnavailable, match="locked"):
+            await locked._run(refuse)
+
+        def bug(conn: sqlite3.Connection) -> None:
+            conn.execute("SELECT * FROM no_such_table")
+
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            await locked._run(bug)  # our own mistake is not an outage
+    finally:
+        await locked.close()
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now_s = 1000.0
@@ -330,7 +375,7 @@ class FakeClock:
 
 async def test_cached_resolver_staleness_is_bounded_by_ttl(store: TenantStore) -> None:
     clock = FakeClock()
-    resolver = CachedTenantResolver(store, ttl_s=5.0, clock=clock)
+    resolver = CachedTenantResolver(store, ResolverLimits(ttl_s=5.0, unknown_ttl_s=5.0), clock=clock)
     key = await store.create(Tenant("acme", "Acme"))
     assert await resolver.resolve(key) == Tenant("acme", "Acme")
 
@@ -348,18 +393,21 @@ async def test_cached_resolver_staleness_is_bounded_by_ttl(store: TenantStore) -
 
 
 async def test_cached_resolver_is_bounded_and_can_be_invalidated(store: TenantStore) -> None:
-    resolver = CachedTenantResolver(store, ttl_s=60.0, max_entries=3)
+    resolver = CachedTenantResolver(store, ResolverLimits(ttl_s=60.0, max_entries=3, max_unknown_entries=3))
     key = await store.create(Tenant("acme", "Acme"))
     for i in range(10):
         assert await resolver.resolve(f"sk-random-{i}") is None
     assert resolver.num_entries == 3
     assert await resolver.resolve(key) is not None
+    assert resolver.num_entries == 4  # known keys are kept apart: random ones cannot evict them
     await store.revoke_key(key)
     resolver.invalidate(key)
     assert await resolver.resolve(key) is None
-    uncached = CachedTenantResolver(store, ttl_s=0)
+    uncached = CachedTenantResolver(store, ResolverLimits(ttl_s=0))
     await store.add_key("acme", key)
-    assert await uncached.resolve(key) is not None and uncached.num_entries == 0
+    assert await uncached.resolve(key) is not None
+    await store.revoke_key(key)
+    assert await uncached.resolve(key) is None  # ttl 0: every request asks the store
 
 
 async def test_factories_pick_the_backend_from_settings_and_seed(backend: Backend, tmp_path: Path) -> None:
