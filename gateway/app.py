@@ -10,7 +10,6 @@ pass their own ``engine`` / ``ledger`` / ``tenant_store``; the app opens and clo
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -40,7 +39,7 @@ from sluice.quota.factory import open_quota_store
 from sluice.safety.config import load_safety_config
 from sluice.safety.policy import build_policies
 from sluice.safety.triton import TritonClassifier
-from sluice.settings import Settings, redact_secrets
+from sluice.settings import Settings
 from sluice.storage import open_ledger, open_tenant_store
 from sluice.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
@@ -100,21 +99,13 @@ def create_app(
             )
             stack.push_async_callback(classifier.close)
             safety = build_policies(load_safety_config(settings.safety_config_path), triton=classifier)
-            telemetry = TelemetryWriter(
-                settings.telemetry_path,
-                max_bytes=settings.telemetry_max_bytes,
-                num_backups=settings.telemetry_num_backups,
-                max_queued=settings.telemetry_queue_max_records,
-                on_drop=metrics.telemetry_dropped.inc,
-            )
-            stack.push_async_callback(asyncio.to_thread, telemetry.close)  # writes what is queued
             app.state.gw = GatewayState(
                 settings=settings,
                 codec=codec,
                 engine=engine,
                 ledger=opened_ledger,
                 tenants=tenant_resolver(store, settings, metrics),
-                telemetry=telemetry,
+                telemetry=TelemetryWriter(settings.telemetry_path),
                 metrics=metrics,
                 quota=opened_quota,
                 scheduler=scheduler,
@@ -126,7 +117,12 @@ def create_app(
             # generations so a collection pass on the request path does not walk it (tail latency).
             gc.collect()
             gc.freeze()
-            _log_start(settings, engine)
+            log.info(
+                "gateway up: engine client %s (replica %s), model %s",
+                engine.kind,
+                engine.replica,
+                settings.model_name,
+            )
             yield
 
     app = Litestar(
@@ -138,36 +134,6 @@ def create_app(
     )
     add_links(app.openapi_schema)
     return app
-
-
-def _log_start(settings: Settings, engine: EngineClient) -> None:
-    """One line an operator can read the configuration from, and a warning while dev keys work."""
-    storage = (
-        f"PostgreSQL {redact_secrets(settings.database_url)}"
-        if settings.database_url is not None
-        else f"SQLite {settings.sqlite_path}"
-    )
-    shared = (
-        f"Redis {redact_secrets(settings.redis_url)}"
-        if settings.redis_url is not None
-        else "in process (this gateway only)"
-    )
-    log.info(
-        "gateway up: model %s, engine client %s (replica %s); ledger and tenants: %s; quotas and "
-        "idempotency: %s; telemetry %s; dev tenants %s",
-        settings.model_name,
-        engine.kind,
-        engine.replica,
-        storage,
-        shared,
-        settings.telemetry_path,
-        "ON" if settings.dev_tenants else "off",
-    )
-    if settings.dev_tenants:
-        log.warning(
-            "dev API keys sk-acme-dev and sk-globex-dev are active (SLUICE_DEV_TENANTS=true): anyone can "
-            "read them in the source; they must not be used in production"
-        )
 
 
 async def _open_ledger(settings: Settings, ledger: UsageLedger | None) -> UsageLedger:
