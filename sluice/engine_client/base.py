@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+# A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
+# dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
+MIN_SAMPLED_TEMPERATURE = 1e-5
 
 
 class FinishReason(StrEnum):
@@ -36,7 +40,9 @@ class EngineError(Exception):
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One generation. Sampling: temperature None or 0 is greedy; top_p None is no cut."""
+    """One generation. Sampling: temperature None, 0 or below ``MIN_SAMPLED_TEMPERATURE`` is greedy;
+    top_p None is no cut. ``cache_scope`` (the tenant) is required and non-empty: prefix-cache blocks are
+    shared within one scope only, and there is no shared default scope (an empty one is a ValueError)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -45,9 +51,17 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
-    cache_scope: str = ""  # the tenant: prefix-cache blocks are shared within one scope only
     priority: int = 0  # 0 interactive, 1 batch
     ignore_eos: bool = False
+    cache_scope: str = field(kw_only=True)  # the tenant
+
+    def __post_init__(self) -> None:
+        if not self.cache_scope:
+            raise ValueError("cache_scope must be the tenant: there is no shared default scope")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature is None or self.temperature < MIN_SAMPLED_TEMPERATURE
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class InProcessEngineClient(EngineClient):
         try:
             params = SamplingParams(
                 max_tokens=request.max_tokens,
-                temperature=request.temperature or 0.0,
+                temperature=request.temperature if not request.greedy and request.temperature else 0.0,
                 top_p=request.top_p or 1.0,
                 seed=request.seed,
                 stop_token_ids=request.stop_token_ids,

@@ -102,7 +102,8 @@ class TritonEngineClient(EngineClient):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
         if self._client is None:
             raise EngineError(EngineErrorKind.UNAVAILABLE, "the Triton client is not started")
-        sampled = request.temperature is not None and request.temperature > 0
+        # NOTE: a tiny temperature is sent as greedy (no sampling inputs), whatever engine serves it.
+        sampled = not request.greedy
         tensors = request_tensors(
             request.prompt_token_ids,
             request.max_tokens,

@@ -4,7 +4,7 @@ The tensor names mirror the TensorRT-LLM backend's ``tensorrt_llm`` model, so on
 engines. The model has ``max_batch_size > 0``, so every tensor carries a leading batch dimension of 1
 (``input_ids`` arrives as [1, N], ``output_ids`` leaves as [1, 1, T]: batch, beam, tokens).
 
-Inputs (all but the first three optional):
+Inputs (all optional but the first three and ``cache_scope``):
 
 =====================  ======  ==================================================================
 ``input_ids``          INT32   prompt token ids
@@ -19,12 +19,16 @@ Inputs (all but the first three optional):
 ``random_seed``        UINT64  seed for sampling
 ``stop_token_ids``     INT32   [-1] ids that end the sequence (Sluice's simple ``stop_words_list``)
 ``priority``           INT32   0 interactive (default), 1 batch
-``cache_scope``        BYTES   the tenant; prefix-cache blocks are shared only within one scope
+``cache_scope``        BYTES   required: the tenant; prefix-cache blocks are shared only within one scope
 ``ignore_eos``         BOOL    keep generating past the EOS ids (and ``end_id``)
 =====================  ======  ==================================================================
 
 As in TensorRT-LLM, a request that gives none of ``temperature``, ``runtime_top_k``, ``runtime_top_p``
-is decoded greedily; once any is given, a missing temperature is 1.0.
+is decoded greedily; once any is given, a missing temperature is 1.0. A temperature below 1e-5
+(``cpu_engine.sampling.MIN_SAMPLED_TEMPERATURE``) is greedy too.
+
+``cache_scope`` must be given and non-empty: there is no shared default scope. config.pbtxt declares it
+optional only so that a request without it gets this module's clear error, not Triton's generic one.
 
 Outputs: ``output_ids`` INT32 [1, 1, T] and ``sequence_length`` INT32 [1, 1] (T, the tokens in *this*
 response: the prompt is never echoed, i.e. TensorRT-LLM's ``exclude_input_in_output=true``). The
@@ -161,12 +165,13 @@ def request_tensors(
     end_id: int | None = None,
     stop_token_ids: Sequence[int] = (),
     priority: int | None = None,
-    cache_scope: str | None = None,
+    cache_scope: str,
     ignore_eos: bool | None = None,
 ) -> dict[str, np.ndarray]:
     """The client's side of ``request_from_tensors``: input tensors with their batch dimension of 1.
 
-    Arguments left as None are not sent, so the model's defaults apply.
+    ``cache_scope`` (the tenant) is always sent; other arguments left as None are not, so the model's
+    defaults apply.
     """
     out = {
         "input_ids": np.asarray(prompt_token_ids, dtype=np.int32).reshape(1, -1),
@@ -188,8 +193,7 @@ def request_tensors(
             out[name] = np.array([[value]], dtype=dtype)
     if stop_token_ids:
         out["stop_token_ids"] = np.asarray(stop_token_ids, dtype=np.int32).reshape(1, -1)
-    if cache_scope is not None:
-        out["cache_scope"] = np.array([[cache_scope.encode()]], dtype=np.object_)
+    out["cache_scope"] = np.array([[cache_scope.encode()]], dtype=np.object_)
     return out
 
 
@@ -322,8 +326,13 @@ def _check_vocab(name: str, ids: np.ndarray, vocab_size: int) -> None:
 
 
 def _cache_scope(tensors: Mapping[str, np.ndarray]) -> str:
+    """The request's prefix-cache scope. Required and non-empty: a default scope would let every caller
+    that forgot it share (and probe, by timing) each other's cached prompts."""
     if "cache_scope" not in tensors:
-        return ""
+        raise ValueError(
+            "input 'cache_scope' is required (the tenant: prefix-cache blocks are shared only within one "
+            "scope, and there is no shared default)"
+        )
     arr = _flat(tensors, "cache_scope")
     if arr.size != 1:
         raise ValueError("cache_scope must hold one string")
@@ -334,6 +343,8 @@ def _cache_scope(tensors: Mapping[str, np.ndarray]) -> str:
         raise ValueError("cache_scope must be bytes")
     if len(raw) > MAX_CACHE_SCOPE_BYTES:
         raise ValueError(f"cache_scope must be at most {MAX_CACHE_SCOPE_BYTES} bytes")
+    if not raw:
+        raise ValueError("cache_scope must not be empty (there is no shared default scope)")
     try:
         return bytes(raw).decode("utf-8")
     except UnicodeDecodeError:

@@ -58,7 +58,9 @@ def subject(request: pytest.FixtureRequest, aio: Aio, dev_checkpoint: Path) -> I
 
 
 def _request(max_tokens: int, **kwargs: Any) -> GenerateRequest:
-    return GenerateRequest(f"contract-{time.monotonic_ns()}", PROMPT, max_tokens, ignore_eos=True, **kwargs)
+    return GenerateRequest(
+        f"contract-{time.monotonic_ns()}", PROMPT, max_tokens, ignore_eos=True, cache_scope="acme", **kwargs
+    )
 
 
 async def _all(deltas: AsyncGenerator[Delta, None]) -> list[Delta]:
@@ -88,8 +90,16 @@ def test_stop_token_ids_end_with_stop(aio: Aio, subject: Subject) -> None:
     assert deltas[-1].finish_reason is FinishReason.STOP
 
 
+def test_a_tiny_positive_temperature_is_greedy(aio: Aio, subject: Subject) -> None:
+    """1e-310 once overflowed the in-process sampler to NaN and failed every sequence of the step."""
+    greedy = [t for d in aio(_all(subject.client.generate(_request(12)))) for t in d.token_ids]
+    for temperature in (1e-310, 1e-30):
+        deltas = aio(_all(subject.client.generate(_request(12, temperature=temperature, top_p=0.9))))
+        assert [t for d in deltas for t in d.token_ids] == greedy
+
+
 def test_an_out_of_vocabulary_prompt_is_an_invalid_request(aio: Aio, subject: Subject) -> None:
-    bad = GenerateRequest("contract-bad", [5, 10**6], 4)
+    bad = GenerateRequest("contract-bad", [5, 10**6], 4, cache_scope="acme")
     with pytest.raises(EngineError) as err:
         aio(_all(subject.client.generate(bad)))
     assert err.value.kind is EngineErrorKind.INVALID_REQUEST

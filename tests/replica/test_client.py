@@ -58,7 +58,7 @@ def chunks_are_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def stream(call: FakeCall, drain_timeout_s: float = 1.0) -> GenerateStream:
-    tensors = request_tensors(np.array([1, 2, 3]).tolist(), 4)
+    tensors = request_tensors(np.array([1, 2, 3]).tolist(), 4, cache_scope="acme")
     return GenerateStream(FakeClient(call), "m", tensors, drain_timeout_s=drain_timeout_s)  # type: ignore[arg-type]
 
 

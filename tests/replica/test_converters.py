@@ -31,15 +31,34 @@ from sluice.triton.render import CpuEngineModelSettings, fill_template, render_m
 VOCAB = 8192
 
 
-def convert(prompt: list[int] | None = None, max_tokens: int = 8, **kwargs: Any) -> EngineRequest:
-    return request_from_tensors(request_tensors(prompt or [5, 6, 7], max_tokens, **kwargs), VOCAB)
+def convert(
+    prompt: list[int] | None = None, max_tokens: int = 8, cache_scope: str = "acme", **kwargs: Any
+) -> EngineRequest:
+    tensors = request_tensors(prompt or [5, 6, 7], max_tokens, cache_scope=cache_scope, **kwargs)
+    return request_from_tensors(tensors, VOCAB)
 
 
-def test_defaults_are_greedy_interactive_unscoped() -> None:
+def test_defaults_are_greedy_and_interactive() -> None:
     req = convert(prompt=[1, 2, 3], max_tokens=9)
     assert req.prompt_token_ids == [1, 2, 3] and req.streaming
     assert req.params.max_tokens == 9 and req.params.greedy and req.params.stop_token_ids == ()
-    assert req.priority is PriorityClass.INTERACTIVE and req.cache_scope == ""
+    assert req.priority is PriorityClass.INTERACTIVE and req.cache_scope == "acme"
+
+
+def test_a_request_without_a_cache_scope_is_refused() -> None:
+    """No shared default scope: a caller that forgot its tenant must not share everyone's prefixes."""
+    tensors = request_tensors([5, 6, 7], 4, cache_scope="acme")
+    del tensors["cache_scope"]
+    with pytest.raises(ValueError, match="'cache_scope' is required"):
+        request_from_tensors(tensors, VOCAB)
+    with pytest.raises(ValueError, match="cache_scope must not be empty"):
+        convert(cache_scope="")
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 1e-30, 1e-6])
+def test_a_tiny_positive_temperature_is_greedy(temperature: float) -> None:
+    params = convert(temperature=temperature, top_p=0.9).params
+    assert params.greedy and params.temperature >= 0
 
 
 def test_sampling_inputs_follow_tensorrt_llm() -> None:
@@ -62,25 +81,25 @@ def test_extras_priority_scope_and_streaming() -> None:
 
 
 def test_input_lengths_trims_padding() -> None:
-    tensors = request_tensors([4, 5, 6, 0, 0], 3)
+    tensors = request_tensors([4, 5, 6, 0, 0], 3, cache_scope="acme")
     tensors["input_lengths"] = np.array([[3]], dtype=np.int32)
     assert request_from_tensors(tensors, VOCAB).prompt_token_ids == [4, 5, 6]
 
 
 def test_a_prompt_must_leave_room_for_output() -> None:
-    tensors = request_tensors(list(range(3, 13)), 4)
+    tensors = request_tensors(list(range(3, 13)), 4, cache_scope="acme")
     assert len(request_from_tensors(tensors, VOCAB, max_context_tokens=11).prompt_token_ids) == 10
     with pytest.raises(ValueError, match="a prompt of 10 tokens reaches the model's context of 10"):
         request_from_tensors(tensors, VOCAB, max_context_tokens=10)
 
 
 def test_shapes_without_the_batch_dimension_are_accepted() -> None:
-    tensors = {k: v.reshape(-1) for k, v in request_tensors([4, 5], 3).items()}
+    tensors = {k: v.reshape(-1) for k, v in request_tensors([4, 5], 3, cache_scope="acme").items()}
     assert request_from_tensors(tensors, VOCAB).prompt_token_ids == [4, 5]
 
 
 def _edit(**changes: np.ndarray | None) -> dict[str, np.ndarray]:
-    tensors = request_tensors([5, 6, 7], 4)
+    tensors = request_tensors([5, 6, 7], 4, cache_scope="acme")
     for name, value in changes.items():
         if value is None:
             tensors.pop(name)

@@ -167,7 +167,7 @@ def wait_final(request: FakeRequest, timeout_s: float = 20.0) -> None:
 
 
 def test_streaming_sends_tokens_then_an_empty_final_response(model: Any) -> None:
-    request = FakeRequest(request_tensors([5, 6, 7], 10, ignore_eos=True))
+    request = FakeRequest(request_tensors([5, 6, 7], 10, ignore_eos=True, cache_scope="acme"))
     model.execute([request])
     wait_final(request)
     sent = request.sender.sent
@@ -180,7 +180,9 @@ def test_streaming_sends_tokens_then_an_empty_final_response(model: Any) -> None
 
 
 def test_a_slow_sender_gets_tokens_coalesced_not_queued(model: Any) -> None:
-    request = FakeRequest(request_tensors([5, 6, 7], 60, ignore_eos=True), FakeSender(delay_s=0.05))
+    request = FakeRequest(
+        request_tensors([5, 6, 7], 60, ignore_eos=True, cache_scope="acme"), FakeSender(delay_s=0.05)
+    )
     model.execute([request])
     wait_final(request)
     chunks = request.sender.token_ids()
@@ -189,7 +191,9 @@ def test_a_slow_sender_gets_tokens_coalesced_not_queued(model: Any) -> None:
 
 
 def test_non_streaming_sends_one_response(model: Any) -> None:
-    request = FakeRequest(request_tensors([5, 6, 7], 12, streaming=False, ignore_eos=True))
+    request = FakeRequest(
+        request_tensors([5, 6, 7], 12, streaming=False, ignore_eos=True, cache_scope="acme")
+    )
     model.execute([request])
     wait_final(request)
     assert [len(c) for c in request.sender.token_ids()] == [12]
@@ -197,7 +201,7 @@ def test_non_streaming_sends_one_response(model: Any) -> None:
 
 
 def test_bad_input_gets_one_final_error_response(model: Any) -> None:
-    request = FakeRequest(request_tensors([5, 99_999], 4))
+    request = FakeRequest(request_tensors([5, 99_999], 4, cache_scope="acme"))
     model.execute([request])
     wait_final(request, 1.0)
     [(response, flags)] = request.sender.sent
@@ -206,8 +210,8 @@ def test_bad_input_gets_one_final_error_response(model: Any) -> None:
 
 
 def test_a_cancelled_request_is_aborted_within_a_step(model: Any) -> None:
-    request = FakeRequest(request_tensors(list(range(3, 200)), 500, ignore_eos=True))
-    other = FakeRequest(request_tensors([5, 6, 7], 500, ignore_eos=True))
+    request = FakeRequest(request_tensors(list(range(3, 200)), 500, ignore_eos=True, cache_scope="acme"))
+    other = FakeRequest(request_tensors([5, 6, 7], 500, ignore_eos=True, cache_scope="acme"))
     model.execute([request, other])
     deadline = time.monotonic() + 10
     while not request.sender.token_ids() and time.monotonic() < deadline:
@@ -230,7 +234,7 @@ def test_engine_stats_reach_the_metric_families(model: Any) -> None:
     assert families["sluice_engine_steps_total"].kind == "COUNTER"
     kv = families["nv_trt_llm_kv_cache_block_metrics"]
     assert kv.value(kv_cache_block_type="max", model="sluice-tiny", version="1") == 256
-    request = FakeRequest(request_tensors([5, 6, 7], 8, ignore_eos=True))
+    request = FakeRequest(request_tensors([5, 6, 7], 8, ignore_eos=True, cache_scope="acme"))
     model.execute([request])
     wait_final(request)
     time.sleep(0.05)  # two stats intervals
@@ -240,7 +244,7 @@ def test_engine_stats_reach_the_metric_families(model: Any) -> None:
 
 
 def test_finalize_ends_live_requests_with_an_error(model: Any) -> None:
-    request = FakeRequest(request_tensors([5, 6, 7], 1000, ignore_eos=True))
+    request = FakeRequest(request_tensors([5, 6, 7], 1000, ignore_eos=True, cache_scope="acme"))
     model.execute([request])
     time.sleep(0.05)
     model.finalize()

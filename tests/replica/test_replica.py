@@ -65,7 +65,7 @@ def in_process_greedy(settings: CpuEngineModelSettings, prompt: list[int], max_t
 def test_streamed_greedy_tokens_match_the_engine_in_process(
     aio: Aio, replica: TritonServer, model_settings: CpuEngineModelSettings
 ) -> None:
-    chunks = generate(aio, replica, request_tensors(PROMPT, 24, ignore_eos=True))
+    chunks = generate(aio, replica, request_tensors(PROMPT, 24, ignore_eos=True, cache_scope="acme"))
     assert [t for c in chunks for t in c.token_ids] == in_process_greedy(model_settings, PROMPT, 24)
     assert all(c.token_ids for c in chunks)
     assert [c.finish_reason for c in chunks].count(None) == len(chunks) - 1
@@ -76,18 +76,28 @@ def test_streamed_greedy_tokens_match_the_engine_in_process(
 
 def test_non_streaming_gets_one_response_with_every_token(aio: Aio, replica: TritonServer) -> None:
     streamed = [
-        t for c in generate(aio, replica, request_tensors(PROMPT, 16, ignore_eos=True)) for t in c.token_ids
+        t
+        for c in generate(aio, replica, request_tensors(PROMPT, 16, ignore_eos=True, cache_scope="acme"))
+        for t in c.token_ids
     ]
-    chunks = generate(aio, replica, request_tensors(PROMPT, 16, streaming=False, ignore_eos=True))
+    chunks = generate(
+        aio, replica, request_tensors(PROMPT, 16, streaming=False, ignore_eos=True, cache_scope="acme")
+    )
     assert len(chunks) == 1
     assert chunks[0].token_ids == streamed and chunks[0].finish_reason == "length"
 
 
 def test_stop_token_ends_the_sequence_with_stop(aio: Aio, replica: TritonServer) -> None:
     tokens = [
-        t for c in generate(aio, replica, request_tensors(PROMPT, 16, ignore_eos=True)) for t in c.token_ids
+        t
+        for c in generate(aio, replica, request_tensors(PROMPT, 16, ignore_eos=True, cache_scope="acme"))
+        for t in c.token_ids
     ]
-    chunks = generate(aio, replica, request_tensors(PROMPT, 16, stop_token_ids=[tokens[3]], ignore_eos=True))
+    chunks = generate(
+        aio,
+        replica,
+        request_tensors(PROMPT, 16, stop_token_ids=[tokens[3]], ignore_eos=True, cache_scope="acme"),
+    )
     assert [t for c in chunks for t in c.token_ids] == tokens[: tokens.index(tokens[3]) + 1]
     assert chunks[-1].finish_reason == "stop"
 
@@ -97,7 +107,7 @@ def test_every_request_ends_with_an_empty_final_response(replica: TritonServer) 
     client = grpc_sync.InferenceServerClient(replica.grpc_url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
-        inputs = to_infer_inputs(request_tensors(PROMPT, 4, ignore_eos=True))
+        inputs = to_infer_inputs(request_tensors(PROMPT, 4, ignore_eos=True, cache_scope="acme"))
         client.async_stream_infer(MODEL_NAME, inputs, request_id="r1", enable_empty_final_response=True)
         received = []
         while True:
@@ -118,11 +128,17 @@ def test_every_request_ends_with_an_empty_final_response(replica: TritonServer) 
 @pytest.mark.parametrize(
     ("tensors", "message"),
     [
-        (request_tensors([5, 9_999_999], 4), "input_ids[1] = 9999999 is outside the vocabulary [0, 8192)"),
-        (request_tensors([5, 6], 0), "max_tokens must be at least 1"),
-        (request_tensors([5, 6], 4, priority=7), "priority must be one of [0, 1]"),
-        (request_tensors([5, 6], 4, top_p=1.5), "top_p must be in (0, 1]"),
-        (request_tensors([5] * 2048, 4), "a prompt of 2048 tokens reaches the model's context of 2048"),
+        (
+            request_tensors([5, 9_999_999], 4, cache_scope="acme"),
+            "input_ids[1] = 9999999 is outside the vocabulary [0, 8192)",
+        ),
+        (request_tensors([5, 6], 0, cache_scope="acme"), "max_tokens must be at least 1"),
+        (request_tensors([5, 6], 4, priority=7, cache_scope="acme"), "priority must be one of [0, 1]"),
+        (request_tensors([5, 6], 4, top_p=1.5, cache_scope="acme"), "top_p must be in (0, 1]"),
+        (
+            request_tensors([5] * 2048, 4, cache_scope="acme"),
+            "a prompt of 2048 tokens reaches the model's context of 2048",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_error(aio: Aio, replica: TritonServer, tensors: dict, message: str) -> None:
@@ -132,14 +148,21 @@ def test_bad_input_gets_a_clear_error(aio: Aio, replica: TritonServer, tensors: 
 
 
 def test_missing_input_ids_is_refused(aio: Aio, replica: TritonServer) -> None:
-    tensors = request_tensors([5, 6], 4)
+    tensors = request_tensors([5, 6], 4, cache_scope="acme")
     del tensors["input_ids"]
     with pytest.raises(InferenceServerException, match="input 'input_ids' is required"):
         generate(aio, replica, tensors)
 
 
+def test_a_request_without_a_cache_scope_is_refused(aio: Aio, replica: TritonServer) -> None:
+    tensors = request_tensors([5, 6], 4, cache_scope="acme")
+    del tensors["cache_scope"]
+    with pytest.raises(InferenceServerException, match="'cache_scope' is required"):
+        generate(aio, replica, tensors)
+
+
 def test_cancelling_the_call_frees_the_kv_blocks_within_a_second(aio: Aio, replica: TritonServer) -> None:
-    tensors = request_tensors(PROMPT * 5, 1500, ignore_eos=True)
+    tensors = request_tensors(PROMPT * 5, 1500, ignore_eos=True, cache_scope="acme")
 
     def used_blocks() -> float:
         return read_metric(replica, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used")
@@ -171,7 +194,7 @@ def test_cancelling_the_call_frees_the_kv_blocks_within_a_second(aio: Aio, repli
 def test_metrics_families_are_exported(
     aio: Aio, replica: TritonServer, model_settings: CpuEngineModelSettings
 ) -> None:
-    generate(aio, replica, request_tensors(PROMPT, 4))
+    generate(aio, replica, request_tensors(PROMPT, 4, cache_scope="acme"))
     kv = {
         kind: read_metric(
             replica, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type=kind, model=MODEL_NAME
@@ -220,7 +243,7 @@ def test_two_servers_run_at_once(
     second = start_replica("second")
     try:
         assert replica.is_running() and second.is_running()
-        tensors = request_tensors(PROMPT, 8, ignore_eos=True)
+        tensors = request_tensors(PROMPT, 8, ignore_eos=True, cache_scope="acme")
         first_tokens = [t for c in generate(aio, replica, tensors) for t in c.token_ids]
         assert [t for c in generate(aio, second, tensors) for t in c.token_ids] == first_tokens
     finally:
