@@ -64,22 +64,28 @@ def hostile_kinds(model: str, body_limit_bytes: int) -> dict[str, Callable[[int]
     }  # fmt: skip
 
 
-async def victim_gaps_ms(client: httpx.AsyncClient, model: str, key: str, num_tokens: int) -> list[float]:
+async def victim_gaps_ms(
+    client: httpx.AsyncClient, model: str, key: str, num_tokens: int
+) -> tuple[list[float], bool]:
+    """The victim stream's inter-token gaps, and whether it failed (an HTTP error or an error event)."""
     body = {"model": model, "prompt": "The", "max_tokens": num_tokens, "ignore_eos": True, "stream": True,
             "temperature": 0.0}  # fmt: skip
     gaps: list[float] = []
     last: float | None = None
     headers = {"Authorization": f"Bearer {key}"}
     async with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
-        resp.raise_for_status()
+        if resp.status_code != 200:
+            return gaps, True
         async for line in resp.aiter_lines():
+            if line.startswith('data: {"error"'):
+                return gaps, True
             if not line.startswith("data: {"):
                 continue
             now = time.perf_counter()
             if last is not None:
                 gaps.append((now - last) * 1000)
             last = now
-    return gaps
+    return gaps, False
 
 
 async def hostile_loop(
@@ -102,35 +108,52 @@ async def run(args: argparse.Namespace) -> list[str]:
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=120, limits=limits) as client:
         quiet: list[float] = []
+        num_quiet_failures = 0
         rows = []
         for name, make in hostile_kinds(args.model, args.body_limit_bytes).items():
             gaps: list[float] = []
             statuses: Counter[int] = Counter()
+            num_victim_failures = 0
             for _ in range(args.rounds):
-                quiet += await victim_gaps_ms(client, args.model, args.victim_key, args.victim_tokens)
+                quiet_gaps, failed = await victim_gaps_ms(
+                    client, args.model, args.victim_key, args.victim_tokens
+                )
+                quiet += quiet_gaps
+                num_quiet_failures += failed
                 stop = asyncio.Event()
                 attack = asyncio.create_task(
                     hostile_loop(client, make, args.hostile_key, stop, statuses, args.concurrency)
                 )
                 await asyncio.sleep(0.2)  # the attack is under way before the victim starts
-                gaps += await victim_gaps_ms(client, args.model, args.victim_key, args.victim_tokens)
+                attacked_gaps, failed = await victim_gaps_ms(
+                    client, args.model, args.victim_key, args.victim_tokens
+                )
+                gaps += attacked_gaps
+                num_victim_failures += failed
                 stop.set()
                 await attack
             codes = ", ".join(f"{code}: {n}" for code, n in sorted(statuses.items()))
             num_5xx = sum(n for code, n in statuses.items() if code >= 500)
             rows.append(
-                f"| {name} | {sum(statuses.values())} | {codes} | **{num_5xx}** | "
-                f"{pct(gaps, 50):.1f} / {pct(gaps, 99):.1f} / {max(gaps):.1f} |"
+                f"| {name} | {sum(statuses.values())} | {codes} | **{num_5xx}** | {num_victim_failures} | "
+                f"{_gaps(gaps)} |"
             )
     return [
         f"CPU: {_cpu()}; {args.rounds} rounds per kind, victim {args.victim_tokens} tokens, "
         f"{args.concurrency} hostile requests at a time.",
         "",
-        "| hostile traffic | requests | status codes | 5xx | victim inter-token p50 / p99 / max (ms) |",
-        "|---|---:|---|---:|---:|",
-        f"| none (quiet rounds) | 0 | | 0 | {pct(quiet, 50):.1f} / {pct(quiet, 99):.1f} / {max(quiet):.1f} |",
+        "| hostile traffic | requests | status codes | 5xx | victim streams failed "
+        "| victim inter-token p50 / p99 / max (ms) |",
+        "|---|---:|---|---:|---:|---:|",
+        f"| none (quiet rounds) | 0 | | 0 | {num_quiet_failures} | {_gaps(quiet)} |",
         *rows,
     ]
+
+
+def _gaps(gaps_ms: list[float]) -> str:
+    if not gaps_ms:
+        return "no tokens"
+    return f"{pct(gaps_ms, 50):.1f} / {pct(gaps_ms, 99):.1f} / {max(gaps_ms):.1f}"
 
 
 def _cpu() -> str:
