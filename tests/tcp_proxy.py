@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class TcpProxy:
@@ -62,3 +66,30 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     finally:
         with contextlib.suppress(Exception):
             writer.close()
+
+
+class ProxyThread:
+    """A ``TcpProxy`` on its own event loop in a thread, for a test whose server (a gateway under uvicorn)
+    runs in another thread: ``cut`` and ``restore`` block until done."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
+        self._thread.start()
+        self.proxy = TcpProxy(target_host, target_port)
+        self.port = self._run(self.proxy.start())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    def cut(self) -> None:
+        self._run(self.proxy.cut())
+
+    def restore(self) -> None:
+        self._run(self.proxy.restore())
+
+    def close(self) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
