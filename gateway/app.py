@@ -10,6 +10,7 @@ pass their own ``engine`` / ``ledger`` / ``tenant_store``; the app opens and clo
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -99,13 +100,21 @@ def create_app(
             )
             stack.push_async_callback(classifier.close)
             safety = build_policies(load_safety_config(settings.safety_config_path), triton=classifier)
+            telemetry = TelemetryWriter(
+                settings.telemetry_path,
+                max_bytes=settings.telemetry_max_bytes,
+                num_backups=settings.telemetry_num_backups,
+                max_queued=settings.telemetry_queue_max_records,
+                on_drop=metrics.telemetry_dropped.inc,
+            )
+            stack.push_async_callback(asyncio.to_thread, telemetry.close)  # writes what is queued
             app.state.gw = GatewayState(
                 settings=settings,
                 codec=codec,
                 engine=engine,
                 ledger=opened_ledger,
                 tenants=tenant_resolver(store, settings, metrics),
-                telemetry=TelemetryWriter(settings.telemetry_path),
+                telemetry=telemetry,
                 metrics=metrics,
                 quota=opened_quota,
                 scheduler=scheduler,

@@ -98,6 +98,11 @@ class GatewayMetrics:
             "Ledger writes of usage records that failed or timed out (the record stays in the outbox)",
             registry=self.registry,
         )
+        self.telemetry_dropped = Counter(
+            "sluice_gateway_telemetry_dropped",
+            "Telemetry records not written: the writer's queue was full, or the file was not writable",
+            registry=self.registry,
+        )
 
         self.wasted_output_tokens = Counter(
             "sluice_gateway_superseded_output_tokens",

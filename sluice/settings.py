@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     request_deadline_s: float = Field(60.0, gt=0, le=3600)
     telemetry_path: Path  # default <state_dir>/telemetry.jsonl
+    # Telemetry is written by a background thread: the file rotates at telemetry_max_bytes, keeping
+    # telemetry_num_backups older files (.1 newest); records beyond the queue are dropped and counted.
+    telemetry_max_bytes: int = Field(64 * 1024 * 1024, ge=4096, le=1024**4)
+    telemetry_num_backups: int = Field(3, ge=0, le=100)
+    telemetry_queue_max_records: int = Field(10_000, ge=1, le=1_000_000)
     tenant_cache_ttl_s: float = Field(5.0, ge=0, le=3600)  # 0: every request goes to the store
     # A "no such key" is cached this long (at most tenant_cache_ttl_s): a flood of random keys costs one
     # query per key per this interval, not per request.

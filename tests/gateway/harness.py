@@ -65,6 +65,8 @@ class RunningGateway:
             time.sleep(0.02)
 
     def telemetry(self) -> list[dict[str, Any]]:
+        """Every telemetry record so far (the writer's queue flushed first)."""
+        self.gw.telemetry.flush()
         path = self.gw.settings.telemetry_path
         if path is None or not path.exists():
             return []
