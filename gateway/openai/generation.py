@@ -86,7 +86,12 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         await _screen_prompt(job, gw, policy)
         screen = policy.output_screen(gw.settings.safety_holdback_chars)
         grant = await acquire_quota(
-            gw.quota, gw.metrics, job.tenant, len(job.prompt_token_ids) + job.max_tokens, job.deadline_s
+            gw.quota,
+            gw.metrics,
+            job.tenant,
+            len(job.prompt_token_ids) + job.max_tokens,
+            job.deadline_s,
+            request_id=job.request_id,
         )
         slot = await gw.scheduler.wait_for_dispatch(_admission(job))
         reached_replica = True

@@ -24,10 +24,18 @@ _REFUSALS: dict[QuotaLimit, tuple[int, str, str]] = {
 
 
 async def acquire_quota(
-    quota: QuotaStore, metrics: GatewayMetrics, tenant: Tenant, num_tokens: int, deadline_s: float
+    quota: QuotaStore,
+    metrics: GatewayMetrics,
+    tenant: Tenant,
+    num_tokens: int,
+    deadline_s: float,
+    *,
+    request_id: str,
 ) -> QuotaGrant:
+    """The request's grant (at most one per ``request_id``: a repeat takes nothing more), or the refusal
+    raised as its OpenAI error."""
     lease_ttl_s = max(1.0, deadline_s - time.monotonic()) + LEASE_GRACE_S
-    result = await quota.acquire(tenant, num_tokens, lease_ttl_s)
+    result = await quota.acquire(tenant, num_tokens, lease_ttl_s, request_id=request_id)
     if isinstance(result, QuotaGrant):
         return result
     raise quota_error(result, metrics)

@@ -3,6 +3,14 @@
 A request asks for a grant before any engine work: one concurrency lease (if the tenant has a cap) and a
 reservation of its worst-case tokens (prompt + max output) from the tenant's per-minute token bucket. Its
 one ``finally`` settles the grant with the tokens it really used, which refunds the rest and frees the lease.
+
+Both verbs are keyed by the request's id, so neither is ever applied twice for one request: an acquire
+repeated while its grant is unsettled (a client library's retry after a lost reply, a re-sent script)
+returns that grant again and takes nothing more; a settle repeated does nothing. After its settle, the
+same id acquires anew (a later attempt of a request with an Idempotency-Key is billed, so it is also counted).
+
+A store that cannot answer now (unreachable, too slow, out of memory, a read-only replica, failing over)
+raises ``QuotaStoreUnavailable``; every other error is a bug.
 """
 
 from __future__ import annotations
@@ -25,6 +33,14 @@ MIN_RETRY_S = 0.001  # retry_after_s is always > 0
 GRANT_GRACE_S = 60.0
 
 
+MAX_REQUEST_ID_CHARS = 200
+
+
+class QuotaStoreUnavailable(Exception):
+    """The store cannot answer now; the request may or may not have been applied (a reply lost after the
+    store ran it), which the request id makes harmless: a later settle with it releases what was taken."""
+
+
 class QuotaLimit(StrEnum):
     """Which limit refused a request."""
 
@@ -37,7 +53,7 @@ class QuotaLimit(StrEnum):
 @dataclass(frozen=True)
 class QuotaGrant:
     tenant_id: str
-    grant_id: str  # unique; identifies the lease and the reservation
+    request_id: str  # the request it was acquired for; identifies the lease and the reservation
     reserved_tokens: int  # taken from the bucket; 0 when the tenant has no token budget
     has_lease: bool  # False when the tenant has no concurrency cap
     source: str  # "redis" | "inprocess" | "local-fallback"
@@ -63,10 +79,15 @@ class QuotaStore(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
-    async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
+    async def acquire(
+        self, tenant: Tenant, tokens: int, lease_ttl_s: float, *, request_id: str
+    ) -> QuotaGrant | QuotaDenied:
         """Atomically: check the concurrency cap and the token bucket, and only if BOTH allow, take a lease
         (expiring after ``lease_ttl_s``, so a dead gateway's leases free themselves) and reserve ``tokens``.
         A denial changes nothing. Checked in this order: too large, concurrency, tokens.
+
+        At most once per ``request_id``: while the tenant holds an unsettled grant for it, the same grant is
+        returned and nothing more is taken.
 
         ``tokens`` >= 1 (a request has at least one prompt token), else ``ValueError``.
         """
@@ -76,13 +97,17 @@ class QuotaStore(ABC):
         """Return ``reserved - used`` tokens to the bucket (never above capacity; ``used > reserved`` takes
         the extra from the bucket, which may go negative = debt) and release the lease.
 
-        Idempotent: a second call for the same ``grant_id`` does nothing (the caller's ``finally`` may run
+        Idempotent: a second call for the same request does nothing (the caller's ``finally`` may run
         twice on retries). A grant settled after its record expired (lease TTL + ``GRANT_GRACE_S``) also
         does nothing: its lease expired already, and its refund is lost (the safe direction).
         """
 
 
-def check_acquire_args(tokens: int, lease_ttl_s: float) -> None:
+def check_acquire_args(tokens: int, lease_ttl_s: float, request_id: str) -> None:
+    if not request_id or len(request_id) > MAX_REQUEST_ID_CHARS or not request_id.isprintable():
+        raise ValueError(
+            f"request_id must be 1-{MAX_REQUEST_ID_CHARS} printable characters, got {request_id!r}"
+        )
     if tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
     if not lease_ttl_s > 0:

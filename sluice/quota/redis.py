@@ -4,16 +4,24 @@ so every gateway agrees on it.
 
 Keys per tenant, in one hash slot (``{tenant_id}``) so the scripts also run on Redis Cluster:
   ``<prefix>{t}:bucket``     hash {level, ts}: the token bucket; expires once it would be full again
-  ``<prefix>{t}:leases``     sorted set of grant_id scored by lease expiry; expires with its last lease
-  ``<prefix>{t}:grant:<id>`` hash {reserved, capacity, rate}: an unsettled grant; settle deletes it, so a
-                             missing key means settled already (or expired: lease TTL + GRANT_GRACE_S)
+  ``<prefix>{t}:leases``     sorted set of request ids scored by lease expiry; expires with its last lease
+  ``<prefix>{t}:grant:<id>`` hash {reserved, capacity, rate}: the unsettled grant of request ``<id>``;
+                             settle deletes it, so a missing key means settled already (or expired: lease
+                             TTL + GRANT_GRACE_S). While it exists, an acquire for the same request returns
+                             'ok' and takes nothing: the record of the earlier decision.
+
+Both scripts are therefore safe to run twice for one request, which is what a lost reply makes any client
+do (redis-py's Retry re-sends a command whose connection died after it was sent): the retry cannot debit
+twice. Every failure that means "Redis cannot serve now" is raised as ``QuotaStoreUnavailable``.
 """
 
 from __future__ import annotations
 
-import uuid
+import re
+from typing import Any
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -26,6 +34,7 @@ from sluice.quota.base import (
     QuotaGrant,
     QuotaLimit,
     QuotaStore,
+    QuotaStoreUnavailable,
     check_acquire_args,
     check_used_tokens,
     concurrency_denied,
@@ -35,6 +44,33 @@ from sluice.quota.base import (
 from sluice.quota.bucket import rate_tokens_per_s
 
 SOURCE = "redis"
+
+# Redis cannot serve now: unreachable, too slow, loading its data set, failing over, a cluster without a
+# quorum. (ConnectionError covers BusyLoadingError and MaxConnectionsError too.)
+_UNAVAILABLE_TYPES: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,  # and MasterDownError
+    redis.exceptions.TryAgainError,
+    TimeoutError,
+    OSError,
+)
+# The same states as error codes, wherever they appear in a reply: at its start (a code redis-py has no
+# class for: MISCONF, NOREPLICAS, BUSY) or inside a script's error, as servers before 7 wrap a failed
+# redis.call ("ERR Error running script ...: -OOM command not allowed ...").
+_UNAVAILABLE_CODES = re.compile(
+    r"(?:^|-)(?:OOM|READONLY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOREPLICAS|MISCONF|BUSY)\b"
+)
+
+
+def redis_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis cannot serve now (as opposed to a bug in our commands or scripts)."""
+    if isinstance(exc, _UNAVAILABLE_TYPES):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and bool(_UNAVAILABLE_CODES.search(str(exc)))
+
 
 # NOTE: the bucket arithmetic below mirrors sluice/quota/bucket.py (refill, try_take, give_back,
 # seconds_until_full) operation for operation on the same doubles, and the checks run in the order
@@ -62,12 +98,15 @@ end
 """
 
 # KEYS: bucket, leases, grant. ARGV: tokens, capacity (-1: none), rate, max_leases (-1: none), lease_ttl_s,
-# grant_id, grant_grace_s, max_concurrency_retry_s.
+# request_id, grant_grace_s, max_concurrency_retry_s.
 # Returns {'ok'}, {'concurrent_requests', num_in_flight, soonest_expiry_in_s},
 # or {'tokens_per_minute', level, retry_after_s}. A denial writes nothing (bar dropping expired leases).
+# A request that holds an unsettled grant already gets {'ok'} again, and nothing more is taken.
 _ACQUIRE_LUA = (
     _COMMON_LUA
     + """
+if redis.call('EXISTS', KEYS[3]) == 1 then return {'ok'} end
+
 local tokens, capacity, rate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_leases, lease_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 
@@ -103,7 +142,7 @@ return {'ok'}
 """
 )
 
-# KEYS: bucket, leases, grant. ARGV: grant_id, used_tokens. Returns 1 if settled now, 0 if not found.
+# KEYS: bucket, leases, grant. ARGV: request_id, used_tokens. Returns 1 if settled now, 0 if not found.
 _SETTLE_LUA = (
     _COMMON_LUA
     + """
@@ -138,30 +177,33 @@ class RedisQuotaStore(QuotaStore):
             decode_responses=True,
             socket_timeout=self._socket_timeout_s,
             socket_connect_timeout=self._socket_timeout_s,
-            # One immediate retry on a fresh connection: a pooled connection may have died with a Redis
-            # restart. No backoff: a caller waits at most ~2 socket timeouts before failing open.
-            retry=Retry(NoBackoff(), 1),
+            # One immediate retry on a fresh connection, for a connection that died (a pooled one may have
+            # died with a Redis restart). Safe: both scripts are idempotent per request (above). Not on a
+            # timeout: Redis is slow, not gone, and a second wait would only delay failing open.
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         )
         self._acquire_script = self._client.register_script(_ACQUIRE_LUA)
         self._settle_script = self._client.register_script(_SETTLE_LUA)
-        await self._client.ping()
+        await self._call(self._client.ping())
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
-    def _keys(self, tenant_id: str, grant_id: str) -> list[str]:
+    def _keys(self, tenant_id: str, request_id: str) -> list[str]:
         base = f"{self._key_prefix}{{{tenant_id}}}"
-        return [f"{base}:bucket", f"{base}:leases", f"{base}:grant:{grant_id}"]
+        return [f"{base}:bucket", f"{base}:leases", f"{base}:grant:{request_id}"]
 
-    async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
-        check_acquire_args(tokens, lease_ttl_s)
+    async def acquire(
+        self, tenant: Tenant, tokens: int, lease_ttl_s: float, *, request_id: str
+    ) -> QuotaGrant | QuotaDenied:
+        check_acquire_args(tokens, lease_ttl_s, request_id)
         if (denied := too_large(tenant, tokens)) is not None:
             return denied
         grant = QuotaGrant(
             tenant_id=tenant.tenant_id,
-            grant_id=uuid.uuid4().hex,
+            request_id=request_id,
             reserved_tokens=tokens if tenant.tokens_per_minute is not None else 0,
             has_lease=tenant.max_concurrent_requests is not None,
             source=SOURCE,
@@ -171,18 +213,21 @@ class RedisQuotaStore(QuotaStore):
         capacity = tenant.tokens_per_minute
         # NOTE: if the caller is cancelled while this awaits, the script may still have run: its lease
         # expires by its TTL and its reservation is refunded by refill, as for a gateway that died.
-        reply = await self._script(self._acquire_script)(
-            keys=self._keys(tenant.tenant_id, grant.grant_id),
-            args=[
-                tokens,
-                -1 if capacity is None else capacity,
-                repr(rate_tokens_per_s(capacity)) if capacity is not None else "0",
-                -1 if tenant.max_concurrent_requests is None else tenant.max_concurrent_requests,
-                repr(float(lease_ttl_s)),
-                grant.grant_id,
-                repr(GRANT_GRACE_S),
-                repr(MAX_CONCURRENCY_RETRY_S),
-            ],
+        script = self._script(self._acquire_script)
+        reply = await self._call(
+            script(
+                keys=self._keys(tenant.tenant_id, request_id),
+                args=[
+                    tokens,
+                    -1 if capacity is None else capacity,
+                    repr(rate_tokens_per_s(capacity)) if capacity is not None else "0",
+                    -1 if tenant.max_concurrent_requests is None else tenant.max_concurrent_requests,
+                    repr(float(lease_ttl_s)),
+                    request_id,
+                    repr(GRANT_GRACE_S),
+                    repr(MAX_CONCURRENCY_RETRY_S),
+                ],
+            )
         )
         verdict = reply[0]
         if verdict == "ok":
@@ -197,9 +242,19 @@ class RedisQuotaStore(QuotaStore):
         check_used_tokens(used_tokens)
         if grant.holds_nothing:
             return
-        await self._script(self._settle_script)(
-            keys=self._keys(grant.tenant_id, grant.grant_id), args=[grant.grant_id, used_tokens]
+        script = self._script(self._settle_script)
+        await self._call(
+            script(keys=self._keys(grant.tenant_id, grant.request_id), args=[grant.request_id, used_tokens])
         )
+
+    async def _call(self, command: Any) -> Any:
+        """Await a client call; Redis unable to serve raises ``QuotaStoreUnavailable``."""
+        try:
+            return await command
+        except (redis.exceptions.RedisError, OSError) as exc:
+            if not redis_unavailable(exc):
+                raise
+            raise QuotaStoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     def _script(self, script: AsyncScript | None) -> AsyncScript:
         if script is None:

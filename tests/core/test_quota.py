@@ -19,12 +19,29 @@ import redis.asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from ports import free_port
+from redis_faults import (
+    BUSY,
+    CLUSTERDOWN,
+    LOADING,
+    MASTERDOWN,
+    MISCONF,
+    NOREPLICAS,
+    OOM,
+    OOM_IN_SCRIPT,
+    OOM_IN_SCRIPT_BEFORE_7,
+    READONLY,
+    SCRIPT_BUG,
+    TRYAGAIN,
+    WRONGTYPE,
+    FaultyRedis,
+    ReplyFaultProxy,
+)
 from redis_run import REDIS_URL, RUN_PREFIX, need_redis
 from tcp_proxy import TcpProxy
 
 from sluice.domain import Tenant
 from sluice.quota import bucket
-from sluice.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore
+from sluice.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore, QuotaStoreUnavailable
 from sluice.quota.factory import open_quota_store
 from sluice.quota.failopen import FailOpenQuotaStore
 from sluice.quota.inprocess import InProcessQuotaStore
@@ -51,6 +68,11 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now_s
+
+
+def rid() -> str:
+    """A new request id."""
+    return f"cmpl-{uuid.uuid4().hex}"
 
 
 def granted(decision: QuotaGrant | QuotaDenied) -> QuotaGrant:
@@ -90,17 +112,19 @@ pytestmark = pytest.mark.anyio
 
 async def test_a_request_within_budget_is_granted_a_lease_and_a_reservation(store: QuotaStore) -> None:
     tenant = new_tenant(10_000, 5)
-    grant = granted(await store.acquire(tenant, 1_200, LEASE_TTL_S))
+    grant = granted(await store.acquire(tenant, 1_200, LEASE_TTL_S, request_id=rid()))
     assert (grant.tenant_id, grant.reserved_tokens, grant.has_lease) == (tenant.tenant_id, 1_200, True)
     assert grant.source in SOURCES.values()
-    other = granted(await store.acquire(tenant, 1_200, LEASE_TTL_S))
-    assert other.grant_id != grant.grant_id
+    other = granted(await store.acquire(tenant, 1_200, LEASE_TTL_S, request_id=rid()))
+    assert other.request_id != grant.request_id
 
 
 async def test_a_spent_budget_is_denied_with_the_numbers_and_the_refill_wait(store: QuotaStore) -> None:
     tenant = new_tenant(600)  # 10 tokens/s
-    granted(await store.acquire(tenant, 500, LEASE_TTL_S))
-    refusal = denied(await store.acquire(tenant, 200, LEASE_TTL_S), QuotaLimit.TOKENS_PER_MINUTE)
+    granted(await store.acquire(tenant, 500, LEASE_TTL_S, request_id=rid()))
+    refusal = denied(
+        await store.acquire(tenant, 200, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE
+    )
     assert "200 tokens requested, 100 available of 600 per minute" in refusal.message
     assert tenant.tenant_id in refusal.message
     assert 9.5 < refusal.retry_after_s <= 10.0  # (200 - 100) / 10, less what refilled meanwhile
@@ -108,85 +132,126 @@ async def test_a_spent_budget_is_denied_with_the_numbers_and_the_refill_wait(sto
 
 async def test_a_concurrency_denial_reserves_no_tokens(store: QuotaStore) -> None:
     tenant = new_tenant(600, 1)
-    first = granted(await store.acquire(tenant, 100, LEASE_TTL_S))
-    refusal = denied(await store.acquire(tenant, 100, LEASE_TTL_S), QuotaLimit.CONCURRENT_REQUESTS)
+    first = granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
+    refusal = denied(
+        await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()), QuotaLimit.CONCURRENT_REQUESTS
+    )
     assert "1 requests in flight, at most 1 allowed" in refusal.message
     assert refusal.retry_after_s <= 1.0  # the lease expires in 30 s, but settle usually frees it sooner
     await store.settle(first, used_tokens=0)
-    granted(await store.acquire(tenant, 600, LEASE_TTL_S))  # the whole budget: the denial took none
+    granted(
+        await store.acquire(tenant, 600, LEASE_TTL_S, request_id=rid())
+    )  # the whole budget: the denial took none
 
 
 async def test_settle_refunds_what_was_not_used(store: QuotaStore) -> None:
     tenant = new_tenant(600)
-    grant = granted(await store.acquire(tenant, 600, LEASE_TTL_S))
-    denied(await store.acquire(tenant, 100, LEASE_TTL_S), QuotaLimit.TOKENS_PER_MINUTE)
+    grant = granted(await store.acquire(tenant, 600, LEASE_TTL_S, request_id=rid()))
+    denied(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE)
     await store.settle(grant, used_tokens=100)
-    granted(await store.acquire(tenant, 500, LEASE_TTL_S))
+    granted(await store.acquire(tenant, 500, LEASE_TTL_S, request_id=rid()))
 
 
 async def test_settle_twice_refunds_once(store: QuotaStore) -> None:
     tenant = new_tenant(600, 2)
-    first = granted(await store.acquire(tenant, 300, LEASE_TTL_S))
-    granted(await store.acquire(tenant, 300, LEASE_TTL_S))
+    first = granted(await store.acquire(tenant, 300, LEASE_TTL_S, request_id=rid()))
+    granted(await store.acquire(tenant, 300, LEASE_TTL_S, request_id=rid()))
     await store.settle(first, used_tokens=0)
     await store.settle(first, used_tokens=0)
-    denied(await store.acquire(tenant, 350, LEASE_TTL_S), QuotaLimit.TOKENS_PER_MINUTE)  # 300 back, not 600
-    granted(await store.acquire(tenant, 300, LEASE_TTL_S))  # and one lease freed, not two
+    denied(
+        await store.acquire(tenant, 350, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE
+    )  # 300 back, not 600
+    granted(await store.acquire(tenant, 300, LEASE_TTL_S, request_id=rid()))  # and one lease freed, not two
 
 
 async def test_using_more_than_reserved_leaves_a_debt(store: QuotaStore) -> None:
     tenant = new_tenant(600)
-    grant = granted(await store.acquire(tenant, 100, LEASE_TTL_S))
+    grant = granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
     await store.settle(grant, used_tokens=700)  # level 600 - 700 = -100
-    refusal = denied(await store.acquire(tenant, 1, LEASE_TTL_S), QuotaLimit.TOKENS_PER_MINUTE)
+    refusal = denied(
+        await store.acquire(tenant, 1, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE
+    )
     assert "1 tokens requested, 0 available" in refusal.message
     assert 10.0 < refusal.retry_after_s <= 10.1  # (1 + 100) / 10
 
 
 async def test_an_expired_lease_frees_its_slot(store: QuotaStore) -> None:
     tenant = new_tenant(None, 1)
-    granted(await store.acquire(tenant, 10, lease_ttl_s=0.3))
-    refusal = denied(await store.acquire(tenant, 10, LEASE_TTL_S), QuotaLimit.CONCURRENT_REQUESTS)
+    granted(await store.acquire(tenant, 10, lease_ttl_s=0.3, request_id=rid()))
+    refusal = denied(
+        await store.acquire(tenant, 10, LEASE_TTL_S, request_id=rid()), QuotaLimit.CONCURRENT_REQUESTS
+    )
     assert refusal.retry_after_s <= 0.3  # the soonest lease's expiry
     await asyncio.sleep(0.35)
-    granted(await store.acquire(tenant, 10, LEASE_TTL_S))
+    granted(await store.acquire(tenant, 10, LEASE_TTL_S, request_id=rid()))
 
 
 async def test_an_unlimited_tenant_is_always_granted(store: QuotaStore) -> None:
     tenant = new_tenant(None, None)
-    grants = [granted(await store.acquire(tenant, 1_000_000, LEASE_TTL_S)) for _ in range(20)]
+    grants = [
+        granted(await store.acquire(tenant, 1_000_000, LEASE_TTL_S, request_id=rid())) for _ in range(20)
+    ]
     assert all(g.reserved_tokens == 0 and not g.has_lease for g in grants)
     for g in grants:
         await store.settle(g, used_tokens=1_000_000)
-    granted(await store.acquire(tenant, 1_000_000, LEASE_TTL_S))
+    granted(await store.acquire(tenant, 1_000_000, LEASE_TTL_S, request_id=rid()))
 
 
 async def test_a_request_larger_than_the_budget_can_never_fit(store: QuotaStore) -> None:
     tenant = new_tenant(600, 1)
-    refusal = denied(await store.acquire(tenant, 601, LEASE_TTL_S), QuotaLimit.REQUEST_TOO_LARGE)
+    refusal = denied(
+        await store.acquire(tenant, 601, LEASE_TTL_S, request_id=rid()), QuotaLimit.REQUEST_TOO_LARGE
+    )
     assert refusal.retry_after_s == 60.0
     assert "601 tokens requested" in refusal.message and "600 tokens per minute" in refusal.message
-    granted(await store.acquire(tenant, 600, LEASE_TTL_S))  # the refusal took neither lease nor tokens
+    granted(
+        await store.acquire(tenant, 600, LEASE_TTL_S, request_id=rid())
+    )  # the refusal took neither lease nor tokens
 
 
 async def test_the_budget_refills_over_time(store: QuotaStore) -> None:
     tenant = new_tenant(600)  # 10 tokens/s
-    granted(await store.acquire(tenant, 600, LEASE_TTL_S))
-    refusal = denied(await store.acquire(tenant, 5, LEASE_TTL_S), QuotaLimit.TOKENS_PER_MINUTE)
+    granted(await store.acquire(tenant, 600, LEASE_TTL_S, request_id=rid()))
+    refusal = denied(
+        await store.acquire(tenant, 5, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE
+    )
     assert 0.4 < refusal.retry_after_s <= 0.5
     await asyncio.sleep(0.6)
-    granted(await store.acquire(tenant, 5, LEASE_TTL_S))
+    granted(await store.acquire(tenant, 5, LEASE_TTL_S, request_id=rid()))
 
 
 async def test_bad_arguments_are_refused(store: QuotaStore) -> None:
     tenant = new_tenant(600, 1)
     with pytest.raises(ValueError, match="tokens"):
-        await store.acquire(tenant, 0, LEASE_TTL_S)
+        await store.acquire(tenant, 0, LEASE_TTL_S, request_id=rid())
     with pytest.raises(ValueError, match="lease_ttl_s"):
-        await store.acquire(tenant, 1, 0)
-    grant = granted(await store.acquire(tenant, 1, LEASE_TTL_S))
+        await store.acquire(tenant, 1, 0, request_id=rid())
+    grant = granted(await store.acquire(tenant, 1, LEASE_TTL_S, request_id=rid()))
     with pytest.raises(ValueError, match="used_tokens"):
         await store.settle(grant, -1)
+
+
+async def test_an_acquire_repeated_for_one_request_takes_once(store: QuotaStore) -> None:
+    tenant = new_tenant(600, 1)
+    request_id = rid()
+    first = granted(await store.acquire(tenant, 400, LEASE_TTL_S, request_id=request_id))
+    again = granted(await store.acquire(tenant, 400, LEASE_TTL_S, request_id=request_id))
+    assert again == first  # the same grant: no second lease (cap 1), no second reservation
+    denied(await store.acquire(tenant, 300, LEASE_TTL_S, request_id=rid()), QuotaLimit.CONCURRENT_REQUESTS)
+    await store.settle(first, used_tokens=400)
+    await store.settle(again, used_tokens=400)  # the same request: settled once
+    granted(await store.acquire(tenant, 200, LEASE_TTL_S, request_id=rid()))  # 600 - 400 left, not - 800
+    with pytest.raises(ValueError, match="request_id"):
+        await store.acquire(tenant, 1, LEASE_TTL_S, request_id="")
+
+
+async def test_an_id_acquires_anew_once_its_grant_is_settled(store: QuotaStore) -> None:
+    """A later attempt with the same id (an Idempotency-Key's retry) is counted again."""
+    tenant = new_tenant(600)
+    request_id = rid()
+    await store.settle(granted(await store.acquire(tenant, 300, LEASE_TTL_S, request_id=request_id)), 300)
+    granted(await store.acquire(tenant, 300, LEASE_TTL_S, request_id=request_id))
+    denied(await store.acquire(tenant, 1, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE)
 
 
 # --- atomicity across gateways (Redis) -------------------------------------------------------------------
@@ -213,7 +278,9 @@ async def test_two_gateways_never_exceed_the_concurrency_cap(
 ) -> None:
     tenant = new_tenant(None, 7)
     a, b = two_gateways
-    decisions = await asyncio.gather(*((a, b)[i % 2].acquire(tenant, 10, LEASE_TTL_S) for i in range(50)))
+    decisions = await asyncio.gather(
+        *((a, b)[i % 2].acquire(tenant, 10, LEASE_TTL_S, request_id=rid()) for i in range(50))
+    )
     assert sum(isinstance(d, QuotaGrant) for d in decisions) == 7
     assert {d.limit for d in decisions if isinstance(d, QuotaDenied)} == {QuotaLimit.CONCURRENT_REQUESTS}
 
@@ -223,7 +290,9 @@ async def test_two_gateways_never_exceed_the_token_budget(
 ) -> None:
     tenant = new_tenant(1_000)  # 16.7 tokens/s: far from another 150 within the test
     a, b = two_gateways
-    decisions = await asyncio.gather(*((a, b)[i % 2].acquire(tenant, 150, LEASE_TTL_S) for i in range(50)))
+    decisions = await asyncio.gather(
+        *((a, b)[i % 2].acquire(tenant, 150, LEASE_TTL_S, request_id=rid()) for i in range(50))
+    )
     assert sum(isinstance(d, QuotaGrant) for d in decisions) == math.floor(1_000 / 150)
 
 
@@ -293,7 +362,10 @@ async def _run_both(ops: list[tuple]) -> None:
         pending: list[tuple[QuotaGrant, QuotaGrant]] = []
         for op in ops:
             if op[0] == "acquire":
-                p, r = await python.acquire(tenant, op[1], NEVER_S), await lua.acquire(tenant, op[1], NEVER_S)
+                p, r = (
+                    await python.acquire(tenant, op[1], NEVER_S, request_id=rid()),
+                    await lua.acquire(tenant, op[1], NEVER_S, request_id=rid()),
+                )
                 assert type(p) is type(r), (op, p, r)
                 if isinstance(p, QuotaGrant) and isinstance(r, QuotaGrant):
                     pending.append((p, r))
@@ -332,18 +404,20 @@ async def test_an_unreachable_redis_fails_open_for_the_window_then_closed() -> N
     await store.open()  # does not raise: the outage starts here
     try:
         tenant = new_tenant(600, 2)
-        grants = [granted(await store.acquire(tenant, 100, LEASE_TTL_S)) for _ in range(2)]
+        grants = [granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid())) for _ in range(2)]
         assert {g.source for g in grants} == {"local-fallback"}
         denied(
-            await store.acquire(tenant, 100, LEASE_TTL_S), QuotaLimit.CONCURRENT_REQUESTS
+            await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()), QuotaLimit.CONCURRENT_REQUESTS
         )  # still enforced
         await store.settle(grants[0], used_tokens=50)
-        granted(await store.acquire(tenant, 100, LEASE_TTL_S))
+        granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
         assert num_fail_open == 4
         # A Redis grant issued before the outage: settling it must not raise.
         await store.settle(QuotaGrant(tenant.tenant_id, "g-before", 100, True, "redis"), used_tokens=10)
         clock.now_s += 30.0
-        refusal = denied(await store.acquire(tenant, 100, LEASE_TTL_S), QuotaLimit.STORE_UNAVAILABLE)
+        refusal = denied(
+            await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()), QuotaLimit.STORE_UNAVAILABLE
+        )
         assert "30 s" in refusal.message
         assert num_fail_open == 4
     finally:
@@ -361,20 +435,20 @@ async def test_grants_come_from_redis_again_once_it_is_back(redis_up: str | None
     await store.open()
     try:
         tenant = new_tenant(6_000, 10)
-        before = granted(await store.acquire(tenant, 100, LEASE_TTL_S))
+        before = granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
         assert before.source == "redis"
         await proxy.cut()
-        during = granted(await store.acquire(tenant, 100, LEASE_TTL_S))
+        during = granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
         assert during.source == "local-fallback"
         await store.settle(before, used_tokens=10)  # Redis unreachable: logged, not raised
         clock.now_s += 29.0  # still inside the window
         await proxy.restore()
-        after = granted(await store.acquire(tenant, 100, LEASE_TTL_S))
+        after = granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
         assert after.source == "redis"
         clock.now_s += 60.0  # the outage ended: a new one would start its own window
         await store.settle(during, used_tokens=10)
         await store.settle(after, used_tokens=10)
-        granted(await store.acquire(tenant, 100, LEASE_TTL_S))
+        granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
     finally:
         await store.close()
         await proxy.cut()
@@ -388,7 +462,10 @@ async def test_the_factory_picks_the_store_from_settings(redis_up: str | None) -
     shared = await open_quota_store(load_settings(redis_url=REDIS_URL, redis_key_prefix=RUN_PREFIX))
     try:
         assert isinstance(shared, FailOpenQuotaStore)
-        assert granted(await shared.acquire(new_tenant(600, 1), 10, LEASE_TTL_S)).source == "redis"
+        assert (
+            granted(await shared.acquire(new_tenant(600, 1), 10, LEASE_TTL_S, request_id=rid())).source
+            == "redis"
+        )
     finally:
         await shared.close()
 
@@ -400,9 +477,11 @@ class _HangingStore(InProcessQuotaStore):
         super().__init__()
         self.num_calls = 0
 
-    async def acquire(self, tenant: Tenant, tokens: int, lease_ttl_s: float) -> QuotaGrant | QuotaDenied:
+    async def acquire(
+        self, tenant: Tenant, tokens: int, lease_ttl_s: float, *, request_id: str
+    ) -> QuotaGrant | QuotaDenied:
         self.num_calls += 1
-        raise redis.exceptions.TimeoutError("no answer")
+        raise QuotaStoreUnavailable("TimeoutError: no answer")
 
 
 async def test_an_outage_probes_the_store_once_per_interval_not_per_request() -> None:
@@ -414,10 +493,110 @@ async def test_an_outage_probes_the_store_once_per_interval_not_per_request() ->
     await store.open()
     tenant = new_tenant(None, None)
     for _ in range(20):
-        assert granted(await store.acquire(tenant, 10, LEASE_TTL_S)).source == "local-fallback"
+        assert (
+            granted(await store.acquire(tenant, 10, LEASE_TTL_S, request_id=rid())).source == "local-fallback"
+        )
     assert primary.num_calls == 1  # the failure that started the outage; no probe due yet
     clock.now_s += 1.0
-    granted(await store.acquire(tenant, 10, LEASE_TTL_S))
-    granted(await store.acquire(tenant, 10, LEASE_TTL_S))
+    granted(await store.acquire(tenant, 10, LEASE_TTL_S, request_id=rid()))
+    granted(await store.acquire(tenant, 10, LEASE_TTL_S, request_id=rid()))
     assert primary.num_calls == 2  # one probe per interval
     await store.close()
+
+
+# --- every way Redis can fail: fail open, never twice ------------------------------------------------------
+
+
+async def test_a_lost_reply_retried_by_the_client_debits_once(redis_up: str | None) -> None:
+    """Redis ran the acquire, the reply was lost with its connection, and redis-py's Retry re-sent the
+    script on a new one: the second run finds the request's grant and takes nothing."""
+    need_redis(redis_up)
+    target = redis.connection.parse_url(REDIS_URL)
+    proxy = ReplyFaultProxy(target.get("host", "127.0.0.1"), int(target.get("port", 6379)))
+    port = await proxy.start()
+    store = RedisQuotaStore(f"redis://127.0.0.1:{port}/{target.get('db', 0)}", key_prefix=KEY_PREFIX)
+    await store.open()
+    try:
+        granted(await store.acquire(new_tenant(600), 1, LEASE_TTL_S, request_id=rid()))  # script loaded
+        tenant = new_tenant(600)
+        proxy.drop_next_reply()
+        grant = granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
+        assert proxy.num_dropped == 1 and grant.source == "redis"
+        granted(await store.acquire(tenant, 500, LEASE_TTL_S, request_id=rid()))  # 100 taken, not 200
+    finally:
+        await store.close()
+        await proxy.close()
+
+
+async def test_a_reply_too_late_fails_open_and_its_settle_releases_what_redis_took(
+    redis_up: str | None,
+) -> None:
+    need_redis(redis_up)
+    target = redis.connection.parse_url(REDIS_URL)
+    proxy = ReplyFaultProxy(target.get("host", "127.0.0.1"), int(target.get("port", 6379)))
+    port = await proxy.start()
+    clock = FakeClock()
+    primary = RedisQuotaStore(f"redis://127.0.0.1:{port}/{target.get('db', 0)}", key_prefix=KEY_PREFIX)
+    store = FailOpenQuotaStore(primary, InProcessQuotaStore(clock=clock), window_s=30.0, clock=clock)
+    direct = RedisQuotaStore(REDIS_URL, key_prefix=KEY_PREFIX)
+    await store.open()
+    await direct.open()
+    try:
+        tenant = new_tenant(600, 1)
+        granted(await store.acquire(new_tenant(600), 1, LEASE_TTL_S, request_id=rid()))  # script loaded
+        proxy.hold_replies()  # Redis runs the script; its reply comes after the client's socket timeout
+        grant = granted(await store.acquire(tenant, 600, LEASE_TTL_S, request_id=rid()))
+        assert grant.source == "local-fallback"
+        proxy.release_replies()
+        # Redis holds the lease and the whole budget for a request it never answered.
+        denied(await direct.acquire(tenant, 1, LEASE_TTL_S, request_id=rid()), QuotaLimit.CONCURRENT_REQUESTS)
+        clock.now_s += 1.0  # a probe is due
+        await store.settle(grant, used_tokens=600)  # charged by the fallback; Redis gives its part back
+        granted(await direct.acquire(tenant, 600, LEASE_TTL_S, request_id=rid()))
+    finally:
+        await direct.close()
+        await store.close()
+        await proxy.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [OOM, READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY, MISCONF, NOREPLICAS, OOM_IN_SCRIPT,
+     OOM_IN_SCRIPT_BEFORE_7],
+    ids=["oom", "readonly", "loading", "masterdown", "clusterdown", "tryagain", "busy", "misconf",
+         "noreplicas", "oom-in-script", "oom-in-script-before-7"],
+)  # fmt: skip
+async def test_every_redis_refusal_takes_the_fail_open_path(reply: bytes) -> None:
+    fake = FaultyRedis(reply)
+    await fake.start()
+    num_fail_open = 0
+
+    def count() -> None:
+        nonlocal num_fail_open
+        num_fail_open += 1
+
+    store = FailOpenQuotaStore(RedisQuotaStore(fake.url, key_prefix=KEY_PREFIX), InProcessQuotaStore(),
+                               on_fail_open=count)  # fmt: skip
+    await store.open()  # it answers PING
+    try:
+        grant = granted(await store.acquire(new_tenant(600, 2), 100, LEASE_TTL_S, request_id=rid()))
+        assert grant.source == "local-fallback" and num_fail_open == 1 and fake.num_refused >= 1
+        await store.settle(grant, used_tokens=10)
+    finally:
+        await store.close()
+        await fake.close()
+
+
+@pytest.mark.parametrize("reply", [WRONGTYPE, SCRIPT_BUG], ids=["wrongtype", "script-bug"])
+async def test_our_own_redis_errors_are_not_an_outage(reply: bytes) -> None:
+    """A bug must surface, not hide behind a fallback that looks like an outage."""
+    fake = FaultyRedis(reply)
+    await fake.start()
+    store = FailOpenQuotaStore(RedisQuotaStore(fake.url, key_prefix=KEY_PREFIX), InProcessQuotaStore())
+    await store.open()
+    try:
+        with pytest.raises(redis.exceptions.ResponseError):
+            await store.acquire(new_tenant(600, 2), 100, LEASE_TTL_S, request_id=rid())
+    finally:
+        await store.close()
+        await fake.close()
