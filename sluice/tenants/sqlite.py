@@ -201,7 +201,5 @@ class SqliteTenantStore(TenantStore):
         return cur.rowcount == 1
 
     async def list(self) -> builtins.list[Tenant]:
-        rows = await self._run(
-            lambda conn: conn.execute(f"{_SELECT_TENANT} ORDER BY tenant_id").fetchall()
-        )
+        rows = await self._run(lambda conn: conn.execute(f"{_SELECT_TENANT} ORDER BY tenant_id").fetchall())
         return [tenant_from_row(r) for r in rows]

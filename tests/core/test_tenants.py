@@ -411,7 +411,9 @@ async def test_cached_resolver_is_bounded_and_can_be_invalidated(store: TenantSt
 
 
 async def test_factories_pick_the_backend_from_settings_and_seed(backend: Backend, tmp_path: Path) -> None:
-    settings = load_settings(state_dir=tmp_path / "state", database_url=backend.database_url)
+    settings = load_settings(
+        state_dir=tmp_path / "state", database_url=backend.database_url, dev_tenants=True
+    )
     store = await open_tenant_store(settings)
     ledger = await open_ledger(settings)
     try:
