@@ -8,13 +8,11 @@ ends the gateway (Ctrl-C, SIGTERM, an error), so nothing is left behind.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from gateway.app import create_app
+from gateway.serving import configure_logging, serve
 from sluice.settings import get_settings
 from sluice.tenants.base import DEV_TENANT_KEYS
 from sluice.triton.launcher import TritonServer, TritonServerConfig, run_in_foreground
@@ -42,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
     ap.add_argument("--triton-http-port", type=int, default=8000)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     settings = get_settings()
     grpc_port = int(settings.triton_grpc_url.rsplit(":", 1)[1])
     metrics_port = int(settings.triton_metrics_url.rsplit(":", 1)[1].split("/", 1)[0])
@@ -59,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     def while_up() -> int:
         base_url = f"http://{settings.gateway_host}:{settings.gateway_port}"
         print(banner(base_url, settings.model_name, settings.dev_tenants), file=sys.stderr, flush=True)
-        app = create_app(settings)
-        uvicorn.run(app, host=settings.gateway_host, port=settings.gateway_port, log_level="warning")
+        # uvicorn's own start-up lines would repeat the banner: only its warnings and errors.
+        serve(create_app(settings), settings, uvicorn_log_level="warning")
         return 0
 
     return run_in_foreground(triton, while_up)

@@ -70,6 +70,19 @@ class Settings(BaseSettings):
     # Tenant lookups in flight at once per gateway; more wait, so random keys cannot exhaust the pool.
     tenant_max_concurrent_lookups: int = Field(4, ge=1, le=200)
     dev_tenants: bool = True  # seed acme/sk-acme-dev and globex/sk-globex-dev
+    # Clients (per connection). A client that has not read for client_write_timeout_s while the gateway
+    # has output for it (its send buffer full) is cut off and its request cancelled and metered. The
+    # kernel send buffer and the transport's write buffer are each bounded to client_send_buffer_bytes,
+    # so that state is reached after that much unread output, not after megabytes.
+    client_write_timeout_s: float = Field(30.0, gt=0, le=3600)
+    client_send_buffer_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
+    # From connecting (or from a request's first byte) to the end of its head; then the connection closes.
+    client_header_timeout_s: float = Field(10.0, gt=0, le=600)
+    max_request_head_bytes: int = Field(64 * 1024, ge=1024, le=1024 * 1024)  # request line + headers; 431
+    keep_alive_timeout_s: int = Field(5, ge=1, le=600)  # an idle keep-alive connection is closed after it
+    # Per gateway process, connections and requests each; over it a new request gets 503. Keep it under the
+    # process's open-file limit (ulimit -n), which the database and Redis pools share.
+    max_connections: int = Field(512, ge=1, le=1_000_000)
 
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
     batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"

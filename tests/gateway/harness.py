@@ -17,6 +17,7 @@ from litestar import Litestar
 from ports import free_port
 
 from gateway.app import create_app
+from gateway.serving import uvicorn_config
 from gateway.state import GatewayState
 from sluice.engine_client import EngineClient
 from sluice.settings import Settings
@@ -80,17 +81,18 @@ class RunningGateway:
 def start_gateway(
     state_dir: Path, checkpoint_dir: Path, engine: EngineClient | None = None, **overrides: Any
 ) -> RunningGateway:
-    """Start a gateway; ``engine`` None means the one ``overrides['engine_client']`` names."""
+    """Start a gateway, served as ``python -m gateway`` serves it (gateway.serving); ``engine`` None
+    means the one ``overrides['engine_client']`` names."""
     port = free_port()
     settings = Settings(
         state_dir=state_dir,
         checkpoint_dir=checkpoint_dir,
+        gateway_host="127.0.0.1",
         gateway_port=port,
         **{"engine_client": "inprocess", "tenant_cache_ttl_s": 5.0, **overrides},
     )
     app = create_app(settings, engine=engine)  # storage from settings: SQLite under state_dir
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, settings, uvicorn_log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
