@@ -87,8 +87,8 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
-def context_length_exceeded(message: str) -> OpenAIError:
-    return OpenAIError(400, message, code="context_length_exceeded", param="messages")
+def context_length_exceeded(message: str, param: str = "messages") -> OpenAIError:
+    return OpenAIError(400, message, code="context_length_exceeded", param=param)
 
 
 def content_filtered(message: str) -> OpenAIError:
@@ -99,11 +99,13 @@ def content_filtered(message: str) -> OpenAIError:
 def from_http_exception(exc: HTTPException) -> OpenAIError:
     status = exc.status_code
     if isinstance(exc, ValidationException) or status == 400:
-        details = "; ".join(
-            f"{e.get('key') or 'body'}: {e.get('message')}" for e in (exc.extra or []) if isinstance(e, dict)
-        )
+        errors = [e for e in (exc.extra or []) if isinstance(e, dict)]
+        details = "; ".join(f"{e.get('key') or 'body'}: {e.get('message')}" for e in errors)
         message = f"Invalid request body: {details}" if details else f"Invalid request: {exc.detail}"
-        return invalid_request(message)
+        # The first invalid field, as Litestar names it from msgspec's path ("messages[0].role"); "data"
+        # is the body as a whole.
+        keys = [str(e["key"]) for e in errors if e.get("key") and e.get("key") != "data"]
+        return invalid_request(message, param=keys[0] if keys else None)
     if status == 413:
         return OpenAIError(413, "Request body too large.", code="request_too_large")
     if status == 404:

@@ -21,6 +21,9 @@ ENV_PREFIX = "SLUICE_"
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
+# The default prompt character bound per prompt token: text averages 3-5 characters a token; only long
+# runs of spaces or punctuation (one token of up to ~80 characters) come near 16 on average.
+PROMPT_CHARS_PER_TOKEN = 16
 
 
 class SettingsError(ValueError):
@@ -111,6 +114,9 @@ class Settings(BaseSettings):
     max_output_tokens: int = Field(512, ge=1, le=1_000_000)
     # None, as OpenAI: a request without max_tokens may use min(max_output_tokens, context - prompt).
     default_max_tokens: int | None = Field(None, ge=1)
+    # Characters of prompt text (messages' contents and names, or a completion prompt) accepted before
+    # templating and tokenizing; None: PROMPT_CHARS_PER_TOKEN x max_prompt_tokens (see prompt_limit_chars).
+    max_prompt_chars: int | None = Field(None, ge=1, le=256 * 1024 * 1024)
 
     # Safety filters (issue 5): block list, regexes and policies from a JSON file (unset: PII rules only).
     safety_config_path: Path | None = None
@@ -177,6 +183,13 @@ class Settings(BaseSettings):
                 f"({self.max_output_tokens})"
             )
         return self
+
+    @property
+    def prompt_limit_chars(self) -> int:
+        """``max_prompt_chars``, or a bound no prompt within ``max_prompt_tokens`` comes near."""
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars
+        return PROMPT_CHARS_PER_TOKEN * self.max_prompt_tokens
 
     @property
     def sqlite_path(self) -> Path:

@@ -1,10 +1,20 @@
 """From a parsed request to a ``Job``: unsupported parameters, the model, the chat template, and the
-deterministic limits (prompt tokens, output tokens, context, deadline), all before any engine work."""
+deterministic limits (prompt characters, prompt tokens, output tokens, context, deadline), all before any
+engine work.
+
+Templating and tokenizing cost about 0.4 s per MiB of text, so a prompt above ``OFF_LOOP_MIN_CHARS`` is
+prepared in a worker thread (``tokenizers`` releases the GIL) and never stalls the other streams; and no
+prompt above the character bound (``Settings.prompt_limit_chars``) is prepared at all.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
 
 from gateway.errors import OpenAIError, context_length_exceeded, invalid_request, model_not_found
 from gateway.openai.idempotency import check_key, fingerprint, request_id_for
@@ -15,14 +25,19 @@ from sluice.domain import RequestClass, Tenant
 from sluice.text import ChatTemplateError
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256  # each; the stream holds back up to this many characters while it may match
+# Prompts longer than this are templated and tokenized in a worker thread (~3 ms of work on the loop).
+OFF_LOOP_MIN_CHARS = 8 * 1024
 SERVICE_TIERS = {
     "auto": RequestClass.INTERACTIVE,
     "default": RequestClass.INTERACTIVE,
     "flex": RequestClass.BATCH,
 }
+# The chat template's role for each API role: "developer" is OpenAI's newer name for "system".
+_TEMPLATE_ROLES = {"developer": "system"}
 
 
-def admit_chat(
+async def admit_chat(
     req: ChatCompletionRequest,
     tenant: Tenant,
     gw: GatewayState,
@@ -32,19 +47,27 @@ def admit_chat(
     _check_common(req, tenant, gw)
     if not req.messages:
         raise invalid_request("'messages' must hold at least one message.", param="messages")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    messages: list[dict[str, Any]] = []
+    for m in req.messages:
+        message = {"role": _TEMPLATE_ROLES.get(m.role, m.role), "content": m.text()}
+        if m.name is not None:
+            message["name"] = m.name
+        messages.append(message)
+    # What the safety policy screens: every text that reaches the prompt (names included).
+    screened = "\n".join(f"{m['name']}\n{m['content']}" if "name" in m else m["content"] for m in messages)
+    _check_prompt_chars(len(screened), gw, "messages")
     try:
-        prompt_text = gw.codec.render_chat(messages, add_generation_prompt=True)
+        token_ids = await _prepare(len(screened), gw.codec.encode_chat, messages)
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), param="messages") from None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    prompt = _Prompt(gw.codec.encode(prompt_text), "\n".join(m["content"] for m in messages))
+    prompt = _Prompt(token_ids, screened, "messages")
     return _job("chatcmpl", "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param), arrival_s,
                 idempotency_key)  # fmt: skip
 
 
-def admit_completion(
+async def admit_completion(
     req: CompletionRequest,
     tenant: Tenant,
     gw: GatewayState,
@@ -53,21 +76,25 @@ def admit_completion(
 ) -> Job:
     _check_common(req, tenant, gw)
     given = req.prompt
-    if isinstance(given, str):
-        prompt = _Prompt(gw.codec.encode(given), given)
-    elif given and all(isinstance(p, int) for p in given):
+    if isinstance(given, list) and given and all(isinstance(p, int) for p in given):
         token_ids = [int(t) for t in given]
         vocab = gw.codec.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise invalid_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
-        prompt = _Prompt(token_ids, gw.codec.decode(token_ids))  # screened as the text it stands for
-    elif len(given) == 1 and isinstance(given[0], str):
-        prompt = _Prompt(gw.codec.encode(given[0]), given[0])
+        _check_prompt_tokens(len(token_ids), gw)  # before decoding them for the screen
+        text = await _prepare(len(token_ids), gw.codec.decode, token_ids)
+        prompt = _Prompt(token_ids, text, "prompt")  # screened as the text it stands for
     else:
-        raise invalid_request(
-            "prompt must be a string, a list of one string, or a list of token ids (one prompt per request).",
-            param="prompt",
-        )
+        if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str):
+            given = given[0]
+        if not isinstance(given, str):
+            raise invalid_request(
+                "prompt must be a string, a list of one string, or a list of token ids (one prompt per "
+                "request).",
+                param="prompt",
+            )
+        _check_prompt_chars(len(given), gw, "prompt")
+        prompt = _Prompt(await _prepare(len(given), gw.codec.encode, given), given, "prompt")
     return _job("cmpl", "/v1/completions", req, tenant, gw, prompt, (req.max_tokens, "max_tokens"), arrival_s,
                 idempotency_key)  # fmt: skip
 
@@ -76,12 +103,40 @@ def admit_completion(
 class _Prompt:
     token_ids: list[int]
     text: str  # what the safety policy screens
+    param: str  # where the request carries it: "messages" or "prompt"
+
+
+async def _prepare(num_chars: int, work: Callable[[Any], Any], arg: Any) -> Any:
+    """``work(arg)``: on the event loop for a small prompt, in a worker thread for a large one."""
+    if num_chars < OFF_LOOP_MIN_CHARS:
+        return work(arg)
+    return await anyio.to_thread.run_sync(work, arg)
+
+
+def _check_prompt_chars(num_chars: int, gw: GatewayState, param: str) -> None:
+    limit = gw.settings.prompt_limit_chars
+    if num_chars > limit:
+        raise context_length_exceeded(
+            f"This model's maximum prompt length is {gw.settings.max_prompt_tokens} tokens, and this gateway "
+            f"accepts at most {limit} characters of prompt text. However, your prompt is {num_chars} "
+            "characters.",
+            param=param,
+        )
+
+
+def _check_prompt_tokens(num_prompt: int, gw: GatewayState, param: str = "prompt") -> None:
+    if num_prompt > gw.settings.max_prompt_tokens:
+        raise context_length_exceeded(
+            f"This model's maximum prompt length is {gw.settings.max_prompt_tokens} tokens. "
+            f"However, your prompt is {num_prompt} tokens.",
+            param=param,
+        )
 
 
 def _check_common(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant, gw: GatewayState) -> None:
     bad = unsupported_params(req)
     if bad is not None:
-        raise invalid_request(bad[1], param=bad[0])
+        raise invalid_request(bad[1], param=bad[0], code="unsupported_parameter")
     if req.model != gw.settings.model_name or (
         tenant.allowed_models and req.model not in tenant.allowed_models
     ):
@@ -92,8 +147,11 @@ def _check_common(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
         raise invalid_request("top_p must be in (0, 1].", param="top_p")
     if req.seed is not None and not 0 <= req.seed < 2**63:
         raise invalid_request("seed must be in [0, 2**63).", param="seed")
-    if len(req.stop_strings()) > MAX_STOP_STRINGS:
+    stops = req.stop_strings()
+    if len(stops) > MAX_STOP_STRINGS:
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
+    if any(len(stop) > MAX_STOP_CHARS for stop in stops):
+        raise invalid_request(f"A stop string may be at most {MAX_STOP_CHARS} characters.", param="stop")
 
 
 def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant) -> RequestClass:
@@ -132,12 +190,8 @@ def _job(
     max_tokens, max_tokens_param = max_tokens_and_param
     num_prompt = len(token_ids)
     if num_prompt == 0:
-        raise invalid_request("The prompt is empty.", param="prompt")
-    if num_prompt > settings.max_prompt_tokens:
-        raise context_length_exceeded(
-            f"This model's maximum prompt length is {settings.max_prompt_tokens} tokens. "
-            f"However, your prompt is {num_prompt} tokens."
-        )
+        raise invalid_request("The prompt is empty.", param=prompt.param)
+    _check_prompt_tokens(num_prompt, gw, prompt.param)
     context = gw.codec.max_context_tokens or (settings.max_prompt_tokens + settings.max_output_tokens)
     if max_tokens is not None:
         if max_tokens < 1:
@@ -151,14 +205,17 @@ def _job(
         if num_prompt + max_tokens > context:
             raise context_length_exceeded(
                 f"This model's maximum context length is {context} tokens. However, you requested "
-                f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the output)."
+                f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
+                "output).",
+                param=prompt.param,
             )
     else:
         max_tokens = min(settings.default_max_tokens or settings.max_output_tokens, context - num_prompt)
         if max_tokens < 1:
             raise context_length_exceeded(
                 f"This model's maximum context length is {context} tokens. However, your prompt is "
-                f"{num_prompt} tokens, which leaves no room for output."
+                f"{num_prompt} tokens, which leaves no room for output.",
+                param=prompt.param,
             )
     chosen_class = request_class(req, tenant)
     deadline_s = (

@@ -20,8 +20,9 @@ from litestar.params import HeaderParameter, JSONBody
 from litestar.response import Stream
 
 from gateway.auth import require_tenant, tenant_of
-from gateway.errors import OpenAIError, content_filtered
+from gateway.errors import OpenAIError, content_filtered, invalid_request
 from gateway.openai.admission import admit_chat, admit_completion
+from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
 from gateway.openai.job import Event, FinishEvent, Job, TextEvent, Timing
 from gateway.openai.schemas import (
@@ -38,6 +39,8 @@ from gateway.openai.schemas import (
     ModelList,
     ResponseMessage,
     Usage,
+    first_unknown_field,
+    parameters_doc,
 )
 from gateway.state import GatewayState
 from sluice.engine_client import EngineError, EngineErrorKind
@@ -281,12 +284,26 @@ _RETRIES = (
 )
 
 
+async def _refuse_unknown_fields(request: Request[Any, Any, Any], struct: type[msgspec.Struct]) -> None:
+    """400 ``unknown_parameter`` for a field the request type does not declare (OpenAI's "Unrecognized
+    request argument"): silently ignoring it could change what the caller gets."""
+    unknown = first_unknown_field(await request.json(), struct)  # the decoded body, cached
+    if unknown is not None:
+        raise invalid_request(
+            f"Unrecognized request argument supplied: {unknown}. See the API docs for the parameters "
+            "Sluice serves, accepts and ignores, or refuses.",
+            param=unknown,
+            code="unknown_parameter",
+        )
+
+
 class OpenAIController(Controller):
     path = "/v1"
     guards = [require_tenant]  # noqa: RUF012 — Litestar's declaration style
     tags = ["OpenAI"]  # noqa: RUF012
+    request_class = BoundedJSONRequest  # refuses JSON nested deeper than MAX_JSON_DEPTH, before decoding
 
-    @post("/chat/completions", status_code=200, description=_RETRIES)
+    @post("/chat/completions", status_code=200, description=f"{parameters_doc(chat=True)}\n\n{_RETRIES}")
     async def chat_completions(
         self,
         request: Request[Any, Any, Any],
@@ -295,11 +312,12 @@ class OpenAIController(Controller):
     ) -> Response[ChatCompletion] | Stream:
         """Chat completion; ``stream: true`` streams ``chat.completion.chunk`` events."""
         gw: GatewayState = request.app.state.gw
-        job = admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key)
+        await _refuse_unknown_fields(request, ChatCompletionRequest)
+        job = await admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
 
-    @post("/completions", status_code=200, description=_RETRIES)
+    @post("/completions", status_code=200, description=f"{parameters_doc(chat=False)}\n\n{_RETRIES}")
     async def completions(
         self,
         request: Request[Any, Any, Any],
@@ -308,7 +326,8 @@ class OpenAIController(Controller):
     ) -> Response[Completion] | Stream:
         """Text completion; ``stream: true`` streams ``text_completion`` events."""
         gw: GatewayState = request.app.state.gw
-        job = admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key)
+        await _refuse_unknown_fields(request, CompletionRequest)
+        job = await admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)
 

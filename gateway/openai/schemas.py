@@ -1,34 +1,71 @@
 """The OpenAI wire format (the subset Sluice serves), as msgspec Structs.
 
-Requests accept fields the client libraries send and Sluice ignores (``user``, ``logit_bias``...);
-fields whose meaning Sluice cannot honour are refused by ``unsupported_params`` with a clear message.
+Every field OpenAI defines for these requests is declared, so none is dropped without a word:
+
+- honoured: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
+  ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
+  ``service_tier`` (``auto``/``default``: interactive, ``flex``: batch) and the extension ``ignore_eos``;
+- accepted and ignored, because they do not change the output: ``user``, ``metadata``, ``store`` (Sluice
+  stores no completions), ``safety_identifier``, ``prompt_cache_key`` (the prefix cache is per tenant
+  anyway), ``stream_options.include_obfuscation``, a tool message's ``tool_call_id``, and the values of
+  refused parameters that mean "off" (``n: 1``, ``logprobs: false``, penalties of 0, ``tool_choice:
+  "none"``, ``response_format: {"type": "text"}``, ...);
+- refused with 400 ``unsupported_parameter`` and ``param`` naming it (``UNSUPPORTED``), because dropping
+  them would change the result: tools and functions, ``logit_bias``, ``logprobs`` / ``top_logprobs``,
+  ``n`` > 1, non-zero penalties, ``response_format`` other than text, ``prediction``, ``audio`` and
+  ``modalities`` other than text, ``web_search_options``, ``reasoning_effort``, ``verbosity``; content
+  parts other than text (images, audio, files); assistant ``tool_calls`` / ``function_call`` / ``audio``
+  / ``refusal``; for completions ``echo``, ``suffix`` and ``best_of`` > 1.
+
+Any other field is refused with 400 ``unknown_parameter`` (as OpenAI answers "Unrecognized request
+argument"): a misspelt or vendor-specific parameter (``top_k``, ``min_p``...) would otherwise be
+silently ignored. ``first_unknown_field`` finds it in the decoded body.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+# OpenAI's rule for a participant's name; it keeps control text (and anything else) out of the prompt.
+ParticipantName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
-class TextPart(msgspec.Struct):
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    """One part of a message's content. Only ``text`` parts are served; the other types' fields are
+    declared so that they are refused by name rather than as unknown fields."""
+
     type: str
     text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
 
 
-class ChatMessage(msgspec.Struct):
-    role: str
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: ParticipantName | None = None
+    tool_call_id: str | None = None  # a tool message's reference to a call: accepted, not used
+    tool_calls: list[Any] | None = None  # refused (no tools)
+    function_call: Any = None  # refused
+    audio: Any = None  # refused
+    refusal: str | None = None  # refused
 
     def text(self) -> str:
+        """The content as one text (its text parts joined); unsupported parts are refused before."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         return "".join(p.text or "" for p in self.content)
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # accepted, ignored: Sluice pads no chunks
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -42,6 +79,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
@@ -62,7 +103,17 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
+    prediction: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    web_search_options: Any = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -72,29 +123,150 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     best_of: int | None = None
 
 
+def _is_set(value: Any) -> bool:
+    return value is not None
+
+
+def _is_on(value: Any) -> bool:
+    return bool(value)
+
+
+def _not_none_mode(value: Any) -> bool:
+    return value is not None and value != "none"
+
+
+# (field, when it is refused, what the client is told): checked in this order.
+_Check = tuple[str, Any, str]
+_COMMON: tuple[_Check, ...] = (
+    ("n", lambda v: v is not None and v != 1, "Only n=1 is supported: ask for one choice per request."),
+    ("logprobs", lambda v: v is not None and v is not False, "logprobs are not supported."),
+    ("presence_penalty", _is_on, "presence_penalty is not supported (only 0)."),
+    ("frequency_penalty", _is_on, "frequency_penalty is not supported (only 0)."),
+    ("logit_bias", _is_on, "logit_bias is not supported."),
+)
+_CHAT: tuple[_Check, ...] = (
+    ("top_logprobs", _is_on, "top_logprobs are not supported."),
+    ("tools", _is_on, "Tools are not supported."),
+    ("tool_choice", _not_none_mode, "tool_choice is not supported (no tools)."),
+    ("parallel_tool_calls", _is_set, "parallel_tool_calls is not supported (no tools)."),
+    ("functions", _is_on, "functions are not supported."),
+    ("function_call", _not_none_mode, "function_call is not supported (no functions)."),
+    (
+        "response_format",
+        lambda v: v is not None and v.get("type", "text") != "text",
+        "Only response_format {'type': 'text'} is supported.",
+    ),
+    ("prediction", _is_set, "Predicted outputs are not supported."),
+    ("audio", _is_set, "Audio output is not supported."),
+    ("modalities", lambda v: v is not None and set(v) - {"text"}, "Only the text modality is supported."),
+    ("web_search_options", _is_set, "Web search is not supported."),
+    ("reasoning_effort", _is_set, "reasoning_effort is not supported: this model does not reason."),
+    ("verbosity", _is_set, "verbosity is not supported."),
+)
+_COMPLETION: tuple[_Check, ...] = (
+    ("echo", _is_on, "echo is not supported."),
+    ("suffix", _is_on, "suffix is not supported."),
+    ("best_of", lambda v: v is not None and v != 1, "Only best_of=1 is supported."),
+)
+_MESSAGE: tuple[_Check, ...] = (
+    ("tool_calls", _is_on, "Assistant tool_calls are not supported (no tools)."),
+    ("function_call", _is_set, "Assistant function_call is not supported (no functions)."),
+    ("audio", _is_set, "Assistant audio is not supported."),
+    ("refusal", _is_set, "Assistant refusal messages are not supported; send the text as content."),
+)
+UNSUPPORTED_CHAT = tuple(name for name, _, _ in _COMMON + _CHAT)
+UNSUPPORTED_COMPLETION = tuple(name for name, _, _ in _COMMON + _COMPLETION)
+# Accepted and ignored: they do not change the output.
+IGNORED = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key",
+           "stream_options.include_obfuscation")  # fmt: skip
+
+
+def parameters_doc(chat: bool) -> str:
+    """The OpenAPI description's paragraph on parameters (Markdown), from the lists above."""
+    refused = ", ".join(f"`{n}`" for n in (UNSUPPORTED_CHAT if chat else UNSUPPORTED_COMPLETION))
+    ignored = ", ".join(f"`{n}`" for n in (*IGNORED, *(("messages[].tool_call_id",) if chat else ())))
+    off = "`n: 1`, `logprobs: false`, penalties of 0, `logit_bias: {}`"
+    if chat:
+        off += ', `tool_choice: "none"`, `response_format: {"type": "text"}`, `modalities: ["text"]`'
+        refused += (
+            ", content parts other than `text` (images, audio, files), and assistant `tool_calls` / "
+            "`function_call` / `audio` / `refusal`"
+        )
+    text = (
+        f"Parameters refused with 400 `unsupported_parameter` (`param` names it), because dropping them "
+        f'would change the result: {refused}; each is accepted at its "off" value ({off}). Accepted '
+        f"and ignored: {ignored}. Any other field: 400 `unknown_parameter`. "
+    )
+    if chat:
+        text += (
+            "Roles: system, developer (rendered as the template's system turn), user, assistant, tool; "
+            "`name` must match `^[A-Za-z0-9_-]{1,64}$` and is screened with the content. "
+        )
+    return text + (
+        "Text is tokenized as plain text: special tokens come only from the chat template. Limits: JSON "
+        "nested at most 64 deep (400 `json_too_deep`), prompt text at most `SLUICE_MAX_PROMPT_CHARS` "
+        "characters before tokenizing (400 `context_length_exceeded`), 4 stop strings of at most 256 "
+        "characters each; a temperature below 1e-5 is greedy."
+    )
+
+
 def unsupported_params(req: ChatCompletionRequest | CompletionRequest) -> tuple[str, str] | None:
     """(param, message) for the first parameter Sluice cannot honour, or None."""
-    if req.n is not None and req.n != 1:
-        return "n", "Only n=1 is supported: ask for one choice per request."
-    if req.logprobs:
-        return "logprobs", "logprobs are not supported."
-    if req.presence_penalty or req.frequency_penalty:
-        return "presence_penalty", "presence_penalty and frequency_penalty are not supported."
-    if req.logit_bias:
-        return "logit_bias", "logit_bias is not supported."
+    checks = _COMMON + (_CHAT if isinstance(req, ChatCompletionRequest) else _COMPLETION)
+    for name, refused, message in checks:
+        if refused(getattr(req, name)):
+            return name, message
     if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            return "tools", "Tools are not supported."
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            return "response_format", "Only response_format {'type': 'text'} is supported."
-    else:
-        if req.echo:
-            return "echo", "echo is not supported."
-        if req.suffix:
-            return "suffix", "suffix is not supported."
-        if req.best_of is not None and req.best_of != 1:
-            return "best_of", "Only best_of=1 is supported."
+        for i, m in enumerate(req.messages):
+            for name, refused, message in _MESSAGE:
+                if refused(getattr(m, name)):
+                    return f"messages[{i}].{name}", message
+            for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                if part.type != "text":
+                    return f"messages[{i}].content[{j}]", (
+                        f"Content parts of type {part.type!r} are not supported; only 'text' parts are."
+                    )
+                if part.text is None:
+                    return f"messages[{i}].content[{j}].text", "A text content part needs its text."
     return None
+
+
+def _field_names(struct: type[msgspec.Struct]) -> frozenset[str]:
+    return frozenset(f.encode_name for f in msgspec.structs.fields(struct))
+
+
+_NESTED: dict[type[msgspec.Struct], dict[str, type[msgspec.Struct]]] = {
+    ChatCompletionRequest: {"messages": ChatMessage, "stream_options": StreamOptions},
+    CompletionRequest: {"stream_options": StreamOptions},
+    ChatMessage: {"content": ContentPart},
+}
+
+
+def first_unknown_field(body: Any, struct: type[msgspec.Struct], path: str = "") -> str | None:
+    """The path (``messages[0].foo``) of the first field of the decoded ``body`` that ``struct`` (or a
+    Struct nested in it) does not declare, or None. The body has already been converted to ``struct``,
+    so its shape is known to fit."""
+    if not isinstance(body, dict):
+        return None
+    known = _field_names(struct)
+    nested = _NESTED.get(struct, {})
+    for key, value in body.items():
+        if key not in known:
+            return f"{path}{key}"
+        inner = nested.get(key)
+        if inner is not None:
+            for item_path, item in _items(value, f"{path}{key}"):
+                found = first_unknown_field(item, inner, f"{item_path}.")
+                if found is not None:
+                    return found
+    return None
+
+
+def _items(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, list):
+        yield from ((f"{path}[{i}]", item) for i, item in enumerate(value))
+    else:
+        yield path, value
 
 
 # ----- responses -----

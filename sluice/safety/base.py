@@ -61,7 +61,8 @@ class Classifier(ABC):
         raise NotImplementedError(f"classifier {self.name!r} has no synchronous path")
 
     def classify_window(self, text: str, start: int, final: bool) -> Verdict:
-        """The verdict on matches starting at or after ``start``; ``text[:start]`` is context only (so a
+        """The verdict on matches starting at or after ``start`` in ``text``, which the streaming screen
+        has folded (``sluice.safety.fold``), as for ``earliest_*``; ``text[:start]`` is context only (so a
         word boundary at ``start`` is judged on the real preceding character). When ``final`` is False the
         text may still grow, so a match running up to its very end (which the next characters could
         still undo: ``bomb`` + ``astic``) is not reported yet. The default ignores both refinements."""

@@ -1,10 +1,19 @@
 """The built-in rules: a block list, named regular expressions and PII patterns, as one synchronous
 classifier cheap enough to screen every streamed chunk.
 
-Every rule knows the longest span it can match (``max_match_chars``): the streaming screen holds back at
-least that much text, so a match completed by a later chunk never had its start sent. For a block-list
-phrase it is computed (words joined by 1-3 whitespace characters); for a configured regex it is the
-configured bound; the PII patterns below are written with bounded repetitions so theirs is exact.
+Every rule matches the text folded (``sluice.safety.fold``: NFKD, marks and invisible characters removed,
+look-alike letters mapped to Latin), so ``ｂ\u200bоmb`` (fullwidth, zero-width space, Cyrillic o) is
+``bomb``. Block-list phrases are folded the same way when the rules are built; configured regexes are
+applied to folded text as written (``é`` in a pattern never matches: the text has ``e``).
+``classify_now`` / ``classify`` fold the text they are given; the window methods the streaming screen
+calls (``classify_window``, ``first_match``, ``earliest_*``) take text already folded, and their
+positions are positions in it.
+
+Every rule knows the longest span it can match (``max_match_chars``, in folded characters): the
+streaming screen holds back at least that much text, so a match completed by a later chunk never had its
+start sent. For a block-list phrase it is computed (words joined by 1-3 whitespace characters); for a
+configured regex it is the configured bound; the PII patterns below are written with bounded repetitions
+so theirs is exact.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import regex
 
 from sluice.safety.base import Classifier, Verdict
 from sluice.safety.config import SafetyConfig
+from sluice.safety.fold import fold
 
 # Between the words of a block-list phrase; bounded so the phrase's longest match is known.
 _MAX_GAP_CHARS = 3
@@ -134,13 +144,15 @@ def _trie_regex(node: dict[str, Any]) -> str:
 
 def blocklist_rule(phrases: Iterable[str]) -> Rule | None:
     """Whole words or phrases, case-insensitive, the words separated by 1-3 whitespace characters; not
-    matched inside a longer word (``class`` does not match ``classic``). None for an empty list."""
+    matched inside a longer word (``class`` does not match ``classic``). Phrases are folded, as the text
+    will be. None for an empty list."""
     trie: dict[str, Any] = {}
     max_chars = 0
-    for phrase in phrases:
+    for given in phrases:
+        phrase = fold(given)
         words = phrase.split()
         if not words:
-            raise ValueError(f"a block-list entry needs at least one word, got {phrase!r}")
+            raise ValueError(f"a block-list entry needs at least one word, got {given!r}")
         if len(phrase) > MAX_PHRASE_CHARS:
             raise ValueError(f"a block-list entry must be at most {MAX_PHRASE_CHARS} characters")
         node = trie
@@ -167,7 +179,8 @@ def pii_rules(email: bool = True, card: bool = True, ssn: bool = False) -> list[
 
 
 class RulesClassifier(Classifier):
-    """Rules checked in order; the first match decides. Pure CPU, no state between calls."""
+    """Rules checked in order; the first match decides. Pure CPU, no state between calls. The window
+    methods take folded text (see the module docstring)."""
 
     supports_streaming = True
     max_match_chars: int  # always known for rules
@@ -196,7 +209,7 @@ class RulesClassifier(Classifier):
         return Verdict.allow(self.name) if match is None else Verdict.block(self.name, match.category)
 
     def classify_now(self, text: str) -> Verdict:
-        return self.classify_window(text, 0, True)
+        return self.classify_window(fold(text), 0, True)
 
     async def classify(self, text: str) -> Verdict:
         return self.classify_now(text)

@@ -3,12 +3,22 @@
 ``TextCodec.from_checkpoint(dir)`` reads tokenizer.json (HF ``tokenizers``), tokenizer_config.json
 (``chat_template``, special tokens) and generation_config.json (end-of-sequence ids). The chat template
 is rendered with jinja2 in a sandbox, the way ``transformers`` does (trim_blocks, lstrip_blocks,
-``raise_exception``), and the rendered text is tokenized with its special tokens recognised.
+``raise_exception``).
+
+Special tokens come only from the chat template, never from what a caller wrote: ``encode`` tokenizes
+text as plain text (``<|im_end|>`` in it becomes ordinary tokens, not the control token), and
+``encode_chat`` renders the template with a placeholder for each message's text, then tokenizes the
+template's special-token strings as their ids and everything between them (the template's other text and
+the messages' text, joined) as plain text. So a message cannot close its turn and forge a system one, and
+an ordinary chat tokenizes exactly as the whole rendered text would (``tokenizers`` splits at special
+tokens first, so no merge crosses one either way).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +38,10 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+# What a message may carry into the template as the caller's text (each is replaced by a placeholder).
+_CALLER_FIELDS = ("content", "name")
+
+
 class TextCodec:
     def __init__(
         self,
@@ -37,14 +51,26 @@ class TextCodec:
         eos_token_ids: Sequence[int],
         max_context_tokens: int | None = None,
     ) -> None:
-        self._tokenizer = tokenizer
+        # Every text is tokenized with special-token strings as plain text; the template's specials are
+        # found by ``_specials`` and added as ids.
+        self._tokenizer = Tokenizer.from_str(tokenizer.to_str())
+        self._tokenizer.encode_special_tokens = True
+        added = tokenizer.get_added_tokens_decoder()
+        self._special_ids = {t.content: i for i, t in added.items() if t.special}
+        longest_first = sorted(self._special_ids, key=len, reverse=True)
+        self._specials = (
+            re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if longest_first else None
+        )
+        # Placeholders for the caller's text while the template renders (that text itself never enters the
+        # rendered string): private-use characters around a random tag no template prints by chance.
+        self._placeholder_tag = secrets.token_hex(8)
+        self._placeholder = re.compile(f"\ue000{self._placeholder_tag}:(\\d+)\ue001")
         self.max_context_tokens = max_context_tokens
         self.eos_token_ids = tuple(eos_token_ids)
         self._special_tokens = dict(special_tokens)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
         self._template = env.from_string(chat_template) if chat_template else None
-        added = tokenizer.get_added_tokens_decoder()
         special = {i: t.content for i, t in added.items() if t.special}
         self._token_bytes = TokenBytes(tokenizer.get_vocab(with_added_tokens=True), special)
 
@@ -70,8 +96,50 @@ class TextCodec:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token strings in it become their ids, nothing is added."""
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        """Token ids of ``text`` as plain text: a special-token string in it is ordinary text (never the
+        control token), and nothing is added."""
+        # NOTE: encode_batch_fast releases the GIL while it tokenizes (encode does not), so a large text
+        # encoded in a worker thread leaves the event loop running; "fast": without character offsets.
+        token_ids: list[int] = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        return token_ids
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of the chat template applied to ``messages``: the template's special tokens as their
+        ids, each message's ``content`` and ``name`` as plain text (see ``encode``).
+
+        ``ChatTemplateError`` if the template cannot render them. NOTE: a template that inspects the text
+        (``content.split(...)``) sees a placeholder, not the text.
+        """
+        texts: list[str] = []
+        standins = []
+        for message in messages:
+            standin = dict(message)
+            for key in _CALLER_FIELDS:
+                value = message.get(key)
+                if isinstance(value, str):
+                    standin[key] = f"\ue000{self._placeholder_tag}:{len(texts)}\ue001"
+                    texts.append(value)
+            standins.append(standin)
+        rendered = self.render_chat(standins, add_generation_prompt)
+        token_ids: list[int] = []
+        between: list[str] = []  # plain text since the last special token
+        # re.split alternates text and what the pattern captured (a placeholder's index, a special token).
+        for i, template_text in enumerate(self._placeholder.split(rendered)):
+            if i % 2:
+                between.append(texts[int(template_text)])
+                continue
+            pieces = self._specials.split(template_text) if self._specials else [template_text]
+            for j, piece in enumerate(pieces):
+                if j % 2:
+                    token_ids.extend(self.encode("".join(between)))
+                    between.clear()
+                    token_ids.append(self._special_ids[piece])
+                else:
+                    between.append(piece)
+        token_ids.extend(self.encode("".join(between)))
+        return token_ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The whole text of ``token_ids`` (special tokens skipped), as the detokenizer would stream it."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sluice.safety.base import Classifier, Verdict
 from sluice.safety.config import SafetyConfig
+from sluice.safety.fold import fold
 from sluice.safety.rules import RulesClassifier, build_rules
 from sluice.safety.stream import StreamScreen
 
@@ -57,7 +58,7 @@ def test_released_text_always_ends_before_the_first_match(
     holdback = rules.max_match_chars + extra_holdback // 3  # mostly the tightest holdbacks
     screen = StreamScreen([rules], holdback, window_chars=holdback + extra_window // 3)
     released, verdict = stream(screen, text, cuts)
-    first = rules.first_match(text)
+    first = rules.first_match(fold(text))  # folding maps this alphabet one to one: same positions
     assert first is not None  # the phrase is there, surrounded by spaces
     assert verdict is not None and verdict.blocked
     # A prefix of the text that stops before the match: no character of the match was ever sent.
@@ -77,7 +78,7 @@ def test_the_stream_decides_as_the_whole_text_would(text: str, cuts: list[int]) 
         assert released == text  # all of it, in order, once
     else:
         assert verdict == whole or verdict.blocked  # the first trip may be another rule's
-        first = RULES.first_match(text)
+        first = RULES.first_match(fold(text))
         assert first is not None and text.startswith(released) and len(released) <= first.start
 
 
