@@ -29,9 +29,9 @@ $(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetenso
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt
 
 # tritonserver with the CPU engine (HTTP 8000, gRPC 8001, metrics 8002), then the gateway on :8080.
-# Ctrl-C stops both.
+# Ctrl-C stops both. The dev tenants (sk-acme-dev, sk-globex-dev) are on unless SLUICE_DEV_TENANTS=false.
 run: install checkpoint repository
-	exec $(PY) -m gateway.devstack --model-repository $(STATE)/model_repository
+	SLUICE_DEV_TENANTS=$${SLUICE_DEV_TENANTS:-true} exec $(PY) -m gateway.devstack --model-repository $(STATE)/model_repository
 
 test: install checkpoint
 	$(PY) -m pytest -q

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from litestar import Litestar
+from litestar.logging.config import LoggingConfig
 from litestar.openapi import OpenAPIConfig
 
 from gateway.auth import tenant_resolver
@@ -25,6 +26,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
 from gateway.openapi_links import add_links
 from gateway.scheduling.scheduler import ModelScheduler
+from gateway.serving import LOG_FORMAT
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import TelemetryWriter
@@ -40,7 +42,7 @@ from sluice.quota.factory import open_quota_store
 from sluice.safety.config import load_safety_config
 from sluice.safety.policy import build_policies
 from sluice.safety.triton import TritonClassifier
-from sluice.settings import Settings
+from sluice.settings import Settings, redact_secrets
 from sluice.storage import open_ledger, open_tenant_store
 from sluice.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
@@ -126,12 +128,7 @@ def create_app(
             # generations so a collection pass on the request path does not walk it (tail latency).
             gc.collect()
             gc.freeze()
-            log.info(
-                "gateway up: engine client %s (replica %s), model %s",
-                engine.kind,
-                engine.replica,
-                settings.model_name,
-            )
+            _log_start(settings, engine)
             yield
 
     app = Litestar(
@@ -140,9 +137,43 @@ def create_app(
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Sluice", version="0.1.0", path="/schema"),
+        # The root logger is the process's (gateway.serving): Litestar keeps to its own, in the same format.
+        logging_config=LoggingConfig(
+            configure_root_logger=False, formatters={"standard": {"format": LOG_FORMAT}}
+        ),
     )
     add_links(app.openapi_schema)
     return app
+
+
+def _log_start(settings: Settings, engine: EngineClient) -> None:
+    """One line an operator can read the configuration from, and a warning while dev keys work."""
+    storage = (
+        f"PostgreSQL {redact_secrets(settings.database_url)}"
+        if settings.database_url is not None
+        else f"SQLite {settings.sqlite_path}"
+    )
+    shared = (
+        f"Redis {redact_secrets(settings.redis_url)}"
+        if settings.redis_url is not None
+        else "in process (this gateway only)"
+    )
+    log.info(
+        "gateway up: model %s, engine client %s (replica %s); ledger and tenants: %s; quotas and "
+        "idempotency: %s; telemetry %s; dev tenants %s",
+        settings.model_name,
+        engine.kind,
+        engine.replica,
+        storage,
+        shared,
+        settings.telemetry_path,
+        "ON" if settings.dev_tenants else "off",
+    )
+    if settings.dev_tenants:
+        log.warning(
+            "dev API keys sk-acme-dev and sk-globex-dev are active (SLUICE_DEV_TENANTS=true): anyone can "
+            "read them in the source; they must not be used in production"
+        )
 
 
 async def _open_ledger(settings: Settings, ledger: UsageLedger | None) -> UsageLedger:

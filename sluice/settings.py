@@ -72,7 +72,9 @@ class Settings(BaseSettings):
     tenant_lookup_timeout_s: float = Field(2.0, gt=0, le=60)
     # Tenant lookups in flight at once per gateway; more wait, so random keys cannot exhaust the pool.
     tenant_max_concurrent_lookups: int = Field(4, ge=1, le=200)
-    dev_tenants: bool = True  # seed acme/sk-acme-dev and globex/sk-globex-dev
+    # Seed acme/sk-acme-dev and globex/sk-globex-dev: keys anyone can read in the source, so off unless
+    # asked for (``make run`` asks); the gateway logs a warning at start while they are on.
+    dev_tenants: bool = False
     # Clients (per connection). A client that has not read for client_write_timeout_s while the gateway
     # has output for it (its send buffer full) is cut off and its request cancelled and metered. The
     # kernel send buffer and the transport's write buffer are each bounded to client_send_buffer_bytes,
@@ -222,8 +224,41 @@ def load_settings(**overrides: Any) -> Settings:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "settings"
             where = f"{ENV_PREFIX}{field.upper()}" if field in Settings.model_fields else field
-            problems.append(f"{where}={err.get('input')!r}: {err['msg']}")
+            value = _redacted(field, err.get("input"))
+            problems.append(redact_secrets(f"{where}={value!r}: {err['msg']}"))
         raise SettingsError("invalid settings:\n  " + "\n  ".join(problems)) from None
+
+
+# A URL's user-info up to its last "@" (a raw "@" or "/" in a password must not end the match early), and
+# key=value pairs of a connection string or query.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s@'\"]*)(\S*)@")
+_SECRET_PAIR = re.compile(r"(?i)\b(password|passwd|pwd|secret|token|api_key)=([^\s&'\"]+)")
+_SECRET_NAME = re.compile(r"(?i)(password|passwd|secret|credential|api_key|private_key|(^|_)token$)")
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with the passwords of URLs in it (``postgresql://user:***@host``,
+    ``redis://:***@host``) and ``password=...``-like pairs replaced by ``***``: for messages and logs."""
+
+    def userinfo(m: re.Match[str]) -> str:
+        info = m.group(2) + m.group(3)
+        if ":" not in info:
+            return m.group(0)
+        return f"{m.group(1)}{info.split(':', 1)[0]}:***@"
+
+    return _SECRET_PAIR.sub(r"\1=***", _URL_USERINFO.sub(userinfo, text))
+
+
+def _redacted(name: str, value: Any) -> Any:
+    """An input value as it may be shown: a secret-named field as ``***``, secrets inside text redacted
+    (a model-level error's input is the whole mapping of values)."""
+    if isinstance(value, Mapping):
+        return {k: _redacted(str(k), v) for k, v in value.items()}
+    if _SECRET_NAME.search(name) and value is not None:
+        return "***"
+    if isinstance(value, str):
+        return redact_secrets(value)
+    return value
 
 
 @lru_cache(maxsize=1)

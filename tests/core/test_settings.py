@@ -36,7 +36,11 @@ def test_defaults_are_the_embedded_dev_setup() -> None:
     assert s.telemetry_path == Path(".sluice/telemetry.jsonl")
     assert (s.max_prompt_tokens, s.max_output_tokens, s.default_max_tokens) == (1536, 512, None)
     assert s.request_deadline_s == 60.0 and s.max_body_bytes == 1024 * 1024
-    assert s.tenant_cache_ttl_s == 5.0 and s.dev_tenants is True
+    assert s.tenant_cache_ttl_s == 5.0
+    assert s.dev_tenants is False  # keys anyone can read in the source: only when asked for (make run)
+    assert (s.client_write_timeout_s, s.client_header_timeout_s, s.keep_alive_timeout_s) == (30.0, 10.0, 5)
+    assert s.client_send_buffer_bytes == 64 * 1024 and s.max_connections == 512
+    assert s.telemetry_max_bytes == 64 * 1024 * 1024 and s.telemetry_num_backups == 3
 
 
 def test_read_once_and_cached() -> None:
@@ -89,6 +93,10 @@ def test_an_unknown_sluice_variable_fails_naming_it_and_the_valid_names(
         ("SLUICE_TRITON_METRICS_URL", "127.0.0.1:8002", "http"),
         ("SLUICE_MODEL_NAME", "no spaces", "letters, digits"),
         ("SLUICE_MAX_BODY_BYTES", "10", "greater than or equal to 1024"),
+        ("SLUICE_CLIENT_WRITE_TIMEOUT_S", "0", "greater than 0"),
+        ("SLUICE_CLIENT_SEND_BUFFER_BYTES", "100", "greater than or equal to 4096"),
+        ("SLUICE_MAX_CONNECTIONS", "0", "greater than or equal to 1"),
+        ("SLUICE_TELEMETRY_MAX_BYTES", "1", "greater than or equal to 4096"),
     ],
 )
 def test_out_of_range_values_fail_naming_the_variable(
@@ -106,3 +114,37 @@ def test_default_max_tokens_must_fit_max_output_tokens(monkeypatch: pytest.Monke
         get_settings()
     monkeypatch.setenv("SLUICE_MAX_OUTPUT_TOKENS", "1024")
     assert get_settings().default_max_tokens == 600
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "shown"),
+    [
+        ("SLUICE_DATABASE_URL", "mysql://sluice:hunter2@db:3306/x", "mysql://sluice:***@db:3306/x"),
+        # A raw "@" or "/" in the password does not end the redaction early.
+        ("SLUICE_DATABASE_URL", "mysql://sluice:hun@ter/2@db/x", "mysql://sluice:***@db/x"),
+        ("SLUICE_DATABASE_URL", "host=db password=hunter2", "host=db password=***"),
+        ("SLUICE_REDIS_URL", "http://:hunter2@cache:6379/0", "http://:***@cache:6379/0"),
+    ],
+)
+def test_a_settings_error_never_echoes_a_password(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, shown: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as exc:
+        get_settings()
+    message = str(exc.value)
+    assert name in message and shown in message
+    assert "hunter2" not in message and "hun@ter" not in message
+
+
+def test_a_model_level_error_redacts_the_urls_among_the_values_it_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICE_DATABASE_URL", "postgresql://sluice:hunter2@db/sluice")
+    monkeypatch.setenv("SLUICE_REDIS_URL", "redis://:hunter2@cache:6379/0")
+    monkeypatch.setenv("SLUICE_DEFAULT_MAX_TOKENS", "600")  # over max_output_tokens: a model-level error
+    with pytest.raises(SettingsError) as exc:
+        get_settings()
+    message = str(exc.value)
+    assert "default_max_tokens" in message and "hunter2" not in message
+    assert "postgresql://sluice:***@db/sluice" in message and "redis://:***@cache:6379/0" in message

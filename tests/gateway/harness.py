@@ -81,15 +81,15 @@ class RunningGateway:
 def start_gateway(
     state_dir: Path, checkpoint_dir: Path, engine: EngineClient | None = None, **overrides: Any
 ) -> RunningGateway:
-    """Start a gateway, served as ``python -m gateway`` serves it (gateway.serving); ``engine`` None
-    means the one ``overrides['engine_client']`` names."""
+    """Start a gateway, served as ``python -m gateway`` serves it (gateway.serving), with the dev tenants
+    unless ``dev_tenants=False``; ``engine`` None means the one ``overrides['engine_client']`` names."""
     port = free_port()
     settings = Settings(
         state_dir=state_dir,
         checkpoint_dir=checkpoint_dir,
         gateway_host="127.0.0.1",
         gateway_port=port,
-        **{"engine_client": "inprocess", "tenant_cache_ttl_s": 5.0, **overrides},
+        **{"engine_client": "inprocess", "tenant_cache_ttl_s": 5.0, "dev_tenants": True, **overrides},
     )
     app = create_app(settings, engine=engine)  # storage from settings: SQLite under state_dir
     server = uvicorn.Server(uvicorn_config(app, settings, uvicorn_log_level="warning"))

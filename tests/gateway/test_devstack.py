@@ -1,5 +1,6 @@
 """`make run`'s process: tritonserver + gateway come up together, serve the openai client, and one
-Ctrl-C (SIGINT) stops both, leaving no process behind."""
+Ctrl-C (SIGINT) stops both, leaving no process behind. Its log says what runs, warns that the dev keys
+are on, and stays quiet while it serves (not a line per replica metrics read)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         SLUICE_GATEWAY_PORT=str(gateway),
         SLUICE_TRITON_GRPC_URL=f"127.0.0.1:{grpc}",
         SLUICE_TRITON_METRICS_URL=f"http://127.0.0.1:{metrics}/metrics",
+        SLUICE_REPLICA_POLL_INTERVAL_MS="50",  # 20 reads a second: any per-read log line would show
+        SLUICE_DEV_TENANTS="true",  # as `make run` sets it
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.devstack", "--model-repository", str(model_repository),
@@ -54,6 +57,7 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         )
         assert reply.usage is not None and reply.usage.completion_tokens >= 1
         assert processes_mentioning(marker), "tritonserver should be running"
+        time.sleep(0.5)  # serving, idle: the replica is read ~10 times meanwhile
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 10
@@ -67,3 +71,12 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         assert proc.stderr is not None
         banner = proc.stderr.read()
     assert "sk-acme-dev" in banner and "sk-globex-dev" in banner and "curl" in banner
+    log_lines = [line for line in banner.splitlines() if " INFO " in line or " WARNING " in line]
+    assert any("gateway up: model sluice-tiny" in line and "dev tenants ON" in line for line in log_lines)
+    assert any("WARNING" in line and "must not be used in production" in line for line in log_lines)
+    assert not [line for line in log_lines if "/metrics" in line or "HTTP Request" in line]
+
+
+def test_make_run_turns_the_dev_tenants_on_unless_told_otherwise() -> None:
+    dry_run = subprocess.run(["make", "-n", "run"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert "SLUICE_DEV_TENANTS=${SLUICE_DEV_TENANTS:-true} exec" in dry_run.stdout
