@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     quota_fail_open_s: float = Field(30.0, ge=0, le=3600)
     # Idempotency-Key: completed results are replayed this long.
     idempotency_ttl_s: float = Field(24 * 3600.0, gt=0, le=30 * 24 * 3600)
+    # Idempotency-Key records kept per tenant; past it that tenant's least recently written one is
+    # forgotten (a retry of it is a new, billed request), never another tenant's.
+    idempotency_max_records_per_tenant: int = Field(10_000, ge=1, le=10_000_000)
 
     # Gateway.
     gateway_host: str = "127.0.0.1"

@@ -1,20 +1,32 @@
 """The idempotency store's one interface; every backend passes the same contract tests
 (tests/core/test_idempotency.py).
 
-A request carrying an ``Idempotency-Key`` calls ``begin`` before any engine work. Only a NEW answer
-generates; its one ``finally`` then calls ``complete`` (finished: the result is replayed to retries) or
-``release`` (failed or cancelled: a retry starts over, not resumes). One record per (tenant, key):
+A request carrying an ``Idempotency-Key`` may ``peek`` first (read only: answer a replay, 409 or 422
+before any other work), and calls ``begin`` (the first write) only once it passed every check that could
+refuse it. Only a NEW answer generates; its one ``finally`` then calls ``complete`` (finished: the result
+is replayed to retries) or ``release`` (failed or cancelled: a retry starts over, not resumes). One record
+per (tenant, key):
 
   fingerprint     the first request's body hash; a different body under the same key is a MISMATCH
   attempt         1, 2, ...: the latest attempt's number
   state           running / completed / released
   running deadline  a running attempt older than this is presumed dead (its gateway died): a retry is NEW
-  output tokens   the released attempt's, reported to the next attempt as superseded waste
+  output tokens   the released attempt's, reported to the next attempt (it was billed on its own row;
+                  to the tenant it is work thrown away)
   result          completed only; opaque bytes
 
 Record lifetime: ``ttl_s`` after ``complete``; while running or released, ``max(running_ttl_s,
 ATTEMPT_RECORD_TTL_S)`` from the last ``begin`` / ``release``, so the attempt count and the fingerprint
 outlive any retry a client would still make.
+
+Bound: each tenant keeps at most ``max_records_per_tenant`` records; past it, that tenant's least
+recently written record is forgotten (a retry of its key is then a new request), never another
+tenant's. Forgetting early is the price of the bound; it never makes a generation free, because every
+attempt is billed on its own ledger row.
+
+Failures: a backend that cannot answer (Redis unreachable, timing out, out of memory, read-only, loading)
+raises ``IdempotencyStoreUnavailableError``; the guarantee cannot be kept, so the caller refuses keyed
+requests (503) rather than run them unprotected.
 """
 
 from __future__ import annotations
@@ -27,6 +39,11 @@ from enum import StrEnum
 # How long a running or released record is kept (unless running_ttl_s is longer): a day, as long as the
 # default replay window, so "attempt 3" is not mistaken for "attempt 1" by a client retrying all day.
 ATTEMPT_RECORD_TTL_S = 24 * 3600.0
+DEFAULT_MAX_RECORDS_PER_TENANT = 10_000
+
+
+class IdempotencyStoreUnavailableError(Exception):
+    """The store could not answer (the message says why); nothing is known about the key's state."""
 
 
 class BeginKind(StrEnum):
@@ -60,11 +77,19 @@ class IdempotencyStore(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
+    async def peek(self, tenant_id: str, key: str, fingerprint: str) -> Begin | None:
+        """Read only: what ``begin`` would answer now if it would not start a new attempt (MISMATCH,
+        IN_PROGRESS or COMPLETED, as ``begin`` defines them), else None. Changes nothing (not even the
+        record's recency): a request may be refused after it, and then must leave no trace.
+        """
+
+    @abstractmethod
     async def begin(self, tenant_id: str, key: str, fingerprint: str, running_ttl_s: float) -> Begin:
         """Atomically: no record → NEW attempt 1 (a running marker expiring after ``running_ttl_s``, so a
         dead gateway's attempt does not block retries forever). Record with a different fingerprint (the
         request body's hash) → MISMATCH, whatever its state. Running (not expired) → IN_PROGRESS. Completed →
         COMPLETED with its result. Released, or running but expired → NEW with attempt = previous + 1.
+        A new record past the tenant's bound forgets that tenant's least recently written one.
         """
 
     @abstractmethod
@@ -90,6 +115,11 @@ def key_digest(key: str) -> str:
 def record_ttl_s(running_ttl_s: float) -> float:
     """How long a running or released record is kept."""
     return max(running_ttl_s, ATTEMPT_RECORD_TTL_S)
+
+
+def check_max_records(max_records_per_tenant: int) -> None:
+    if max_records_per_tenant < 1:
+        raise ValueError(f"max_records_per_tenant must be >= 1, got {max_records_per_tenant}")
 
 
 def check_begin_args(running_ttl_s: float) -> None:

@@ -13,15 +13,20 @@ log = logging.getLogger(__name__)
 
 
 async def open_idempotency_store(settings: Settings) -> IdempotencyStore:
-    """An opened idempotency store; the caller closes it. An unreachable Redis fails here."""
+    """An opened idempotency store; the caller closes it. An unreachable Redis does not fail the start
+    (logged): requests with an Idempotency-Key get 503 until it answers."""
     store: IdempotencyStore
     if settings.redis_url is not None:
         from sluice.idempotency.redis import RedisIdempotencyStore
 
         log.info("idempotency store: Redis")
-        store = RedisIdempotencyStore(settings.redis_url, key_prefix=f"{settings.redis_key_prefix}idem:")
+        store = RedisIdempotencyStore(
+            settings.redis_url,
+            key_prefix=f"{settings.redis_key_prefix}idem:",
+            max_records_per_tenant=settings.idempotency_max_records_per_tenant,
+        )
     else:
         log.info("idempotency store: in-process (one gateway)")
-        store = InProcessIdempotencyStore()
+        store = InProcessIdempotencyStore(settings.idempotency_max_records_per_tenant)
     await store.open()
     return store

@@ -3,10 +3,9 @@
 NOTE: no verb awaits, so on the event loop each runs to completion alone: that is the atomicity the Redis
 store gets from its Lua scripts.
 
-Bounded: at most ``max_entries`` records. Expired records go first (an expiry heap, so the purge costs
-O(log n) per record); past the bound the least recently used record is evicted, so a flood of new keys
-cannot exhaust memory. NOTE: an evicted record is forgotten early: a retry of its key is NEW (at worst
-one duplicate generation), the price of the bound.
+Bounded per tenant: at most ``max_records_per_tenant`` records each (one LRU per tenant, ordered by the
+last write), so a flood of new keys from one tenant evicts only its own records. Expired records go first
+(one expiry heap for all, so the purge costs O(log n) per record).
 """
 
 from __future__ import annotations
@@ -18,18 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.idempotency.base import (
+    DEFAULT_MAX_RECORDS_PER_TENANT,
     AttemptState,
     Begin,
     BeginKind,
     IdempotencyStore,
     check_begin_args,
     check_complete_args,
+    check_max_records,
     check_release_args,
     key_digest,
     record_ttl_s,
 )
-
-DEFAULT_MAX_ENTRIES = 100_000
 
 
 @dataclass(slots=True)
@@ -43,22 +42,30 @@ class _Record:
     expires_at_s: float
 
 
+_RecordKey = tuple[str, str]  # (tenant_id, sha256 of the key)
+
+
 class InProcessIdempotencyStore(IdempotencyStore):
     def __init__(
-        self, max_entries: int = DEFAULT_MAX_ENTRIES, clock: Callable[[], float] = time.monotonic
+        self,
+        max_records_per_tenant: int = DEFAULT_MAX_RECORDS_PER_TENANT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self._max_entries = max_entries
+        check_max_records(max_records_per_tenant)
+        self._max_records_per_tenant = max_records_per_tenant
         self._clock = clock
-        # (tenant_id, sha256 of the key) -> record, least recently used first.
-        self._records: OrderedDict[tuple[str, str], _Record] = OrderedDict()
+        # tenant_id -> (sha256 of the key -> record), least recently written first.
+        self._tenants: dict[str, OrderedDict[str, _Record]] = {}
         # (expires_at_s, record key); an entry is stale once its record's expires_at_s moved on.
-        self._expiry_heap: list[tuple[float, tuple[str, str]]] = []
+        self._expiry_heap: list[tuple[float, _RecordKey]] = []
+        self._num_records = 0
 
     @property
     def num_entries(self) -> int:
-        return len(self._records)
+        return self._num_records
+
+    def num_entries_of(self, tenant_id: str) -> int:
+        return len(self._tenants.get(tenant_id, ()))
 
     async def open(self) -> None:
         pass
@@ -66,26 +73,27 @@ class InProcessIdempotencyStore(IdempotencyStore):
     async def close(self) -> None:
         pass
 
+    async def peek(self, tenant_id: str, key: str, fingerprint: str) -> Begin | None:
+        now_s = self._clock()
+        record = self._get((tenant_id, key_digest(key)), now_s)
+        if record is None:
+            return None
+        return _existing(record, fingerprint, now_s)
+
     async def begin(self, tenant_id: str, key: str, fingerprint: str, running_ttl_s: float) -> Begin:
         check_begin_args(running_ttl_s)
         now_s = self._clock()
         self._purge_expired(now_s)
         rkey = (tenant_id, key_digest(key))
-        record = self._records.get(rkey)
+        record = self._get(rkey, now_s)
         attempt, superseded_tokens = 0, 0
         if record is not None:
-            self._records.move_to_end(rkey)
+            existing = _existing(record, fingerprint, now_s)
+            if existing is not None:
+                return existing
             attempt = record.attempt
-            if record.fingerprint != fingerprint:
-                return Begin(BeginKind.MISMATCH, attempt)
-            if record.state is AttemptState.COMPLETED:
-                return Begin(BeginKind.COMPLETED, attempt, result=record.result)
-            if record.state is AttemptState.RUNNING and now_s < record.running_deadline_s:
-                return Begin(BeginKind.IN_PROGRESS, attempt)
             if record.state is AttemptState.RELEASED:
                 superseded_tokens = record.output_tokens
-        elif len(self._records) >= self._max_entries:
-            self._records.popitem(last=False)  # full of live records: the least recently used goes
         attempt += 1
         self._put(
             rkey,
@@ -105,7 +113,7 @@ class InProcessIdempotencyStore(IdempotencyStore):
         check_complete_args(attempt, ttl_s)
         now_s = self._clock()
         rkey = (tenant_id, key_digest(key))
-        record = self._live(rkey, now_s)
+        record = self._get(rkey, now_s)
         if record is None or record.attempt != attempt:
             return False
         if record.state is AttemptState.COMPLETED:
@@ -114,51 +122,81 @@ class InProcessIdempotencyStore(IdempotencyStore):
             return False  # released: a retry may be starting over already
         record.state = AttemptState.COMPLETED
         record.result = bytes(result)
-        self._set_expiry(rkey, record, now_s + ttl_s)
+        self._written(rkey, record, now_s + ttl_s)
         return True
 
     async def release(self, tenant_id: str, key: str, attempt: int, output_tokens: int) -> None:
         check_release_args(attempt, output_tokens)
         now_s = self._clock()
         rkey = (tenant_id, key_digest(key))
-        record = self._live(rkey, now_s)
+        record = self._get(rkey, now_s)
         if record is None or record.attempt != attempt or record.state is not AttemptState.RUNNING:
             return
         record.state = AttemptState.RELEASED
         record.output_tokens = output_tokens
-        self._set_expiry(rkey, record, now_s + record_ttl_s(0.0))
+        self._written(rkey, record, now_s + record_ttl_s(0.0))
 
-    def _live(self, rkey: tuple[str, str], now_s: float) -> _Record | None:
-        """The unexpired record (marked recently used), else None (an expired one is dropped)."""
-        record = self._records.get(rkey)
-        if record is None:
+    def _get(self, rkey: _RecordKey, now_s: float) -> _Record | None:
+        """The unexpired record, else None (an expired one is dropped). Does not change its recency."""
+        records = self._tenants.get(rkey[0])
+        record = None if records is None else records.get(rkey[1])
+        if record is not None and record.expires_at_s <= now_s:
+            self._drop(rkey)
             return None
-        if record.expires_at_s <= now_s:
-            del self._records[rkey]
-            return None
-        self._records.move_to_end(rkey)
         return record
 
-    def _put(self, rkey: tuple[str, str], record: _Record) -> None:
-        self._records[rkey] = record
-        self._records.move_to_end(rkey)
+    def _put(self, rkey: _RecordKey, record: _Record) -> None:
+        """Store ``record`` as the tenant's most recently written; past the tenant's bound its least
+        recently written record goes (never another tenant's)."""
+        records = self._tenants.setdefault(rkey[0], OrderedDict())
+        if rkey[1] not in records:
+            self._num_records += 1
+        records[rkey[1]] = record
+        records.move_to_end(rkey[1])
+        while len(records) > self._max_records_per_tenant:
+            records.popitem(last=False)
+            self._num_records -= 1
         self._push_expiry(rkey, record.expires_at_s)
 
-    def _set_expiry(self, rkey: tuple[str, str], record: _Record, expires_at_s: float) -> None:
+    def _written(self, rkey: _RecordKey, record: _Record, expires_at_s: float) -> None:
         record.expires_at_s = expires_at_s
+        self._tenants[rkey[0]].move_to_end(rkey[1])
         self._push_expiry(rkey, expires_at_s)
 
-    def _push_expiry(self, rkey: tuple[str, str], expires_at_s: float) -> None:
+    def _drop(self, rkey: _RecordKey) -> None:
+        records = self._tenants[rkey[0]]
+        del records[rkey[1]]
+        self._num_records -= 1
+        if not records:
+            del self._tenants[rkey[0]]
+
+    def _push_expiry(self, rkey: _RecordKey, expires_at_s: float) -> None:
         heapq.heappush(self._expiry_heap, (expires_at_s, rkey))
         # Stale entries (records re-timed or evicted) would grow the heap without bound: rebuild it from the
         # live records once they are the majority (amortised O(1) per push).
-        if len(self._expiry_heap) > 2 * len(self._records) + 64:
-            self._expiry_heap = [(r.expires_at_s, k) for k, r in self._records.items()]
+        if len(self._expiry_heap) > 2 * self._num_records + 64:
+            self._expiry_heap = [
+                (r.expires_at_s, (tenant_id, digest))
+                for tenant_id, records in self._tenants.items()
+                for digest, r in records.items()
+            ]
             heapq.heapify(self._expiry_heap)
 
     def _purge_expired(self, now_s: float) -> None:
         while self._expiry_heap and self._expiry_heap[0][0] <= now_s:
             expires_at_s, rkey = heapq.heappop(self._expiry_heap)
-            record = self._records.get(rkey)
+            records = self._tenants.get(rkey[0])
+            record = None if records is None else records.get(rkey[1])
             if record is not None and record.expires_at_s == expires_at_s:
-                del self._records[rkey]
+                self._drop(rkey)
+
+
+def _existing(record: _Record, fingerprint: str, now_s: float) -> Begin | None:
+    """What ``begin`` answers for an unexpired record without starting an attempt; None if it would."""
+    if record.fingerprint != fingerprint:
+        return Begin(BeginKind.MISMATCH, record.attempt)
+    if record.state is AttemptState.COMPLETED:
+        return Begin(BeginKind.COMPLETED, record.attempt, result=record.result)
+    if record.state is AttemptState.RUNNING and now_s < record.running_deadline_s:
+        return Begin(BeginKind.IN_PROGRESS, record.attempt)
+    return None
