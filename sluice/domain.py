@@ -17,6 +17,9 @@ class Outcome(StrEnum):
     FILTERED = "filtered"  # a safety classifier stopped the output mid-stream
     REPLAYED = "replayed"  # an Idempotency-Key retry answered from the stored result: no ledger row
     REFUSED = "refused"  # never reached a replica (quota, full queue, deadline): no ledger row
+    # The gateway died mid-request (killed, crashed, host lost): billed at its next start from the usage
+    # outbox, with the output tokens of the request's last checkpoint (sluice.metering).
+    GATEWAY_LOST = "gateway_lost"
 
 
 class RequestClass(StrEnum):
@@ -55,8 +58,9 @@ class UsageRecord:
     status: Outcome
     started_at: datetime  # timezone-aware UTC
     finished_at: datetime
-    # Which try of the request (1, 2, ... under one Idempotency-Key): the ledger keeps the highest one's row.
+    # Which try under one Idempotency-Key (1, 2, ...); every attempt is its own request and its own row.
     attempt: int = 1
+    idempotency_key: str | None = None  # the client's Idempotency-Key, if it sent one
 
 
 @dataclass(frozen=True)

@@ -276,8 +276,10 @@ _RETRIES = (
     "Retries with an `Idempotency-Key` header: if an earlier attempt with the key finished, its result is "
     "replayed (as SSE when streaming) without generating or billing again; while one runs, 409 "
     "`idempotency_key_in_progress`; the key with a different body, 422 `idempotency_key_reused`. After a "
-    "failed or cancelled attempt the retry STARTS OVER (it does not resume the stream); the usage ledger "
-    "keeps one row per key, with the tokens of the attempt that finished (or the last one), never a sum. "
+    "failed or cancelled attempt the retry STARTS OVER (it does not resume the stream) as a new request "
+    "with its own id. Every attempt that reached a replica is billed for the tokens it produced, on its "
+    "own usage row carrying the key and the attempt number; only a replay is free. The idempotency store "
+    "unavailable: 503 `idempotency_store_unavailable` with `Retry-After` (requests without a key go on). "
     "Refusals before any work: 400 `content_filter` (the prompt), 429 `tokens_per_minute_exceeded` / "
     "`concurrent_requests_exceeded` / `service_overloaded` with `Retry-After` and `retry-after-ms`. A "
     'stream the output filter stops ends with `finish_reason: "content_filter"` and an error event.'

@@ -1,8 +1,9 @@
-"""One request's generation: admitted (safety screen of the prompt, the tenant's quota, the model's queue),
-then engine deltas in, screened text events out, and ONE ``finally`` that cancels the engine call,
-releases the replica slot and the quota, settles the idempotency record and writes the usage record, the
-telemetry line and the metrics, however it ends (finished, stop string, deadline, content filter, client
-gone, engine failure, refused).
+"""One request's generation: admitted (the Idempotency-Key's stored state, safety screen of the prompt, the
+tenant's quota, the key's attempt, the model's queue), opened in the usage outbox at dispatch, then engine
+deltas in (their token counts checkpointed, so a gateway crash still bills them), screened text events
+out, and ONE ``finally`` that cancels the engine call, releases the replica slot and the quota, settles
+the idempotency record and writes the usage record, the telemetry line and the metrics, however it ends
+(finished, stop string, deadline, content filter, client gone, engine failure, refused).
 
 ``generate_text`` is an async generator; callers must close it (``contextlib.aclosing``). A refusal is
 raised (``OpenAIError``) before the first event, so it can still be an HTTP error. A client disconnect
@@ -16,19 +17,21 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import suppress
+from dataclasses import dataclass, field
 
 import anyio
 
 from gateway.errors import OpenAIError
-from gateway.openai.idempotency import begin_attempt, settle_attempt
+from gateway.openai.idempotency import begin_attempt, lookup_attempt, settle_attempt
 from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, TextEvent, Timing
-from gateway.openai.records import Ended, record_request
+from gateway.openai.records import Ended, record_request, usage_record
 from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
 from gateway.scheduling.scheduler import Admission, Slot
 from gateway.state import GatewayState
 from sluice.domain import Outcome, RequestClass
 from sluice.engine_client import Delta, EngineError, EngineErrorKind, FinishReason, GenerateRequest
+from sluice.metering.pipeline import OpenUsage
 from sluice.quota.base import QuotaGrant
 from sluice.safety.base import ClassifierUnavailableError, Verdict
 from sluice.safety.policy import SafetyPolicy
@@ -41,12 +44,178 @@ def _finish_reason(reason: FinishReason) -> str:
     return "stop" if reason is FinishReason.STOP else "length"
 
 
+@dataclass
+class _Ending:
+    """What the one ``finally`` needs, however the request ended; filled in as it goes."""
+
+    outcome: Outcome | None = None  # None at the end: the caller went away
+    finish_reason: str | None = None
+    error: str | None = None
+    num_output_tokens: int = 0
+    reached_replica: bool = False
+    texts: list[str] = field(default_factory=list)  # sent: kept only with an Idempotency-Key, for replays
+    verdict: Verdict | None = None
+    attempt: IdempotentAttempt | None = None
+    grant: QuotaGrant | None = None
+    slot: Slot | None = None
+    usage: OpenUsage | None = None  # open in the usage outbox from dispatch to the final record
+    screen: StreamScreen | None = None
+    engine_deltas: AsyncGenerator[Delta, None] | None = None
+
+
 async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGenerator[Event, None]:
     """Admit the request, then yield its text as it is produced and one ``FinishEvent``.
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``)."""
-    request = GenerateRequest(
+    detok = gw.codec.detokenizer()
+    stops = StopMatcher(job.stop)
+    end = _Ending()
+    try:
+        replay = await _admit(job, gw, end)
+        if replay is not None:  # finished before: replay, no generation, no billing
+            end.outcome = Outcome.REPLAYED
+            for event in replay:
+                yield event
+            return
+        end.engine_deltas = gw.engine.generate(_engine_request(job))
+        gw.metrics.in_flight.inc()
+        timing.engine_start_s = time.monotonic()
+        while end.finish_reason is None:
+            ended = False
+            try:
+                async with asyncio.timeout(job.deadline_s - time.monotonic()):
+                    delta: Delta = await anext(end.engine_deltas)
+            except TimeoutError:
+                end.outcome, end.finish_reason = Outcome.DEADLINE, "length"
+                emit, ended = stops.flush() + detok.finish(), True
+            except StopAsyncIteration:
+                # The engine client's contract is a final delta with a finish reason.
+                raise EngineError(
+                    EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
+                ) from None
+            else:
+                end.num_output_tokens += len(delta.token_ids)
+                gw.meter.checkpoint(end.usage, end.num_output_tokens)  # what a crash from here bills
+                now = time.monotonic()
+                gap_s = None if timing.last_token_s is None else now - timing.last_token_s
+                timing.observe(now, len(delta.token_ids))
+                assert end.slot is not None
+                gw.scheduler.on_tokens(end.slot, len(delta.token_ids), gap_s)
+                text = detok.push(delta.token_ids)
+                if delta.finish_reason is not None:
+                    text += detok.finish()
+                emit, hit_stop = stops.feed(text)
+                if hit_stop:
+                    end.outcome, end.finish_reason, ended = Outcome.FINISHED, "stop", True
+                elif delta.finish_reason is not None:
+                    emit += stops.flush()
+                    end.outcome, end.finish_reason = Outcome.FINISHED, _finish_reason(delta.finish_reason)
+                    ended = True
+            if end.screen is not None:
+                emit, end.verdict = _screened(end.screen, emit, ended)
+                if end.verdict is not None:
+                    end.outcome, end.finish_reason = Outcome.FILTERED, "content_filter"
+                    gw.metrics.filtered.labels("output", end.verdict.category).inc()
+            if emit:
+                if end.attempt is not None:
+                    end.texts.append(emit)
+                yield TextEvent(emit)
+        assert end.finish_reason is not None
+        yield FinishEvent(
+            end.finish_reason,
+            len(job.prompt_token_ids),
+            end.num_output_tokens,
+            filter_message=end.verdict.message if end.verdict is not None else None,
+        )
+    except OpenAIError as exc:  # refused at admission
+        end.outcome, end.error = Outcome.REFUSED, exc.code
+        raise
+    except EngineError as exc:
+        end.outcome, end.error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
+        # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
+        end.reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or end.num_output_tokens > 0
+        if end.screen is not None and end.verdict is None:  # the stream ends: what is held back and safe goes
+            rest, _ = _screened(end.screen, "", ended=True)
+            if rest:
+                if end.attempt is not None:
+                    end.texts.append(rest)
+                yield TextEvent(rest)
+        raise
+    except Exception as exc:
+        end.outcome, end.error = Outcome.FAILED, repr(exc)
+        raise
+    finally:
+        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the releases
+        # or the records.
+        with anyio.CancelScope(shield=True):
+            await _settle(job, gw, timing, end)
+
+
+async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None:
+    """Admission, cheapest refusal first: the key's stored state (read only), the prompt's safety screen,
+    the tenant's quota, the key's attempt (its first write), the model's queue. A refusal raises before
+    any event and costs the tenant nothing. Returns a stored result's events to replay, or None once the
+    request holds its slot on a replica and is open in the usage outbox (what a gateway crash bills)."""
+    if job.idempotency_key is not None:  # a replay, 409 or 422 before any other work
+        replay = await lookup_attempt(gw, job)
+        if replay is not None:
+            return replay
+    policy = _safety_policy(job, gw)
+    await _screen_prompt(job, gw, policy)
+    end.screen = policy.output_screen(gw.settings.safety_holdback_chars)
+    end.grant = await acquire_quota(
+        gw.quota,
+        gw.metrics,
+        job.tenant,
+        len(job.prompt_token_ids) + job.max_tokens,
+        job.deadline_s,
+        request_id=job.request_id,
+    )
+    if job.idempotency_key is not None:
+        # NOTE: after the quota: a request refused above leaves no record. A result or a running attempt
+        # found now (a race since the lookup) answers as the lookup would; the grant goes back unused.
+        begun = await begin_attempt(gw, job)
+        if isinstance(begun, list):
+            return begun
+        end.attempt = begun
+    end.slot = await gw.scheduler.wait_for_dispatch(_admission(job))
+    end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
+    end.reached_replica = True
+    return None
+
+
+async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> None:
+    """The one ending of every request: cancel the engine call, release the slot and the quota, settle the
+    idempotency record, then write the telemetry, metrics and usage records."""
+    if end.engine_deltas is not None:
+        with suppress(Exception):
+            await end.engine_deltas.aclose()  # cancels the engine call if it is still running
+        gw.metrics.in_flight.dec()
+    if end.slot is not None:
+        gw.scheduler.release(end.slot)
+    if end.grant is not None:
+        used_tokens = len(job.prompt_token_ids) + end.num_output_tokens if end.reached_replica else 0
+        with suppress(Exception):
+            await gw.quota.settle(end.grant, used_tokens)
+    end.outcome = end.outcome or Outcome.CANCELLED
+    if end.attempt is not None:
+        await settle_attempt(
+            gw,
+            job,
+            end.attempt,
+            end.outcome,
+            end.finish_reason,
+            "".join(end.texts),
+            end.num_output_tokens,
+            end.verdict.message if end.verdict is not None else None,
+        )
+    ended_as = Ended(end.outcome, end.finish_reason, end.num_output_tokens, end.error, end.reached_replica)
+    await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
+
+
+def _engine_request(job: Job) -> GenerateRequest:
+    return GenerateRequest(
         request_id=job.request_id,
         prompt_token_ids=job.prompt_token_ids,
         max_tokens=job.max_tokens,
@@ -57,138 +226,6 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
         priority=1 if job.request_class is RequestClass.BATCH else 0,
         ignore_eos=job.ignore_eos,
     )
-    detok = gw.codec.detokenizer()
-    stops = StopMatcher(job.stop)
-    outcome: Outcome | None = None  # None at the end: the caller went away
-    finish_reason: str | None = None
-    error: str | None = None
-    num_output_tokens = 0
-    reached_replica = False
-    texts: list[str] = []  # what the client was sent: kept only with an Idempotency-Key, for replays
-    verdict: Verdict | None = None
-    attempt: IdempotentAttempt | None = None
-    grant: QuotaGrant | None = None
-    slot: Slot | None = None
-    engine_deltas: AsyncGenerator[Delta, None] | None = None
-    screen: StreamScreen | None = None
-    try:
-        if job.idempotency_key is not None:  # 409 while another attempt runs, 422 for another body
-            begun = await begin_attempt(gw, job)
-            if isinstance(begun, list):  # finished before: replay, no generation, no billing
-                outcome = Outcome.REPLAYED
-                for event in begun:
-                    yield event
-                return
-            attempt = begun
-        # Admission: the prompt's safety screen, the tenant's quota, then the model's queue. A refusal
-        # raises before any event; none of them costs the tenant anything.
-        policy = _safety_policy(job, gw)
-        await _screen_prompt(job, gw, policy)
-        screen = policy.output_screen(gw.settings.safety_holdback_chars)
-        grant = await acquire_quota(
-            gw.quota,
-            gw.metrics,
-            job.tenant,
-            len(job.prompt_token_ids) + job.max_tokens,
-            job.deadline_s,
-            request_id=job.request_id,
-        )
-        slot = await gw.scheduler.wait_for_dispatch(_admission(job))
-        reached_replica = True
-        engine_deltas = gw.engine.generate(request)
-        gw.metrics.in_flight.inc()
-        timing.engine_start_s = time.monotonic()
-        while finish_reason is None:
-            ended = False
-            try:
-                async with asyncio.timeout(job.deadline_s - time.monotonic()):
-                    delta: Delta = await anext(engine_deltas)
-            except TimeoutError:
-                outcome, finish_reason = Outcome.DEADLINE, "length"
-                emit, ended = stops.flush() + detok.finish(), True
-            except StopAsyncIteration:
-                # The engine client's contract is a final delta with a finish reason.
-                raise EngineError(
-                    EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
-                ) from None
-            else:
-                num_output_tokens += len(delta.token_ids)
-                now = time.monotonic()
-                gap_s = None if timing.last_token_s is None else now - timing.last_token_s
-                timing.observe(now, len(delta.token_ids))
-                gw.scheduler.on_tokens(slot, len(delta.token_ids), gap_s)
-                text = detok.push(delta.token_ids)
-                if delta.finish_reason is not None:
-                    text += detok.finish()
-                emit, hit_stop = stops.feed(text)
-                if hit_stop:
-                    outcome, finish_reason, ended = Outcome.FINISHED, "stop", True
-                elif delta.finish_reason is not None:
-                    emit += stops.flush()
-                    outcome, finish_reason = Outcome.FINISHED, _finish_reason(delta.finish_reason)
-                    ended = True
-            if screen is not None:
-                emit, verdict = _screened(screen, emit, ended)
-                if verdict is not None:
-                    outcome, finish_reason = Outcome.FILTERED, "content_filter"
-                    gw.metrics.filtered.labels("output", verdict.category).inc()
-            if emit:
-                if attempt is not None:
-                    texts.append(emit)
-                yield TextEvent(emit)
-        assert finish_reason is not None
-        yield FinishEvent(
-            finish_reason,
-            len(job.prompt_token_ids),
-            num_output_tokens,
-            filter_message=verdict.message if verdict is not None else None,
-        )
-    except OpenAIError as exc:  # refused at admission
-        outcome, error = Outcome.REFUSED, exc.code
-        raise
-    except EngineError as exc:
-        outcome, error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
-        # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
-        reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or num_output_tokens > 0
-        if screen is not None and verdict is None:  # the stream ends here: what is held back and safe goes
-            rest, _ = _screened(screen, "", ended=True)
-            if rest:
-                if attempt is not None:
-                    texts.append(rest)
-                yield TextEvent(rest)
-        raise
-    except Exception as exc:
-        outcome, error = Outcome.FAILED, repr(exc)
-        raise
-    finally:
-        # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the releases
-        # or the records.
-        with anyio.CancelScope(shield=True):
-            if engine_deltas is not None:
-                with suppress(Exception):
-                    await engine_deltas.aclose()  # cancels the engine call if it is still running
-                gw.metrics.in_flight.dec()
-            if slot is not None:
-                gw.scheduler.release(slot)
-            if grant is not None:
-                used_tokens = len(job.prompt_token_ids) + num_output_tokens if reached_replica else 0
-                with suppress(Exception):
-                    await gw.quota.settle(grant, used_tokens)
-            outcome = outcome or Outcome.CANCELLED
-            if attempt is not None:
-                filter_message = verdict.message if verdict is not None else None
-                await settle_attempt(
-                    gw,
-                    job,
-                    attempt,
-                    outcome,
-                    finish_reason,
-                    "".join(texts),
-                    num_output_tokens,
-                    filter_message,
-                )
-            ended_as = Ended(outcome, finish_reason, num_output_tokens, error, reached_replica)
-            await record_request(job, gw, ended_as, timing, attempt)
 
 
 def _safety_policy(job: Job, gw: GatewayState) -> SafetyPolicy:

@@ -1,14 +1,22 @@
-"""``Idempotency-Key``: a retry with the same key from the same tenant is never generated or billed twice.
+"""``Idempotency-Key``: a retry with the same key from the same tenant never runs a finished request again,
+and every attempt that ran is billed.
 
-- The first attempt that finishes stores its result (the text, the finish reason and the usage) for
-  ``SLUICE_IDEMPOTENCY_TTL_S`` (24 h); a retry then gets it replayed (as SSE if it streams), without
-  generating, queueing or billing again.
-- While an attempt runs, a retry gets 409 ``idempotency_key_in_progress``.
-- After an attempt failed or was cancelled, a retry starts over (not resumes) as the next attempt. The
-  ledger keeps one row per (tenant, key): the request id is derived from the key, and the row of the
-  highest attempt wins, so the billed tokens are the finishing (or last) attempt's, never a sum. What
-  an abandoned attempt generated is reported as waste (telemetry ``superseded_output_tokens``).
-- The same key with a different body gets 422 ``idempotency_key_reused``.
+- Admission first looks the key up, read only (``lookup_attempt``): a finished result is replayed (as SSE if
+  it streams, with the original response id) without generating, queueing or billing; while an attempt
+  runs, 409 ``idempotency_key_in_progress``; the key with a different body, 422 ``idempotency_key_reused``.
+- Only once the request passed every check that could refuse it (validation, the prompt screen, the quota)
+  does ``begin_attempt`` write the key's record. A request refused before that leaves no trace, so it
+  cannot fill the store or pin the key to a body that never ran. If ``begin`` finds a result or a running
+  attempt after all (a race), the request answers as the lookup would and its quota grant goes back unused.
+- The first attempt that finishes stores its result for ``SLUICE_IDEMPOTENCY_TTL_S`` (24 h). After an
+  attempt failed or was cancelled, a retry starts over (not resumes) as the next attempt.
+- Billing: every attempt is its own request, with its own request id and its own ledger row (carrying the
+  key and the attempt number), billed for the tokens it produced; only a replay is free. So no sequence of
+  cancels and retries lowers what a key costs, and a key reused after its record expired or was evicted
+  is a new billed request whose row never collides with an old one.
+- The store down (Redis unreachable, timing out, refusing writes): a request with a key gets 503
+  ``idempotency_store_unavailable`` with Retry-After, as the guarantee cannot be kept; requests without a
+  key never touch the store.
 
 Results live in the idempotency store (Redis or this process's memory) until their TTL, never in the
 ledger or on disk.
@@ -20,6 +28,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from typing import Any
 
 import msgspec
@@ -28,7 +37,7 @@ from gateway.errors import OpenAIError
 from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, TextEvent
 from gateway.state import GatewayState
 from sluice.domain import Outcome
-from sluice.idempotency.base import BeginKind
+from sluice.idempotency.base import Begin, BeginKind, IdempotencyStoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,7 @@ _NOT_PART_OF_THE_REQUEST = ("stream", "stream_options")  # a replay serves eithe
 _DELIVERED = (Outcome.FINISHED, Outcome.DEADLINE, Outcome.FILTERED)
 # A running attempt's marker outlives its deadline by this much (a dead gateway does not block retries).
 RUNNING_GRACE_S = 10.0
+STORE_RETRY_AFTER_S = 1.0
 
 
 def check_key(key: str) -> str:
@@ -51,9 +61,10 @@ def check_key(key: str) -> str:
 
 
 def request_id_for(id_prefix: str, tenant_id: str, key: str) -> str:
-    """The same id for every attempt with this key: the ledger row's key and the response's id."""
-    digest = hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()[:32]
-    return f"{id_prefix}-idem-{digest}"
+    """This attempt's request id: as unique as any request's (never derived from the key), because every
+    attempt is billed on its own ledger row. A replay answers with the stored result's id instead."""
+    del tenant_id, key  # NOTE: deliberately unused: ids derived from the key made attempts share a row
+    return f"{id_prefix}-{uuid.uuid4().hex}"
 
 
 def fingerprint(route: str, body: msgspec.Struct) -> str:
@@ -62,31 +73,64 @@ def fingerprint(route: str, body: msgspec.Struct) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+async def lookup_attempt(gw: GatewayState, job: Job) -> list[Event] | None:
+    """Read only, before any other work: the stored result's events to replay, or None when this request
+    may run. Raises 409 / 422, or 503 if the store cannot answer. Writes nothing."""
+    assert job.idempotency_key is not None
+    try:
+        found = await gw.idempotency.peek(job.tenant.tenant_id, job.idempotency_key, job.fingerprint)
+    except IdempotencyStoreUnavailableError as exc:
+        raise _store_unavailable(gw, job, exc) from None
+    return None if found is None else _answer(found, job)
+
+
 async def begin_attempt(gw: GatewayState, job: Job) -> IdempotentAttempt | list[Event]:
-    """This request's attempt, or the events of the stored result to replay. Raises 409 / 422."""
+    """This request's attempt (its record written now), or the events of a result stored since the lookup.
+    Raises 409 / 422, or 503 if the store cannot answer."""
     assert job.idempotency_key is not None
     running_ttl_s = job.deadline_s - job.arrival_s + RUNNING_GRACE_S
-    begun = await gw.idempotency.begin(
-        job.tenant.tenant_id, job.idempotency_key, job.fingerprint, running_ttl_s
-    )
-    if begun.kind is BeginKind.MISMATCH:
+    try:
+        begun = await gw.idempotency.begin(
+            job.tenant.tenant_id, job.idempotency_key, job.fingerprint, running_ttl_s
+        )
+    except IdempotencyStoreUnavailableError as exc:
+        raise _store_unavailable(gw, job, exc) from None
+    if begun.kind is BeginKind.NEW:
+        return IdempotentAttempt(job.idempotency_key, begun.attempt, begun.superseded_output_tokens)
+    return _answer(begun, job)
+
+
+def _answer(found: Begin, job: Job) -> list[Event]:
+    """A record that does not let this request run: a replay's events, else the refusal."""
+    if found.kind is BeginKind.MISMATCH:
         raise OpenAIError(
             422,
             "This Idempotency-Key was already used with a different request body; use a new key.",
             code="idempotency_key_reused",
             param="Idempotency-Key",
         )
-    if begun.kind is BeginKind.IN_PROGRESS:
+    if found.kind is BeginKind.IN_PROGRESS:
         raise OpenAIError(
             409,
             "A request with this Idempotency-Key is still running; retry after it ends to get its result.",
             code="idempotency_key_in_progress",
             param="Idempotency-Key",
         )
-    if begun.kind is BeginKind.COMPLETED:
-        assert begun.result is not None
-        return _replay(begun.result)
-    return IdempotentAttempt(job.idempotency_key, begun.attempt, begun.superseded_output_tokens)
+    assert found.kind is BeginKind.COMPLETED and found.result is not None
+    return _replay(found.result, job)
+
+
+def _store_unavailable(gw: GatewayState, job: Job, exc: IdempotencyStoreUnavailableError) -> OpenAIError:
+    log.warning("idempotency store unavailable, refusing keyed request %s: %s", job.request_id, exc)
+    gw.metrics.count_refused("idempotency_store_unavailable")
+    return OpenAIError(
+        503,
+        "The idempotency store is unavailable, so this Idempotency-Key cannot be honoured; retry later"
+        " (or send the request without the key).",
+        type="server_error",
+        code="idempotency_store_unavailable",
+        retry_after_s=STORE_RETRY_AFTER_S,
+    )
 
 
 async def settle_attempt(
@@ -105,6 +149,7 @@ async def settle_attempt(
     try:
         if outcome in _DELIVERED and finish_reason is not None:
             result: dict[str, Any] = {
+                "id": job.request_id,  # a replay answers with this response's id
                 "text": text,
                 "finish_reason": finish_reason,
                 "prompt_tokens": len(job.prompt_token_ids),
@@ -120,12 +165,16 @@ async def settle_attempt(
             )
         else:
             await gw.idempotency.release(tenant_id, attempt.key, attempt.attempt, num_output_tokens)
-    except Exception:  # the running marker expires by itself; a retry then starts over
+    except IdempotencyStoreUnavailableError as exc:  # the running marker expires; a retry then starts over
+        log.warning("idempotency record of %s not settled: %s", job.request_id, exc)
+    except Exception:
         log.exception("idempotency record of %s not settled", job.request_id)
 
 
-def _replay(result: bytes) -> list[Event]:
+def _replay(result: bytes, job: Job) -> list[Event]:
     stored = json.loads(result)
+    # Results stored before ids were per attempt have none: theirs was derived from the key.
+    job.answer_as(stored.get("id") or _legacy_request_id(job))
     events: list[Event] = [TextEvent(stored["text"])] if stored["text"] else []
     events.append(
         FinishEvent(
@@ -136,3 +185,9 @@ def _replay(result: bytes) -> list[Event]:
         )
     )
     return events
+
+
+def _legacy_request_id(job: Job) -> str:
+    assert job.idempotency_key is not None
+    digest = hashlib.sha256(f"{job.tenant.tenant_id}\0{job.idempotency_key}".encode()).hexdigest()[:32]
+    return f"{job.request_id.partition('-')[0]}-idem-{digest}"

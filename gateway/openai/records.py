@@ -1,5 +1,6 @@
-"""What a finished request leaves behind, written once from the generation's ``finally``: the telemetry
-line, the metrics, and (if it reached a replica) the usage record through the durable meter."""
+"""What a request leaves behind: at dispatch, the usage record it would cost if the gateway died
+(``usage_record``, opened in the durable meter); once from the generation's ``finally``, the telemetry
+line, the metrics, and (if it reached a replica) its usage record, which closes the open one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gateway.openai.job import IdempotentAttempt, Job, Timing
 from gateway.state import GatewayState
 from gateway.telemetry import TelemetryRecord
 from sluice.domain import Outcome, UsageRecord
+from sluice.metering.pipeline import OpenUsage
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +28,35 @@ class Ended:
     reached_replica: bool
 
 
+def usage_record(
+    job: Job, gw: GatewayState, attempt: IdempotentAttempt | None, ended: Ended | None = None
+) -> UsageRecord:
+    """The request's usage row: as it ended, or (``ended`` None) as opened at dispatch: its prompt, no
+    output yet, status ``gateway_lost`` (what it is billed if the gateway dies before it ends)."""
+    return UsageRecord(
+        tenant_id=job.tenant.tenant_id,
+        request_id=job.request_id,
+        model=job.model,
+        model_version=gw.engine.model_version,
+        prompt_tokens=len(job.prompt_token_ids),
+        output_tokens=0 if ended is None else ended.num_output_tokens,
+        status=Outcome.GATEWAY_LOST if ended is None else ended.outcome,
+        started_at=job.started_at,
+        finished_at=datetime.now(UTC),
+        attempt=attempt.attempt if attempt else 1,
+        idempotency_key=attempt.key if attempt else None,
+    )
+
+
 async def record_request(
-    job: Job, gw: GatewayState, ended: Ended, timing: Timing, attempt: IdempotentAttempt | None
+    job: Job,
+    gw: GatewayState,
+    ended: Ended,
+    timing: Timing,
+    attempt: IdempotentAttempt | None,
+    usage: OpenUsage | None = None,
 ) -> None:
+    """Telemetry, metrics, then the usage record (closing ``usage``, the request's open one)."""
     now = time.monotonic()
     num_prompt_tokens = len(job.prompt_token_ids)
     ttft_s = None if timing.first_token_s is None else timing.first_token_s - job.arrival_s
@@ -72,22 +100,11 @@ async def record_request(
         metrics.inter_token_s.observe(gap_s)
     # Last: once the usage row is visible, the telemetry record and metrics are already written.
     if not ended.reached_replica:
+        if usage is not None:
+            gw.meter.discard(usage)  # opened, but no replica ran it: nothing to bill
         return
     try:
-        await gw.meter.record(
-            UsageRecord(
-                tenant_id=job.tenant.tenant_id,
-                request_id=job.request_id,
-                model=job.model,
-                model_version=gw.engine.model_version,
-                prompt_tokens=num_prompt_tokens,
-                output_tokens=ended.num_output_tokens,
-                status=ended.outcome,
-                started_at=job.started_at,
-                finished_at=datetime.now(UTC),
-                attempt=attempt.attempt if attempt else 1,
-            )
-        )
+        await gw.meter.record(usage_record(job, gw, attempt, ended), usage)
     except Exception:
         log.exception("usage record for %s was not written", job.request_id)
 

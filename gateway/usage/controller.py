@@ -1,5 +1,6 @@
 """GET /v1/usage: totals and per-request rows for the caller's tenant only, filtered by ``since`` /
-``until`` (unix seconds or ISO 8601) and ``model``."""
+``until`` (unix seconds or ISO 8601), ``model`` and ``idempotency_key``. A request sent with an
+Idempotency-Key has one row per attempt that reached a replica, each carrying the key and its attempt."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class UsageRow(msgspec.Struct):
     status: str
     started_at: int  # unix seconds
     finished_at: int
+    idempotency_key: str | None = None  # the Idempotency-Key the request was sent with
+    attempt: int = 1  # which attempt under that key (each is billed on its own row)
 
 
 class UsageTotalsOut(msgspec.Struct):
@@ -81,6 +84,7 @@ class UsageController(Controller):
         since: FromQuery[str | None] = None,
         until: FromQuery[str | None] = None,
         model: FromQuery[str | None] = None,
+        idempotency_key: FromQuery[str | None] = None,
         limit: FromQuery[int] = 100,
     ) -> UsageResponse:
         if not 1 <= limit <= 1000:
@@ -92,6 +96,7 @@ class UsageController(Controller):
             since=parse_time(since, "since"),
             until=parse_time(until, "until"),
             model=model,
+            idempotency_key=idempotency_key,
             limit=limit,
         )
         totals = report.totals
@@ -113,6 +118,8 @@ class UsageController(Controller):
                     str(r.status),
                     int(r.started_at.timestamp()),
                     int(r.finished_at.timestamp()),
+                    r.idempotency_key,
+                    r.attempt,
                 )
                 for r in report.rows
             ],

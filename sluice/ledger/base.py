@@ -12,23 +12,18 @@ from sluice.domain import Outcome, UsageRecord, UsageReport
 # The usage table's columns, in the order every backend writes and reads them.
 USAGE_COLUMNS = (
     "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
-    " started_at, finished_at, attempt"
+    " started_at, finished_at, attempt, idempotency_key"
 )
 
-# The upsert's rule, shared by both dialects (``excluded`` is the row being written): a later attempt
-# replaces every column of an earlier one's row; the same or an older attempt changes nothing.
-UPSERT_CLAUSE = (
-    "ON CONFLICT (tenant_id, request_id) DO UPDATE SET model = excluded.model,"
-    " model_version = excluded.model_version, prompt_tokens = excluded.prompt_tokens,"
-    " output_tokens = excluded.output_tokens, status = excluded.status, started_at = excluded.started_at,"
-    " finished_at = excluded.finished_at, attempt = excluded.attempt"
-    " WHERE usage.attempt < excluded.attempt"
-)
+# The write's rule, shared by both dialects: a row, once written, never changes. Every attempt has its own
+# request id, so a second write of one (tenant, request id) is the same record replayed (a lost done line
+# in the outbox, a restart): keeping the first makes every replay a no-op and no write can lower a bill.
+KEEP_THE_FIRST = "ON CONFLICT (tenant_id, request_id) DO NOTHING"
 
 
 def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> UsageRecord:
     """A ``USAGE_COLUMNS`` row as a record; ``to_utc`` turns the backend's timestamp into aware UTC."""
-    t, r, m, v, p, o, s, started, finished, attempt = row
+    t, r, m, v, p, o, s, started, finished, attempt, key = row
     return UsageRecord(
         tenant_id=t,
         request_id=r,
@@ -40,6 +35,7 @@ def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> 
         started_at=to_utc(started),
         finished_at=to_utc(finished),
         attempt=attempt,
+        idempotency_key=key,
     )
 
 
@@ -53,11 +49,10 @@ class UsageLedger(ABC):
 
     @abstractmethod
     async def record(self, rec: UsageRecord) -> bool:
-        """Upsert ``rec``: per (tenant_id, request_id) the ledger keeps the row of the highest ``attempt``.
-
-        A later attempt replaces an earlier one's row whole (tokens, status, timestamps: never a sum); the
-        same or an older attempt written again changes nothing, so replaying a record, twice or out of
-        order, never changes the result. True if the stored row changed (inserted or replaced), else False.
+        """Insert ``rec`` as the row of (tenant_id, request_id); True if it was inserted. A row, once
+        written, never changes: the same (tenant_id, request_id) again is False and changes nothing, so
+        replaying a record, twice or out of order, never changes the result (and never lowers a bill).
+        Each attempt under an Idempotency-Key is its own request id, so each is its own row.
 
         Once called, the write completes even if the caller is cancelled while awaiting it (the await
         raises, the row still lands; ``close()`` waits for it).
@@ -71,6 +66,7 @@ class UsageLedger(ABC):
         since: datetime | None = None,
         until: datetime | None = None,
         model: str | None = None,
+        idempotency_key: str | None = None,
         limit: int = 100,
     ) -> UsageReport:
         """Totals over the filter and the newest ``limit`` rows, for ``tenant_id`` only.
@@ -93,6 +89,8 @@ def check_record(rec: UsageRecord) -> None:
         raise ValueError(f"token counts must be >= 0, got {rec.prompt_tokens}, {rec.output_tokens}")
     if rec.attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {rec.attempt}")
+    if rec.idempotency_key == "":
+        raise ValueError("idempotency_key must be None or non-empty")
     _check_aware("started_at", rec.started_at)
     _check_aware("finished_at", rec.finished_at)
 

@@ -27,6 +27,11 @@ _USAGE_DDL = """
             CREATE INDEX usage_tenant_finished ON usage (tenant_id, finished_at)
         """
 
+_IDEMPOTENCY_KEY_DDL = """
+            ALTER TABLE usage ADD COLUMN idempotency_key TEXT;
+            CREATE INDEX usage_tenant_idempotency_key ON usage (tenant_id, idempotency_key)
+        """
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -40,5 +45,13 @@ MIGRATIONS: list[Migration] = [
         # Issue 5: one row per (tenant, request) across retries; the row holds the latest attempt.
         sqlite="ALTER TABLE usage ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1)",
         postgres="ALTER TABLE usage ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1)",
+    ),
+    Migration(
+        version=3,
+        name="usage idempotency key",
+        # Issue 9: one row per attempt (each its own request id), carrying the client's Idempotency-Key so
+        # a tenant can see every attempt a key cost. Rows from before hold NULL (no key recorded).
+        sqlite=_IDEMPOTENCY_KEY_DDL,
+        postgres=_IDEMPOTENCY_KEY_DDL,
     ),
 ]

@@ -10,7 +10,7 @@ from psycopg_pool import AsyncConnectionPool
 from sluice.db import MigratedPgPool
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
 from sluice.ledger.base import (
-    UPSERT_CLAUSE,
+    KEEP_THE_FIRST,
     USAGE_COLUMNS,
     UsageLedger,
     check_query_args,
@@ -58,8 +58,8 @@ class PostgresLedger(UsageLedger):
     async def _upsert(self, rec: UsageRecord) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                f" {UPSERT_CLAUSE}",
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                f" {KEEP_THE_FIRST}",
                 (
                     rec.tenant_id,
                     rec.request_id,
@@ -71,9 +71,10 @@ class PostgresLedger(UsageLedger):
                     rec.started_at,
                     rec.finished_at,
                     rec.attempt,
+                    rec.idempotency_key,
                 ),
             )
-            return cur.rowcount == 1  # 0 when the WHERE kept the stored row
+            return cur.rowcount == 1  # 0 when the row was there already
 
     async def query(
         self,
@@ -82,6 +83,7 @@ class PostgresLedger(UsageLedger):
         since: datetime | None = None,
         until: datetime | None = None,
         model: str | None = None,
+        idempotency_key: str | None = None,
         limit: int = 100,
     ) -> UsageReport:
         check_query_args(since, until, limit)
@@ -95,6 +97,9 @@ class PostgresLedger(UsageLedger):
         if model is not None:
             where.append("model = %s")
             params.append(model)
+        if idempotency_key is not None:
+            where.append("idempotency_key = %s")
+            params.append(idempotency_key)
         cond = " AND ".join(where)
         async with self.pool.connection() as conn, conn.transaction():
             # REPEATABLE READ: the totals and the rows see the same snapshot.

@@ -9,7 +9,7 @@ from pathlib import Path
 from sluice.db import SqliteDb, apply_sqlite_migrations
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
 from sluice.ledger.base import (
-    UPSERT_CLAUSE,
+    KEEP_THE_FIRST,
     USAGE_COLUMNS,
     UsageLedger,
     check_query_args,
@@ -48,18 +48,19 @@ class SqliteLedger(UsageLedger):
             to_text(rec.started_at),
             to_text(rec.finished_at),
             rec.attempt,
+            rec.idempotency_key,
         )
 
-        def upsert(conn: sqlite3.Connection) -> bool:
+        def insert(conn: sqlite3.Connection) -> bool:
+            placeholders = ", ".join("?" * len(params))
             cur = conn.execute(
-                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {UPSERT_CLAUSE}",
-                params,
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES ({placeholders}) {KEEP_THE_FIRST}", params
             )
-            return cur.rowcount == 1  # 0 when the WHERE kept the stored row
+            return cur.rowcount == 1  # 0 when the row was there already
 
         # NOTE: one statement, so atomic without BEGIN. A cancelled caller does not stop the write
         # (SqliteDb.run is shielded) and close() runs the connection's queue dry before closing.
-        return await self._db.run(upsert)
+        return await self._db.run(insert)
 
     async def query(
         self,
@@ -68,6 +69,7 @@ class SqliteLedger(UsageLedger):
         since: datetime | None = None,
         until: datetime | None = None,
         model: str | None = None,
+        idempotency_key: str | None = None,
         limit: int = 100,
     ) -> UsageReport:
         check_query_args(since, until, limit)
@@ -81,6 +83,9 @@ class SqliteLedger(UsageLedger):
         if model is not None:
             where.append("model = ?")
             params.append(model)
+        if idempotency_key is not None:
+            where.append("idempotency_key = ?")
+            params.append(idempotency_key)
         cond = " AND ".join(where)
 
         def read(conn: sqlite3.Connection) -> UsageReport:

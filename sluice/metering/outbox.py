@@ -1,17 +1,27 @@
-"""The usage outbox: an append-only, fsync'd file of usage records not yet in the ledger.
+"""The usage outbox: an append-only, fsync'd file of usage records not yet in the ledger, and of requests
+still running, so that a gateway killed mid-request still bills what its replica produced.
 
-``<directory>/usage.jsonl`` holds one JSON line per event: ``{"seq": 7, "rec": {...}}`` when a record is
-appended (durable before ``append`` returns), ``{"seq": 7, "done": true}`` once the ledger accepted it.
+``<directory>/usage.jsonl`` holds one JSON line per event. A ``seq`` names one request's usage:
+
+  ``{"seq": 7, "open": {...}}``   dispatched to a replica: a provisional record (durable before it returns)
+  ``{"seq": 7, "ckpt": {"output_tokens": 64, "at": "..."}}``   tokens produced so far (queued, not awaited)
+  ``{"seq": 7, "rec": {...}}``    the final record (durable before ``append`` returns); closes an open seq
+  ``{"seq": 7, "done": true}``    the ledger accepted it, or an open request ended with nothing to bill
+
 A record is pending while it has no done line. Lines hold the record's fields only: never any text.
 
 Crash safety: a process killed mid-write leaves at most a torn last line; ``open()`` ignores any line
-that is not complete, valid JSON, then rewrites the file with only the pending records (new file, fsync,
-atomic rename, directory fsync), so the torn bytes never precede a later append. A done line lost in a
-crash only means the record is written again, which the ledger's upsert makes a no-op.
+that is not complete, valid JSON. A request still open at ``open()`` (an open line, no rec or done) was
+running when a previous process died: it becomes a pending record with status ``gateway_lost``, its last
+checkpoint's output tokens and time (none: 0 tokens at the open time). ``open()`` then rewrites the file
+with only the pending records (new file, fsync, atomic rename, directory fsync), so the torn bytes never
+precede a later append. A done line lost in a crash only means the record is written again, which the
+ledger makes a no-op (a row, once written, never changes).
 
-Costs: one thread does all file I/O; appends and done lines queued while it writes go out together with
-one fsync (group commit), so a burst of N records costs far fewer than N fsyncs. When most lines are done
-the file is compacted the same way as at open. One process at a time: ``open()`` takes an exclusive
+Costs: one thread does all file I/O; every line queued while it writes goes out together with one fsync
+(group commit), so a burst of N records, or N streams' checkpoints, costs far fewer than N fsyncs. When
+most lines are done (or superseded checkpoints) the file is compacted the same way as at open, keeping
+each open request's open line and latest checkpoint. One process at a time: ``open()`` takes an exclusive
 ``flock`` on ``usage.lock`` (released by the kernel however the process ends).
 """
 
@@ -27,9 +37,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from sluice.domain import Outcome, UsageRecord
+from sluice.metering.lines import (
+    Kind,
+    ckpt_line,
+    done_line,
+    lost_record,
+    open_line,
+    parse,
+    rec_line,
+    record_from_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,61 +57,21 @@ FILE_NAME = "usage.jsonl"
 LOCK_NAME = "usage.lock"
 
 
-def record_to_json(rec: UsageRecord) -> dict[str, Any]:
-    return {
-        "tenant_id": rec.tenant_id,
-        "request_id": rec.request_id,
-        "model": rec.model,
-        "model_version": rec.model_version,
-        "prompt_tokens": rec.prompt_tokens,
-        "output_tokens": rec.output_tokens,
-        "status": rec.status.value,
-        "started_at": rec.started_at.isoformat(),
-        "finished_at": rec.finished_at.isoformat(),
-        "attempt": rec.attempt,
-    }
-
-
-def record_from_json(d: dict[str, Any]) -> UsageRecord:
-    return UsageRecord(
-        tenant_id=d["tenant_id"],
-        request_id=d["request_id"],
-        model=d["model"],
-        model_version=d["model_version"],
-        prompt_tokens=int(d["prompt_tokens"]),
-        output_tokens=int(d["output_tokens"]),
-        status=Outcome(d["status"]),
-        started_at=datetime.fromisoformat(d["started_at"]),
-        finished_at=datetime.fromisoformat(d["finished_at"]),
-        attempt=int(d.get("attempt", 1)),
-    )
-
-
-def rec_line(seq: int, rec: UsageRecord) -> bytes:
-    return _line({"seq": seq, "rec": record_to_json(rec)})
-
-
-def done_line(seq: int) -> bytes:
-    return _line({"seq": seq, "done": True})
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-
-
 @dataclass
 class _Op:
     seq: int
     line: bytes
-    is_done: bool
-    future: asyncio.Future[None] | None  # set once the line is durable (appends only)
+    kind: Kind
+    future: asyncio.Future[None] | None  # set once the line is durable (awaited lines only)
 
 
 class Outbox:
-    """``open()`` → the pending records a previous process left; ``append(rec)`` → its seq, once durable;
-    ``mark_done(seq)`` after the ledger accepted it; ``close()``.
+    """``open()`` → the pending records a previous process left (those it left open: ``gateway_lost``);
+    ``append_open(rec)`` → a running request's seq, once durable; ``checkpoint(seq, ...)`` while it runs;
+    ``append(rec, seq)`` → its final record's seq, once durable; ``mark_done(seq)`` after the ledger
+    accepted it (or for an open request with nothing to bill); ``close()``.
 
-    Only the event loop calls these; the file and ``_live`` belong to the writer thread.
+    Only the event loop calls these; the file, ``_live`` and ``_open`` belong to the writer thread.
     """
 
     def __init__(
@@ -109,12 +89,14 @@ class Outbox:
         self._file: IO[bytes] | None = None
         self._lock_fd: int | None = None
         self._live: dict[int, bytes] = {}  # pending records' lines by seq (writer thread)
+        self._open: dict[int, tuple[bytes, bytes | None]] = {}  # running: (open line, latest ckpt line)
         self._next_seq = 1
         self._queue: list[_Op] = []
         self._flusher: asyncio.Task[None] | None = None
         self.num_fsyncs = 0  # file fsyncs (directory fsyncs not counted)
         self.num_lines = 0  # lines in the file now
         self.num_torn_lines = 0  # unreadable lines skipped at open
+        self.num_lost = 0  # requests a previous process left open, billed as gateway_lost at open
         self.num_compactions = 0
 
     async def open(self) -> list[tuple[int, UsageRecord]]:
@@ -129,21 +111,37 @@ class Outbox:
             self._executor = None
             raise
 
-    async def append(self, rec: UsageRecord) -> int:
-        """Write ``rec`` and fsync it (with whatever else is queued); its seq once it is on disk.
-        Raises ``OSError`` if it could not be made durable."""
-        seq = self._next_seq
-        self._next_seq += 1
-        future = asyncio.get_running_loop().create_future()
-        self._enqueue(_Op(seq, rec_line(seq, rec), False, future))
-        # NOTE: shielded: a cancelled caller must not cancel a future the flusher will resolve.
-        await asyncio.shield(future)
+    async def append(self, rec: UsageRecord, seq: int | None = None) -> int:
+        """Write ``rec`` and fsync it (with whatever else is queued); its seq once it is on disk. With the
+        ``seq`` of an open request, the record closes it. Raises ``OSError`` if it could not be made
+        durable (an open request then stays open: the next ``open()`` bills it as lost)."""
+        if seq is None:
+            seq = self._new_seq()
+        await self._durable(seq, rec_line(seq, rec), Kind.REC)
         return seq
 
+    async def append_open(self, rec: UsageRecord) -> int:
+        """Record a request as running (``rec``: what it costs if nothing more is heard of it, before its
+        output tokens) and fsync it; its seq once on disk. Raises ``OSError`` if it could not be made
+        durable. A caller cancelled while waiting never learns the seq: the request is closed unbilled."""
+        seq = self._new_seq()
+        try:
+            await self._durable(seq, open_line(seq, rec), Kind.OPEN)
+        except asyncio.CancelledError:
+            self.mark_done(seq)  # NOTE: the caller never dispatches it, so there is nothing to bill
+            raise
+        return seq
+
+    def checkpoint(self, seq: int, output_tokens: int, at: datetime) -> None:
+        """An open request has produced ``output_tokens`` by ``at``; written with the next group commit,
+        not awaited (a crash before it only bills the previous checkpoint)."""
+        self._enqueue(_Op(seq, ckpt_line(seq, output_tokens, at), Kind.CKPT, None))
+
     def mark_done(self, seq: int) -> None:
-        """Record that the ledger holds ``seq``; written with the next group commit, not awaited
-        (losing it in a crash only replays an idempotent write)."""
-        self._enqueue(_Op(seq, done_line(seq), True, None))
+        """Record that the ledger holds ``seq``, or that open request ``seq`` ended with nothing to bill;
+        written with the next group commit, not awaited (losing it in a crash only replays an idempotent
+        write, or bills a request that never reached a replica its prompt)."""
+        self._enqueue(_Op(seq, done_line(seq), Kind.DONE, None))
 
     async def close(self) -> None:
         """Write what is queued, then release the file and the lock. Pending records stay on disk."""
@@ -156,6 +154,18 @@ class Outbox:
         self._executor = None
 
     # ------------------------------------------------------------------------------ event loop side
+
+    def _new_seq(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq
+
+    async def _durable(self, seq: int, line: bytes, kind: Kind) -> None:
+        """Queue ``line`` and wait until it is on disk (raises what the write raised)."""
+        future = asyncio.get_running_loop().create_future()
+        self._enqueue(_Op(seq, line, kind, future))
+        # NOTE: shielded: a cancelled caller must not cancel a future the flusher will resolve.
+        await asyncio.shield(future)
 
     def _enqueue(self, op: _Op) -> None:
         if self._executor is None:
@@ -201,13 +211,22 @@ class Outbox:
             ) from None
         max_seq = self._replay()
         self._next_seq = max_seq + 1
+        self._bill_the_lost()
         self._rewrite()
         if self.num_torn_lines:
             log.warning("usage outbox %s: skipped %d unreadable lines", self.path, self.num_torn_lines)
+        if self.num_lost:
+            log.warning(
+                "usage outbox %s: %d requests were running when the previous process died; billed as %s"
+                " with their last checkpoint's output tokens",
+                self.path,
+                self.num_lost,
+                Outcome.GATEWAY_LOST,
+            )
         return [(seq, record_from_json(json.loads(line)["rec"])) for seq, line in sorted(self._live.items())]
 
     def _replay(self) -> int:
-        """Fill ``_live`` from the file; the highest seq seen (0 when none)."""
+        """Fill ``_live`` and ``_open`` from the file; the highest seq seen (0 when none)."""
         max_seq = 0
         if not self.path.exists():
             return max_seq
@@ -217,19 +236,36 @@ class Outbox:
                     self.num_torn_lines += 1
                     continue
                 try:
-                    obj = json.loads(raw)
-                    seq = int(obj["seq"])
-                    if not obj.get("done"):
-                        record_from_json(obj["rec"])  # a line that cannot be replayed is torn
-                except (ValueError, KeyError, TypeError):
+                    seq, kind = parse(raw)
+                except (ValueError, KeyError, TypeError):  # a line that cannot be replayed is torn
                     self.num_torn_lines += 1
                     continue
                 max_seq = max(max_seq, seq)
-                if obj.get("done"):
-                    self._live.pop(seq, None)
-                else:
-                    self._live[seq] = raw
+                self._apply(seq, raw, kind)
         return max_seq
+
+    def _apply(self, seq: int, line: bytes, kind: Kind) -> None:
+        """One line's effect on the pending and open sets (the same at replay and after a write)."""
+        if kind is Kind.REC:
+            self._open.pop(seq, None)
+            self._live[seq] = line
+        elif kind is Kind.DONE:
+            self._live.pop(seq, None)
+            self._open.pop(seq, None)
+        elif kind is Kind.OPEN:
+            self._open[seq] = (line, None)
+        elif seq in self._open:  # a checkpoint; one that arrives after its request closed is moot
+            self._open[seq] = (self._open[seq][0], line)
+
+    def _bill_the_lost(self) -> None:
+        """Requests a dead process left open become pending ``gateway_lost`` records (at open only: one
+        process holds the outbox, so none of them can still be running)."""
+        for seq, (opened, ckpt) in sorted(self._open.items()):
+            rec = record_from_json(json.loads(opened)["open"])
+            lost = lost_record(rec, None if ckpt is None else json.loads(ckpt)["ckpt"])
+            self._live[seq] = rec_line(seq, lost)
+            self.num_lost += 1
+        self._open.clear()
 
     def _rewrite(self) -> None:
         """Replace the file with the pending records only: new file, fsync, rename, directory fsync."""
@@ -238,14 +274,24 @@ class Outbox:
             self._file = None
         tmp = self.path.with_name(FILE_NAME + ".tmp")
         with open(tmp, "wb") as f:
-            f.write(b"".join(self._live[seq] for seq in sorted(self._live)))
+            f.write(b"".join(self._lines_to_keep()))
             f.flush()
             self._fsync(f.fileno())
             self.num_fsyncs += 1
         os.replace(tmp, self.path)
         _fsync_dir(self.directory)
         self._file = open(self.path, "ab")  # noqa: SIM115 (held open until close)
-        self.num_lines = len(self._live)
+        self.num_lines = self._num_lines_to_keep()
+
+    def _lines_to_keep(self) -> list[bytes]:
+        """Pending records, and each open request's open line and latest checkpoint, in seq order."""
+        kept: dict[int, list[bytes]] = {seq: [line] for seq, line in self._live.items()}
+        for seq, (opened, ckpt) in self._open.items():
+            kept[seq] = [opened] if ckpt is None else [opened, ckpt]
+        return [line for seq in sorted(kept) for line in kept[seq]]
+
+    def _num_lines_to_keep(self) -> int:
+        return len(self._live) + sum(1 if ckpt is None else 2 for _, ckpt in self._open.values())
 
     def _write_sync(self, batch: list[_Op]) -> None:
         assert self._file is not None
@@ -261,11 +307,8 @@ class Outbox:
         self.num_fsyncs += 1
         self.num_lines += len(batch)
         for op in batch:
-            if op.is_done:
-                self._live.pop(op.seq, None)
-            else:
-                self._live[op.seq] = op.line
-        if self.num_lines >= self._compact_min_lines and len(self._live) * 4 <= self.num_lines:
+            self._apply(op.seq, op.line, op.kind)
+        if self.num_lines >= self._compact_min_lines and self._num_lines_to_keep() * 4 <= self.num_lines:
             self._rewrite()
             self.num_compactions += 1
 

@@ -8,16 +8,25 @@ task writes pending records with backoff (``retry_initial_s`` doubling to ``retr
 only appends (one group-committed fsync) and leaves the write to that task, so an outage adds no
 timeouts to requests after the first ones that find it.
 
-Exactly once: the outbox makes every record durable before any ledger write, and the ledger's upsert on
-(tenant_id, request_id, attempt) makes each write after the first a no-op.
+Exactly once: the outbox makes every record durable before any ledger write, and the ledger keeps the
+first row of a (tenant_id, request_id), so each write after the first is a no-op.
+
+A gateway crash loses no usage: ``begin(rec)`` at dispatch records the request as open in the outbox
+(durable before the replica starts), ``checkpoint`` records its output tokens as they stream (every
+``checkpoint_every_s`` or ``checkpoint_every_tokens``, whichever comes first; queued with the outbox's
+group commit, never one fsync per token), and ``record(rec, usage)`` closes it. ``open()`` bills a request
+a dead process left open with its last checkpoint and status ``gateway_lost`` (see ``outbox.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sluice.domain import UsageRecord
 from sluice.ledger.base import UsageLedger, check_record
@@ -28,6 +37,17 @@ log = logging.getLogger(__name__)
 
 def _no_op() -> None:
     return None
+
+
+@dataclass
+class OpenUsage:
+    """A request between its dispatch (``begin``) and its final record: its seq in the outbox and what was
+    checkpointed last. ``seq`` None: the outbox could not take the open line (logged); a crash then loses
+    this request's usage, but its final record is still written."""
+
+    seq: int | None
+    checkpointed_tokens: int = 0
+    checkpointed_at_s: float = 0.0  # the meter's clock
 
 
 class UsageMeter:
@@ -45,8 +65,11 @@ class UsageMeter:
         retry_initial_s: float = 0.5,
         retry_max_s: float = 5.0,
         max_concurrent_writes: int = 8,
+        checkpoint_every_s: float = 1.0,
+        checkpoint_every_tokens: int = 64,
         on_written: Callable[[], None] = _no_op,
         on_ledger_failure: Callable[[], None] = _no_op,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ledger = ledger
         self._outbox = outbox
@@ -54,6 +77,9 @@ class UsageMeter:
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
         self._max_concurrent_writes = max_concurrent_writes
+        self._checkpoint_every_s = checkpoint_every_s
+        self._checkpoint_every_tokens = checkpoint_every_tokens
+        self._clock = clock
         self._on_written = on_written
         self._on_ledger_failure = on_ledger_failure
         self._pending: dict[int, UsageRecord] = {}  # outbox seq -> record, not yet in the ledger
@@ -79,7 +105,12 @@ class UsageMeter:
         left = await self._outbox.open()
         self._pending.update(left)
         if left:
-            log.info("usage outbox: %d records left pending by a previous run, writing them", len(left))
+            log.info(
+                "usage outbox: %d records left pending by a previous run (%d of them requests it left"
+                " running, billed as gateway_lost), writing them",
+                len(left),
+                self._outbox.num_lost,
+            )
         self._retrier = asyncio.create_task(self._retry_loop(), name="usage-meter-retry")
         self._wake.set()
 
@@ -96,14 +127,48 @@ class UsageMeter:
         if self._pending:
             log.warning("usage outbox: %d records still pending at close, kept on disk", len(self._pending))
 
-    async def record(self, rec: UsageRecord) -> None:
-        """Make ``rec`` durable, then try the ledger once. Raises only for an invalid record
-        (``ValueError``), or when neither the outbox nor the ledger could take it."""
+    async def begin(self, rec: UsageRecord) -> OpenUsage:
+        """Record a request as running, durable before it returns: ``rec`` is what it costs if the process
+        dies before ``record`` (its prompt; output tokens come from the checkpoints). Never raises for the
+        outbox: if the disk fails the request runs without crash protection (logged by the outbox)."""
         check_record(rec)
         try:
-            seq = await self._outbox.append(rec)
+            seq: int | None = await self._outbox.append_open(rec)
         except OSError:
-            # The disk failed us: the ledger is the only place left (the outbox already logged why).
+            seq = None
+        return OpenUsage(seq, checkpointed_at_s=self._clock())
+
+    def checkpoint(self, usage: OpenUsage | None, output_tokens: int) -> None:
+        """The request has produced ``output_tokens`` so far: queue a checkpoint if the last one is
+        ``checkpoint_every_tokens`` behind or ``checkpoint_every_s`` old. Cheap; never raises."""
+        if usage is None or usage.seq is None or output_tokens <= usage.checkpointed_tokens:
+            return
+        now_s = self._clock()
+        if (
+            output_tokens - usage.checkpointed_tokens < self._checkpoint_every_tokens
+            and now_s - usage.checkpointed_at_s < self._checkpoint_every_s
+        ):
+            return
+        usage.checkpointed_tokens, usage.checkpointed_at_s = output_tokens, now_s
+        with suppress(RuntimeError):  # the outbox closed under a request still running: billed as lost
+            self._outbox.checkpoint(usage.seq, output_tokens, datetime.now(UTC))
+
+    def discard(self, usage: OpenUsage) -> None:
+        """The request ended with nothing to bill (it never ran on a replica): close it unbilled."""
+        if usage.seq is not None:
+            with suppress(RuntimeError):
+                self._outbox.mark_done(usage.seq)
+
+    async def record(self, rec: UsageRecord, usage: OpenUsage | None = None) -> None:
+        """Make ``rec`` durable (closing ``usage``, the request's ``begin``, if given), then try the ledger
+        once. Raises only for an invalid record (``ValueError``), or when neither the outbox nor the ledger
+        could take it."""
+        check_record(rec)
+        try:
+            seq = await self._outbox.append(rec, None if usage is None else usage.seq)
+        except OSError:
+            # The disk failed us: the ledger is the only place left (the outbox already logged why). An
+            # open line stays open: billed as lost at the next start, a no-op once this row is written.
             async with asyncio.timeout(self._write_timeout_s):
                 await self._ledger.record(rec)
             self._count_written()

@@ -79,37 +79,38 @@ async def test_duplicate_is_not_written_and_first_row_is_unchanged(ledger: Usage
     assert report.totals.num_requests == 1 and report.totals.output_tokens == 5
 
 
-async def test_a_later_attempt_replaces_the_row_and_is_never_summed(
+async def test_a_row_once_written_never_changes_whatever_attempt_comes_later(
     ledger: UsageLedger, backend: Backend
 ) -> None:
-    first = rec(output_tokens=7, status=Outcome.CANCELLED)
-    second = rec(
-        attempt=2, prompt_tokens=11, output_tokens=3, status=Outcome.FINISHED,
-        started_at=T0 + timedelta(seconds=5), finished_at=T0 + timedelta(seconds=6),
-    )  # fmt: skip
+    """No write can replace (and so lower) a bill: the first row of a request id stays."""
+    first = rec(output_tokens=70, status=Outcome.CANCELLED, idempotency_key="k")
     assert await ledger.record(first) is True
-    assert await ledger.record(second) is True
-    report = await ledger.query("acme")
-    assert report.rows == [second]
-    totals = report.totals
-    assert (totals.num_requests, totals.prompt_tokens, totals.output_tokens) == (1, 11, 3)
+    assert await ledger.record(first) is False  # a replay of the same record
+    assert await ledger.record(rec(attempt=2, output_tokens=1, idempotency_key="k")) is False
+    assert await ledger.record(rec(output_tokens=0, status=Outcome.GATEWAY_LOST)) is False
+    assert (await ledger.query("acme")).rows == [first]
     assert len(await backend.read_table("usage")) == 1
 
 
-async def test_the_same_or_an_older_attempt_again_changes_nothing(ledger: UsageLedger) -> None:
-    third = rec(attempt=3, output_tokens=30)
-    assert await ledger.record(third) is True
-    assert await ledger.record(third) is False  # a replay of the same record
-    assert await ledger.record(rec(attempt=3, output_tokens=99)) is False  # same attempt, other tokens
-    assert await ledger.record(rec(attempt=2, output_tokens=20)) is False  # an older one, late
-    assert await ledger.record(rec(attempt=1, output_tokens=10)) is False
-    assert (await ledger.query("acme")).rows == [third]
-
-
-async def test_replaying_attempts_in_any_order_leaves_the_highest(ledger: UsageLedger) -> None:
-    attempts = [rec(attempt=a, output_tokens=10 * a) for a in (2, 1, 4, 3, 4, 1)]
-    await asyncio.gather(*(ledger.record(r) for r in attempts))
-    assert (await ledger.query("acme")).rows == [rec(attempt=4, output_tokens=40)]
+async def test_each_attempt_under_a_key_is_its_own_row_and_they_add_up(ledger: UsageLedger) -> None:
+    ended = ((1, 70, Outcome.CANCELLED), (2, 1, Outcome.CANCELLED), (3, 40, Outcome.FINISHED))
+    attempts = [
+        rec(request_id=f"cmpl-{a}", attempt=a, output_tokens=tokens, idempotency_key="order-17",
+            status=status, finished_at=T0 + timedelta(seconds=a))
+        for a, tokens, status in ended
+    ]  # fmt: skip
+    # Replayed in any order, some twice (lost done lines): one row each, never a change.
+    await asyncio.gather(*(ledger.record(attempts[i]) for i in (2, 0, 1, 2, 0)))
+    report = await ledger.query("acme")
+    assert report.rows == attempts[::-1]  # newest first
+    assert (report.totals.num_requests, report.totals.output_tokens) == (3, 111)
+    other = rec(request_id="cmpl-other", idempotency_key="order-18")
+    await ledger.record(other)
+    await ledger.record(rec(request_id="cmpl-none"))
+    by_key = await ledger.query("acme", idempotency_key="order-17")
+    assert by_key.rows == attempts[::-1] and by_key.totals.output_tokens == 111
+    assert (await ledger.query("acme", idempotency_key="order-18")).rows == [other]
+    assert (await ledger.query("globex", idempotency_key="order-17")).rows == []
 
 
 async def test_same_request_id_in_two_tenants_is_two_rows(ledger: UsageLedger) -> None:
@@ -192,24 +193,25 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
-    assert [row[1] for row in applied] == [1, 2]
+    assert [row[1] for row in applied] == [1, 2, 3]
 
 
-async def test_rows_written_before_the_attempt_column_read_as_attempt_1(
+async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1_without_a_key(
     backend: Backend, tmp_path: Path
 ) -> None:
-    """An existing ledger upgrades in place: its rows become attempt 1, which a retry then replaces."""
+    """An existing ledger upgrades in place: its rows become attempt 1 with no key, and stay as they are."""
     old = rec(request_id="before-upgrade")
-    columns = USAGE_COLUMNS.removesuffix(", attempt")
+    columns = USAGE_COLUMNS.removesuffix(", attempt, idempotency_key")
+    values = (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
+              old.output_tokens, old.status.value)  # fmt: skip
     if backend.database_url is None:
         # The SQLite backend's file (storage_backends.sqlite_backend).
         with closing(sqlite3.connect(tmp_path / "sluice.db", isolation_level=None)) as conn:
             apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS[:1])
             conn.execute(
                 f"INSERT INTO usage ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
-                 old.output_tokens, old.status.value, to_text(old.started_at), to_text(old.finished_at)),
-            )  # fmt: skip
+                (*values, to_text(old.started_at), to_text(old.finished_at)),
+            )
     else:
         pool = await open_pg_pool(backend.database_url, max_size=1, name="v1")
         try:
@@ -217,19 +219,17 @@ async def test_rows_written_before_the_attempt_column_read_as_attempt_1(
             async with pool.connection() as conn:
                 await conn.execute(
                     f"INSERT INTO usage ({columns}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
-                     old.output_tokens, old.status.value, old.started_at, old.finished_at),
-                )  # fmt: skip
+                    (*values, old.started_at, old.finished_at),
+                )
         finally:
             await pool.close()
     ledger = backend.make_ledger()
-    await ledger.open()  # applies migration 2 over the existing row
+    await ledger.open()  # applies migrations 2 and 3 over the existing row
     try:
-        assert (await ledger.query("acme")).rows == [old]  # attempt defaults to 1
+        assert (await ledger.query("acme")).rows == [old]  # attempt 1, idempotency_key None
         assert await ledger.record(old) is False
-        retry = rec(request_id="before-upgrade", attempt=2, output_tokens=1)
-        assert await ledger.record(retry) is True
-        assert (await ledger.query("acme")).rows == [retry]
+        assert await ledger.record(rec(request_id="before-upgrade", attempt=2, output_tokens=1)) is False
+        assert (await ledger.query("acme")).rows == [old]
     finally:
         await ledger.close()
 
@@ -241,6 +241,8 @@ async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
         await ledger.record(rec(output_tokens=-1))
     with pytest.raises(ValueError, match="attempt"):
         await ledger.record(rec(attempt=0))
+    with pytest.raises(ValueError, match="idempotency_key"):
+        await ledger.record(rec(idempotency_key=""))
     with pytest.raises(ValueError, match="timezone-aware"):
         await ledger.query("acme", since=datetime(2026, 1, 1))
     assert (await ledger.query("acme")).rows == []
@@ -259,6 +261,7 @@ def test_records_hold_no_text_fields() -> None:
         "started_at",
         "finished_at",
         "attempt",
+        "idempotency_key",  # the client's own label for the request, not its content
     }
 
 

@@ -126,12 +126,131 @@ async def test_a_second_opener_is_refused_while_the_first_holds_it(tmp_path: Pat
 
 async def test_lines_hold_the_record_fields_and_no_text(tmp_path: Path) -> None:
     box, _ = await opened(tmp_path)
-    await box.append(rec(1))
+    seq = await box.append_open(rec(1, output_tokens=0))
+    box.checkpoint(seq, 5, T0)
+    await box.append(rec(1), seq)
     await box.close()
-    (line,) = (tmp_path / FILE_NAME).read_text().splitlines()
-    obj = json.loads(line)
-    assert set(obj) == {"seq", "rec"}
-    assert set(obj["rec"]) == {f.name for f in dataclasses.fields(UsageRecord)}
+    opening, ckpt, closing = (json.loads(line) for line in (tmp_path / FILE_NAME).read_text().splitlines())
+    assert (set(opening), set(ckpt), set(closing)) == ({"seq", "open"}, {"seq", "ckpt"}, {"seq", "rec"})
+    fields = {f.name for f in dataclasses.fields(UsageRecord)}
+    assert set(opening["open"]) == set(closing["rec"]) == fields
+    assert ckpt["ckpt"] == {"output_tokens": 5, "at": T0.isoformat()}
+
+
+async def test_a_request_left_open_is_pending_as_gateway_lost_with_its_last_ckpt(tmp_path: Path) -> None:
+    box, _ = await opened(tmp_path)
+    running = await box.append_open(rec(1, output_tokens=0))
+    closed = await box.append_open(rec(2, output_tokens=0))
+    discarded = await box.append_open(rec(3, output_tokens=0))
+    unchecked = await box.append_open(rec(4, output_tokens=0))
+    for tokens in (64, 128, 150):
+        box.checkpoint(running, tokens, T0 + timedelta(seconds=tokens))
+    box.checkpoint(closed, 64, T0)
+    assert await box.append(rec(2, output_tokens=99), closed) == closed  # closes it: not lost
+    box.mark_done(discarded)  # ended with nothing to bill
+    box.checkpoint(closed, 100, T0)  # a late checkpoint of a closed request changes nothing
+    await box.close()
+    box, left = await opened(tmp_path)
+    assert box.num_lost == 2
+    lost = rec(1, output_tokens=150, status=Outcome.GATEWAY_LOST, finished_at=T0 + timedelta(seconds=150))
+    assert left == [
+        (running, lost),
+        (closed, rec(2, output_tokens=99)),
+        (unchecked, rec(4, output_tokens=0, status=Outcome.GATEWAY_LOST)),
+    ]
+    await box.close()
+    box, again = await opened(tmp_path)  # billed once: now ordinary pending records
+    assert again == left and box.num_lost == 0
+    await box.close()
+
+
+async def test_a_torn_checkpoint_leaves_the_previous_one(tmp_path: Path) -> None:
+    box, _ = await opened(tmp_path)
+    seq = await box.append_open(rec(1, output_tokens=0))
+    box.checkpoint(seq, 64, T0)
+    await box.close()
+    with open(tmp_path / FILE_NAME, "ab") as f:
+        f.write(b'{"seq":%d,"ckpt":{"output_tokens":128,"at":"2026-' % seq)
+    _, left = await opened(tmp_path)
+    assert [(r.output_tokens, r.status) for _, r in left] == [(64, Outcome.GATEWAY_LOST)]
+
+
+async def test_compaction_keeps_open_requests_and_their_latest_checkpoint(tmp_path: Path) -> None:
+    box, _ = await opened(tmp_path, compact_min_lines=50)
+    running = await box.append_open(rec(0, output_tokens=0))
+    for i in range(1, 40):  # many requests come and go while one long stream checkpoints
+        seq = await box.append(rec(i))
+        box.mark_done(seq)
+        box.checkpoint(running, 64 * i, T0 + timedelta(seconds=i))
+    await box.append(rec(40))  # queued lines ride this append's group commit
+    for _ in range(100):
+        if box.num_compactions:
+            break
+        await asyncio.sleep(0.01)
+    assert box.num_compactions >= 1  # of 118 lines written, fewer than a third are left
+    assert box.num_lines < 40 and len((tmp_path / FILE_NAME).read_bytes().splitlines()) == box.num_lines
+    await box.close()  # the stream was still running
+    _, left = await opened(tmp_path)
+    lost = rec(0, output_tokens=64 * 39, status=Outcome.GATEWAY_LOST, finished_at=T0 + timedelta(seconds=39))
+    assert [r for _, r in left] == [lost, rec(40)]
+
+
+async def test_checkpoints_of_many_streams_share_fsyncs(tmp_path: Path) -> None:
+    """Group commit: 50 streams checkpointing while each fsync takes 2 ms cost far fewer fsyncs than lines."""
+    fsync = CountingFsync(delay_s=0.002)
+    box, _ = await opened(tmp_path, fsync=fsync)
+    seqs = await asyncio.gather(*(box.append_open(rec(i, output_tokens=0)) for i in range(50)))
+    before = fsync.num_calls
+
+    async def stream(seq: int) -> None:
+        for n in range(1, 11):
+            box.checkpoint(seq, 64 * n, T0)
+            await asyncio.sleep(0.001)
+
+    await asyncio.gather(*(stream(seq) for seq in seqs))
+    await box.append(rec(99))  # after every checkpoint line
+    assert fsync.num_calls - before <= 500 // 5, fsync.num_calls - before
+    await box.close()
+    _, left = await opened(tmp_path)
+    assert sorted(r.output_tokens for _, r in left if r.status is Outcome.GATEWAY_LOST) == [640] * 50
+
+
+def test_open_requests_and_their_checkpoints_survive_kill_9(tmp_path: Path) -> None:
+    """A process opens a request, checkpoints it and is SIGKILLed: a new one bills it as gateway_lost."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os, signal, sys
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_outbox import T0, rec
+        from sluice.metering.outbox import Outbox
+
+        async def main():
+            box = Outbox(Path({str(tmp_path)!r}))
+            await box.open()
+            seq = await box.append_open(rec(1, output_tokens=0))
+            box.checkpoint(seq, 64, T0)
+            await box.append(rec(2))  # durable after the checkpoint: so is the checkpoint
+            box.checkpoint(seq, 128, T0)  # queued, maybe never written
+            print("durable", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == -9 and proc.stdout.strip() == "durable", proc.stderr
+
+    async def reopen() -> list[tuple[str, int, Outcome]]:
+        box, left = await opened(tmp_path)
+        await box.close()
+        return [(r.request_id, r.output_tokens, r.status) for _, r in left]
+
+    left = asyncio.run(reopen())
+    assert left[1] == ("req-2", 2, Outcome.FINISHED)
+    assert left[0] in (("req-1", 64, Outcome.GATEWAY_LOST), ("req-1", 128, Outcome.GATEWAY_LOST))
 
 
 def test_records_made_durable_survive_kill_9(tmp_path: Path) -> None:

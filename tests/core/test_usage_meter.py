@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,7 +17,7 @@ import pytest
 from sluice.domain import Outcome, UsageRecord, UsageReport
 from sluice.ledger.base import UsageLedger
 from sluice.ledger.sqlite import SqliteLedger
-from sluice.metering.outbox import Outbox
+from sluice.metering.outbox import FILE_NAME, Outbox
 from sluice.metering.pipeline import UsageMeter
 
 pytestmark = pytest.mark.anyio
@@ -165,16 +166,113 @@ async def test_the_same_record_replayed_twice_leaves_one_row(
     await box.open()
     await box.append(rec(7))
     await box.append(rec(7))  # e.g. a record written, its done line lost, then written again
-    await box.append(rec(7, attempt=2, output_tokens=3))
-    await box.append(rec(7, output_tokens=99))  # attempt 1 again, late: no change
+    await box.append(rec(7, attempt=2, output_tokens=3))  # the same request id again: never a change
     await box.close()
     meter = meter_over(ledger, tmp_path)
     await meter.open()
     await until(lambda: meter.num_pending == 0)
     report = await ledger.query("acme")
-    assert [(r.request_id, r.attempt, r.output_tokens) for r in report.rows] == [("req-7", 2, 3)]
+    assert [(r.request_id, r.attempt, r.output_tokens) for r in report.rows] == [("req-7", 1, 7)]
     assert report.totals.num_requests == 1
     await meter.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def checkpoints(tmp_path: Path) -> list[int]:
+    """The output tokens of every checkpoint line in the outbox file, in order."""
+    lines = [json.loads(line) for line in (tmp_path / "outbox" / FILE_NAME).read_text().splitlines()]
+    return [obj["ckpt"]["output_tokens"] for obj in lines if "ckpt" in obj]
+
+
+async def test_checkpoints_come_every_64_tokens_or_every_second_whichever_first(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    meter = meter_over(ledger, tmp_path, clock=clock)
+    await meter.open()
+    usage = await meter.begin(rec(1, output_tokens=0))
+    for tokens in range(1, 64):  # a fast stream: one token at a time, well within a second
+        meter.checkpoint(usage, tokens)
+    meter.checkpoint(usage, 64)  # 64 tokens since the last one
+    meter.checkpoint(usage, 64)  # nothing new
+    for tokens in range(65, 101):
+        meter.checkpoint(usage, tokens)
+    clock.now_s += 0.5
+    meter.checkpoint(usage, 110)
+    clock.now_s += 0.5  # a slow stream: a second since the checkpoint at 64
+    meter.checkpoint(usage, 111)
+    clock.now_s += 5.0
+    meter.checkpoint(usage, 111)  # no new token: nothing to checkpoint, however long it was
+    meter.checkpoint(usage, 112)  # the next token, 5 s after the last checkpoint
+    for tokens in range(113, 176):
+        meter.checkpoint(usage, tokens)
+    meter.checkpoint(usage, 176)  # 64 since the checkpoint at 112
+    await meter.record(rec(1, output_tokens=180), usage)
+    assert checkpoints(tmp_path) == [64, 111, 112, 176]
+    assert await rows(ledger) == {"req-1": 180}
+    await meter.close()
+
+
+async def test_a_request_left_open_is_billed_at_the_next_start_as_gateway_lost(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    meter = meter_over(ledger, tmp_path, clock=clock)
+    await meter.open()
+    lost = await meter.begin(rec(1, output_tokens=0, idempotency_key="k", attempt=2))
+    closed = await meter.begin(rec(2, output_tokens=0))
+    never_ran = await meter.begin(rec(3, output_tokens=0))
+    await meter.begin(rec(4, output_tokens=0))  # died before its first checkpoint
+    meter.checkpoint(lost, 64)
+    clock.now_s += 1.0
+    meter.checkpoint(lost, 70)  # the last one before the process goes away
+    meter.checkpoint(closed, 64)
+    await meter.record(rec(2, output_tokens=80), closed)
+    meter.discard(never_ran)
+    await meter.close()  # lost and unchecked were still running: as after a kill -9
+    assert await rows(ledger) == {"req-2": 80}
+
+    restarted = meter_over(ledger, tmp_path)
+    await restarted.open()
+    await until(lambda: restarted.num_pending == 0)
+    report = await ledger.query("acme")
+    by_id = {r.request_id: r for r in report.rows}
+    assert by_id.keys() == {"req-1", "req-2", "req-4"}
+    billed = by_id["req-1"]
+    assert (billed.status, billed.output_tokens) == (Outcome.GATEWAY_LOST, 70)
+    assert (billed.idempotency_key, billed.attempt, billed.prompt_tokens) == ("k", 2, 10)
+    assert billed.finished_at > billed.started_at  # the last checkpoint's time
+    assert (by_id["req-4"].status, by_id["req-4"].output_tokens) == (Outcome.GATEWAY_LOST, 0)
+    assert (by_id["req-2"].status, by_id["req-2"].output_tokens) == (Outcome.FINISHED, 80)
+    await restarted.close()
+    again = meter_over(ledger, tmp_path)  # billed once: nothing is left open or pending
+    await again.open()
+    assert again.num_pending == 0
+    await again.close()
+
+
+async def test_a_begin_whose_caller_is_cancelled_bills_nothing(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    meter = meter_over(ledger, tmp_path)
+    await meter.open()
+    caller = asyncio.create_task(meter.begin(rec(1, output_tokens=0)))
+    await asyncio.sleep(0)  # the caller waits for the open line's fsync
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await meter.close()
+    restarted = meter_over(ledger, tmp_path)
+    await restarted.open()
+    assert restarted.num_pending == 0  # never dispatched: not billed as lost
+    await restarted.close()
 
 
 async def test_an_invalid_record_is_refused_before_the_outbox(

@@ -1,5 +1,7 @@
-"""Issue 5's Idempotency-Key through the gateway: one generation and one ledger row per key, replay after
-completion without billing, 409 while running, 422 for another body, start-over after a cancel."""
+"""Issue 5's Idempotency-Key through the gateway: one generation per key while it runs or after it
+finished, replay after completion without billing, 409 while running, 422 for another body, start-over
+after a cancel (each attempt billed on its own row, issue 9; more in test_billing_integrity.py), and 503
+with Retry-After for keyed requests while the Redis store is cut (keyless requests go on)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import httpx
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import MODEL, RunningGateway, start_gateway
+from redis_run import REDIS_URL, RUN_PREFIX, delete_run_keys, unreachable_reason
+from tcp_proxy import ProxyThread
 
 from sluice.text import TextCodec
 
@@ -91,7 +95,7 @@ def test_a_key_reused_with_another_body_is_422(
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_idempotency_key"
 
 
-def test_a_cancelled_attempt_starts_over_and_bills_only_the_last(
+def test_a_cancelled_attempt_starts_over_and_each_attempt_is_billed(
     slow_gateway: tuple[RunningGateway, ScriptedFakeEngine],
 ) -> None:
     gateway, engine = slow_gateway
@@ -117,9 +121,14 @@ def test_a_cancelled_attempt_starts_over_and_bills_only_the_last(
     assert (first["attempt"], first["outcome"]) == (1, "cancelled") and first["output_tokens"] > 0
     assert (second["attempt"], second["outcome"]) == (2, "finished")
     assert second["superseded_output_tokens"] == first["output_tokens"]  # the waste, reported
+    assert first["request_id"] != second["request_id"]  # every attempt is its own request
     row = gateway.usage_row(second["request_id"])
-    assert row["output_tokens"] == 40 and row["status"] == "finished"  # never a sum
-    assert gateway.usage()["totals"]["num_requests"] == 1
+    assert row["output_tokens"] == 40 and row["status"] == "finished"
+    assert (row["idempotency_key"], row["attempt"]) == ("k-cancel", 2)
+    cancelled = gateway.usage_row(first["request_id"])
+    assert (cancelled["output_tokens"], cancelled["status"]) == (first["output_tokens"], "cancelled")
+    totals = gateway.usage()["totals"]
+    assert totals["num_requests"] == 2 and totals["output_tokens"] == 40 + first["output_tokens"]
 
 
 def test_the_api_docs_declare_the_header_and_say_start_over(
@@ -131,3 +140,48 @@ def test_the_api_docs_declare_the_header_and_say_start_over(
     operation = schema["paths"]["/v1/chat/completions"]["post"]
     assert any(p["name"] == "Idempotency-Key" and p["in"] == "header" for p in operation["parameters"])
     assert "STARTS OVER" in operation["description"]
+
+
+@pytest.fixture
+def redis_proxy() -> Iterator[ProxyThread]:
+    """A proxy in front of the test Redis (keys under this run's prefix, deleted at the end)."""
+    reason = unreachable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    host, _, port = REDIS_URL.removeprefix("redis://").partition("/")[0].partition(":")
+    proxy = ProxyThread(host, int(port or 6379))
+    yield proxy
+    proxy.close()
+    delete_run_keys()
+
+
+def test_with_the_idempotency_store_cut_keyed_requests_get_503_and_keyless_ones_go_on(
+    dev_checkpoint: Path, tmp_path: Path, redis_proxy: ProxyThread
+) -> None:
+    token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
+    gateway = start_gateway(
+        tmp_path, dev_checkpoint, engine=ScriptedFakeEngine(token_id, interval_s=0.001), dev_tenants=True,
+        redis_url=f"redis://127.0.0.1:{redis_proxy.port}/0", redis_key_prefix=f"{RUN_PREFIX}gw:",
+    )  # fmt: skip
+    try:
+        done = post(gateway, "k-before")
+        assert done.status_code == 200
+        redis_proxy.cut()
+        for key in ("k-new", "k-before"):  # neither a new key nor a replay can be answered safely
+            refused = post(gateway, key)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "idempotency_store_unavailable"
+            assert refused.json()["error"]["type"] == "server_error"
+            assert int(refused.headers["retry-after"]) >= 1
+        keyless = post(gateway, None)  # never touches the store (the quota fails open meanwhile)
+        assert keyless.status_code == 200 and keyless.json()["usage"]["completion_tokens"] == 10
+        with gateway.http() as http:
+            metrics = http.get("/metrics").text
+        assert 'sluice_gateway_refused_total{reason="idempotency_store_unavailable"} 2.0' in metrics
+
+        redis_proxy.restore()
+        assert post(gateway, "k-before").json()["id"] == done.json()["id"]  # replayed, as before the cut
+        assert post(gateway, "k-new").status_code == 200
+        assert gateway.usage()["totals"]["num_requests"] == 3  # the refusals were not billed
+    finally:
+        gateway.stop()
