@@ -30,6 +30,11 @@ from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger(__name__)
 
+# top_p travels as FP32, where a tiny value rounds to 0, which is TensorRT-LLM's "no cut" (the whole
+# distribution). Any top_p at or below this keeps only the most likely token (whose probability is at
+# least 1 / vocabulary size), so it is sent as this instead.
+MIN_SENT_TOP_P = 1e-6
+
 
 def _strip_scheme(url: str) -> str:
     for scheme in ("grpc://", "http://"):
@@ -109,7 +114,7 @@ class TritonEngineClient(EngineClient):
             request.max_tokens,
             streaming=True,
             temperature=request.temperature if sampled else None,
-            top_p=request.top_p if sampled else None,
+            top_p=max(request.top_p, MIN_SENT_TOP_P) if sampled and request.top_p is not None else None,
             seed=request.seed,
             stop_token_ids=request.stop_token_ids,
             priority=request.priority,

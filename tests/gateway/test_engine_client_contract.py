@@ -98,6 +98,13 @@ def test_a_tiny_positive_temperature_is_greedy(aio: Aio, subject: Subject) -> No
         assert [t for d in deltas for t in d.token_ids] == greedy
 
 
+def test_a_tiny_top_p_keeps_only_the_most_likely_token(aio: Aio, subject: Subject) -> None:
+    """1e-300 rounds to 0 in Triton's FP32 input, which would mean "no cut": the whole distribution."""
+    greedy = [t for d in aio(_all(subject.client.generate(_request(12)))) for t in d.token_ids]
+    deltas = aio(_all(subject.client.generate(_request(12, temperature=1.0, top_p=1e-300, seed=0))))
+    assert [t for d in deltas for t in d.token_ids] == greedy
+
+
 def test_an_out_of_vocabulary_prompt_is_an_invalid_request(aio: Aio, subject: Subject) -> None:
     bad = GenerateRequest("contract-bad", [5, 10**6], 4, cache_scope="acme")
     with pytest.raises(EngineError) as err:
