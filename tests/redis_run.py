@@ -1,26 +1,29 @@
 """The Redis server tests use (``TEST_REDIS_URL``, default the local one), and the key prefix of this test
 run: every key a test writes starts with ``RUN_PREFIX``, and only those are deleted (never FLUSHDB: the
-server is shared). ``tests/core/conftest.py`` has the ``redis_up`` fixture that cleans up."""
+server is shared). ``tests/core/conftest.py`` has the ``redis_up`` fixture that cleans up. A test that
+needs Redis skips if it is down, or fails with ``CI=true`` (``services.service_missing``)."""
 
 from __future__ import annotations
 
 import os
 import uuid
 
-import pytest
 import redis
+from services import fail_if_required, service_missing
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RUN_PREFIX = f"sluice-test-{uuid.uuid4().hex}:"
 
 
 def unreachable_reason() -> str | None:
-    """None if Redis answers, else why not."""
+    """None if Redis answers, else why not (a test failure instead with ``CI=true``)."""
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
     try:
         client.ping()
     except redis.exceptions.ConnectionError as exc:
-        return f"Redis at {REDIS_URL} unreachable: {exc}"
+        reason = f"Redis at {REDIS_URL} unreachable: {exc}"
+        fail_if_required(reason)
+        return reason
     finally:
         client.close()
     return None
@@ -38,4 +41,4 @@ def delete_run_keys() -> None:
 
 def need_redis(redis_up: str | None) -> None:
     if redis_up is not None:
-        pytest.skip(redis_up)
+        service_missing(redis_up)

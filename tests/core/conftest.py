@@ -2,8 +2,8 @@
 
 PostgreSQL: one database per test session (``sluice_test_<hex>``, created here and dropped at the end)
 and one schema per test inside it, reached through ``search_path``, so each test starts empty. The
-PostgreSQL params skip, saying why, only when the server cannot be reached. The server is
-``TEST_POSTGRES_ADMIN_URL`` (default: postgres on 127.0.0.1:5432, trust auth).
+PostgreSQL params skip, saying why, only when the server cannot be reached (and fail then with
+``CI=true``). The server is ``TEST_POSTGRES_ADMIN_URL`` (default: postgres on 127.0.0.1:5432, trust auth).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from pg import PostgresUnreachable, created_database
 from psycopg import sql
 from redis_run import delete_run_keys, unreachable_reason
+from services import service_missing
 from storage_backends import Backend, postgres_backend, sqlite_backend
 
 
@@ -26,7 +27,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-_PG_UNREACHABLE: list[str] = []  # why the PostgreSQL params skip, when they do
+_PG_UNREACHABLE: list[str] = []  # why the PostgreSQL params skip (or fail), when they do
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +45,7 @@ def pg_database() -> Iterator[str | None]:
 def pg_schema_url(pg_database: str | None) -> str:
     """A URL whose connections see only a fresh, empty schema of the run's database."""
     if pg_database is None:
-        pytest.skip(_PG_UNREACHABLE[0])
+        service_missing(_PG_UNREACHABLE[0])
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
