@@ -50,12 +50,12 @@ class PostgresLedger(UsageLedger):
         check_record(rec)
         # NOTE: the write runs in its own task, shielded: a caller cancelled mid-write (a client disconnect
         # reaching the request's finally) must not lose the row. close() waits for writes still in flight.
-        task = asyncio.create_task(self._upsert(rec))
+        task = asyncio.create_task(self._insert(rec))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
         return await asyncio.shield(task)
 
-    async def _upsert(self, rec: UsageRecord) -> bool:
+    async def _insert(self, rec: UsageRecord) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
