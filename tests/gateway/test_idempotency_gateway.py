@@ -5,6 +5,8 @@ with Retry-After for keyed requests while the Redis store is cut (keyless reques
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -12,12 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import MODEL, RunningGateway, start_gateway
 from redis_run import REDIS_URL, RUN_PREFIX, delete_run_keys, unreachable_reason
 from tcp_proxy import ProxyThread
 
+from gateway.openai.idempotency import fingerprint
+from gateway.openai.schemas import CompletionRequest
+from sluice.idempotency.redis import RedisIdempotencyStore
 from sluice.text import TextCodec
 
 KEY_HEADER = "Idempotency-Key"
@@ -143,16 +149,22 @@ def test_the_api_docs_declare_the_header_and_say_start_over(
 
 
 @pytest.fixture
-def redis_proxy() -> Iterator[ProxyThread]:
-    """A proxy in front of the test Redis (keys under this run's prefix, deleted at the end)."""
+def redis_up() -> Iterator[None]:
+    """The test Redis answers (else skip); this run's keys are deleted at the end."""
     reason = unreachable_reason()
     if reason is not None:
         pytest.skip(reason)
+    yield
+    delete_run_keys()
+
+
+@pytest.fixture
+def redis_proxy(redis_up: None) -> Iterator[ProxyThread]:
+    """A proxy in front of the test Redis."""
     host, _, port = REDIS_URL.removeprefix("redis://").partition("/")[0].partition(":")
     proxy = ProxyThread(host, int(port or 6379))
     yield proxy
     proxy.close()
-    delete_run_keys()
 
 
 def test_with_the_idempotency_store_cut_keyed_requests_get_503_and_keyless_ones_go_on(
@@ -183,5 +195,39 @@ def test_with_the_idempotency_store_cut_keyed_requests_get_503_and_keyless_ones_
         assert post(gateway, "k-before").json()["id"] == done.json()["id"]  # replayed, as before the cut
         assert post(gateway, "k-new").status_code == 200
         assert gateway.usage()["totals"]["num_requests"] == 3  # the refusals were not billed
+    finally:
+        gateway.stop()
+
+
+def test_a_result_stored_before_ids_were_per_attempt_replays_with_its_old_id(
+    dev_checkpoint: Path, tmp_path: Path, redis_up: None
+) -> None:
+    """Results a gateway of the previous version stored (no id in them) keep answering, under the id that
+    version gave them (derived from the tenant and the key), for the rest of their TTL."""
+    prefix = f"{RUN_PREFIX}legacy:"
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 10}
+    old_result = {"text": "abab", "finish_reason": "length", "prompt_tokens": 1, "output_tokens": 10,
+                  "filter_message": None}  # fmt: skip
+
+    async def store_old_result() -> None:
+        store = RedisIdempotencyStore(REDIS_URL, key_prefix=f"{prefix}idem:")
+        await store.open()
+        try:
+            body_fingerprint = fingerprint("/v1/completions", msgspec.convert(body, CompletionRequest))
+            await store.begin("acme", "k-old", body_fingerprint, 60.0)
+            assert await store.complete("acme", "k-old", 1, json.dumps(old_result).encode(), 3600.0)
+        finally:
+            await store.close()
+
+    asyncio.run(store_old_result())
+    token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
+    engine = ScriptedFakeEngine(token_id, interval_s=0.001)
+    gateway = start_gateway(tmp_path, dev_checkpoint, engine=engine, dev_tenants=True,
+                            redis_url=REDIS_URL, redis_key_prefix=prefix)  # fmt: skip
+    try:
+        replay = post(gateway, "k-old")
+        digest = hashlib.sha256(b"acme\0k-old").hexdigest()[:32]
+        assert replay.status_code == 200 and replay.json()["id"] == f"cmpl-idem-{digest}"
+        assert replay.json()["choices"][0]["text"] == "abab" and engine.requests == []
     finally:
         gateway.stop()
