@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import MODEL, RunningGateway, start_gateway
-from redis_run import REDIS_URL, RUN_PREFIX, delete_run_keys, unreachable_reason
+from redis_run import REDIS_URL, RUN_PREFIX, delete_run_keys, need_redis, unreachable_reason
 from tcp_proxy import ProxyThread
 
 from gateway.openai.idempotency import fingerprint
@@ -150,10 +150,8 @@ def test_the_api_docs_declare_the_header_and_say_start_over(
 
 @pytest.fixture
 def redis_up() -> Iterator[None]:
-    """The test Redis answers (else skip); this run's keys are deleted at the end."""
-    reason = unreachable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    """The test Redis answers (else skip, or fail under CI=true); this run's keys are deleted at the end."""
+    need_redis(unreachable_reason())
     yield
     delete_run_keys()
 
