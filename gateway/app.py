@@ -130,6 +130,8 @@ def create_app(
             gc.freeze()
             _log_start(settings, engine)
             yield
+            log.info("gateway stopping: closing the engine client, stores and telemetry")
+        log.info("gateway stopped")
 
     app = Litestar(
         route_handlers=[OpenAIController, UsageController, *SYSTEM_HANDLERS],
