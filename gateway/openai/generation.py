@@ -39,6 +39,9 @@ from sluice.safety.stream import StreamScreen
 
 log = logging.getLogger(__name__)
 
+# How long a request whose client left may spend taking the engine's unread output before cancelling it.
+UNREAD_DRAIN_S = 0.005
+
 
 def _finish_reason(reason: FinishReason) -> str:
     return "stop" if reason is FinishReason.STOP else "length"
@@ -189,6 +192,8 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
     """The one ending of every request: cancel the engine call, release the slot and the quota, settle the
     idempotency record, then write the telemetry, metrics and usage records."""
     if end.engine_deltas is not None:
+        if end.outcome is None:  # the client left: what the engine made and nobody read was still made
+            end.num_output_tokens += await _num_unread_tokens(end.engine_deltas)
         with suppress(Exception):
             await end.engine_deltas.aclose()  # cancels the engine call if it is still running
         gw.metrics.in_flight.dec()
@@ -212,6 +217,18 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         )
     ended_as = Ended(end.outcome, end.finish_reason, end.num_output_tokens, end.error, end.reached_replica)
     await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
+
+
+async def _num_unread_tokens(deltas: AsyncGenerator[Delta, None]) -> int:
+    """Output tokens the engine produced that the gateway had not read yet: a client that stops reading
+    holds the generation at its ``yield`` while the engine runs ahead. Takes what is already there (for
+    at most ``UNREAD_DRAIN_S``), so those tokens are billed like the ones that were sent."""
+    num_tokens = 0
+    with suppress(TimeoutError, StopAsyncIteration, EngineError):
+        async with asyncio.timeout(UNREAD_DRAIN_S):
+            while True:
+                num_tokens += len((await anext(deltas)).token_ids)
+    return num_tokens
 
 
 def _engine_request(job: Job) -> GenerateRequest:
