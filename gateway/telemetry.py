@@ -44,6 +44,7 @@ class TelemetryRecord:
     error: str | None = None
     attempt: int = 1  # with an Idempotency-Key: this attempt's number
     superseded_output_tokens: int = 0  # waste: what the abandoned previous attempt had generated
+    idempotency_key: str | None = None  # the client's Idempotency-Key, as on the usage row
 
 
 class TelemetryWriter:

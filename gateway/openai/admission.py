@@ -17,7 +17,7 @@ from typing import Any
 import anyio.to_thread
 
 from gateway.errors import OpenAIError, context_length_exceeded, invalid_request, model_not_found
-from gateway.openai.idempotency import check_key, fingerprint, request_id_for
+from gateway.openai.idempotency import check_key, fingerprint
 from gateway.openai.job import Job
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, unsupported_params
 from gateway.state import GatewayState
@@ -224,9 +224,10 @@ def _job(
         else settings.request_deadline_s
     )
     if idempotency_key is not None:
-        request_id = request_id_for(id_prefix, tenant.tenant_id, check_key(idempotency_key))
-    else:
-        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        check_key(idempotency_key)
+    # NOTE: every attempt has its own id, with or without a key: each is billed on its own ledger row (a
+    # replay answers with the stored result's id instead).
+    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     return Job(
         request_id=request_id,
         route=route,

@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import re
-import uuid
 from typing import Any
 
 import msgspec
@@ -58,13 +57,6 @@ def check_key(key: str) -> str:
             param="Idempotency-Key",
         )
     return key
-
-
-def request_id_for(id_prefix: str, tenant_id: str, key: str) -> str:
-    """This attempt's request id: as unique as any request's (never derived from the key), because every
-    attempt is billed on its own ledger row. A replay answers with the stored result's id instead."""
-    del tenant_id, key  # NOTE: deliberately unused: ids derived from the key made attempts share a row
-    return f"{id_prefix}-{uuid.uuid4().hex}"
 
 
 def fingerprint(route: str, body: msgspec.Struct) -> str:

@@ -81,6 +81,7 @@ async def record_request(
         error=ended.error,
         attempt=attempt.attempt if attempt else 1,
         superseded_output_tokens=attempt.superseded_output_tokens if attempt else 0,
+        idempotency_key=job.idempotency_key,
     )
     try:
         gw.telemetry.write(record)
@@ -98,7 +99,8 @@ async def record_request(
         metrics.ttft_s.observe(ttft_s)
     for gap_s in timing.gaps_s:
         metrics.inter_token_s.observe(gap_s)
-    # Last: once the usage row is visible, the telemetry record and metrics are already written.
+    # Last: once the usage row is visible, the metrics are counted and the telemetry record is queued
+    # (the writer thread appends it; tests flush it before reading).
     if not ended.reached_replica:
         if usage is not None:
             gw.meter.discard(usage)  # opened, but no replica ran it: nothing to bill

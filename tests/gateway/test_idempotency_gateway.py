@@ -86,7 +86,8 @@ def test_a_retry_after_completion_replays_without_billing(
     assert streamed_text(streamed) == first.json()["choices"][0]["text"]
     assert len(engine.requests) == 1
     assert gateway.usage()["totals"] == before
-    assert [r["outcome"] for r in gateway.telemetry()].count("replayed") == 2
+    replayed = [r for r in gateway.telemetry() if r["outcome"] == "replayed"]
+    assert len(replayed) == 2 and {r["idempotency_key"] for r in replayed} == {"k-replay"}
 
 
 def test_a_key_reused_with_another_body_is_422(
