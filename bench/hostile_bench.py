@@ -111,6 +111,8 @@ async def run(args: argparse.Namespace) -> list[str]:
         num_quiet_failures = 0
         rows = []
         for name, make in hostile_kinds(args.model, args.body_limit_bytes).items():
+            if args.kinds and not any(k in name for k in args.kinds):
+                continue
             gaps: list[float] = []
             statuses: Counter[int] = Counter()
             num_victim_failures = 0
@@ -177,6 +179,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--body-limit-bytes", type=int, default=1024 * 1024)
+    ap.add_argument("--kinds", nargs="*", help="only the kinds whose name contains one of these words")
     ap.add_argument(
         "--write-docs", action="store_true", help="replace this bench's section of docs/benchmarks.md"
     )

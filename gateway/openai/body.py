@@ -2,12 +2,12 @@
 
 msgspec (under Litestar's ``request.json()`` and its conversion to the request Structs) recurses once
 per level: ``tools`` or ``content`` nested 5,000 arrays deep raised ``RecursionError``, a 500. The check
-here never recurses and costs a few byte-string passes (about 2 ms for a 1 MiB prompt):
+here never recurses and costs a few linear passes in C (about 2 ms for a 1 MiB prompt, 0.1 ms for
+10,000 brackets):
 
 1. a body with at most ``max_depth`` brackets cannot nest deeper; nothing more to do (most requests);
-2. otherwise the text outside JSON strings is reduced to its brackets (``{`` as ``[``, ``}`` as ``]``),
-   and every innermost pair ``[]`` is removed once per pass: each pass takes exactly one level off the
-   deepest nesting, so the body is within the bound if the brackets are gone after ``max_depth`` passes.
+2. otherwise the text outside JSON strings is reduced to its brackets, and the running depth (+1 for
+   ``[`` or ``{``, -1 for ``]`` or ``}``) must stay within ``0..max_depth`` and end at 0.
 
 Brackets that do not pair up (``[[[`` with no end) leave something behind too: refused the same way, as
 msgspec would refuse the body anyway (and might recurse before seeing that it is malformed).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from litestar import Request
 
 from gateway.errors import invalid_request
@@ -25,6 +26,7 @@ from gateway.errors import invalid_request
 MAX_JSON_DEPTH = 64
 
 _DELETE_ALL_BUT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_OPEN_ARRAY, _OPEN_OBJECT = ord("["), ord("{")
 
 
 def _outside_strings(body: bytes) -> bytes:
@@ -36,19 +38,15 @@ def _outside_strings(body: bytes) -> bytes:
 
 def json_nesting_exceeds(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
     """True if ``body`` nests arrays/objects more than ``max_depth`` deep, or its brackets (outside
-    strings) do not pair up. Never recurses; linear in the body per level of nesting."""
+    strings) do not pair up. Never recurses; linear in the body."""
     if body.count(b"[") + body.count(b"{") <= max_depth:
         return False
-    brackets = _outside_strings(body).translate(None, _DELETE_ALL_BUT_BRACKETS)
-    brackets = brackets.replace(b"{", b"[").replace(b"}", b"]")
-    for _ in range(max_depth):
-        if not brackets:
-            return False
-        inner_removed = brackets.replace(b"[]", b"")
-        if len(inner_removed) == len(brackets):  # no innermost pair: unbalanced
-            return True
-        brackets = inner_removed
-    return bool(brackets)
+    brackets = np.frombuffer(_outside_strings(body).translate(None, _DELETE_ALL_BUT_BRACKETS), np.uint8)
+    if brackets.size == 0:
+        return False
+    # The nesting depth after each bracket: +1 for an opening one, -1 for a closing one.
+    depth = np.cumsum(np.where((brackets == _OPEN_ARRAY) | (brackets == _OPEN_OBJECT), 1, -1))
+    return bool(depth.max() > max_depth or depth.min() < 0 or depth[-1] != 0)
 
 
 class BoundedJSONRequest(Request[Any, Any, Any]):
