@@ -38,7 +38,7 @@ test: install checkpoint
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy cpu_engine sluice gateway control_plane
+	$(PY) -m mypy cpu_engine sluice gateway control_plane bench
 
 bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs

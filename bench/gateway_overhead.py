@@ -135,7 +135,9 @@ async def direct_ttft_ms(
 ) -> float:
     sent = time.perf_counter()
     first = None
-    async with GenerateStream(client, model, request_tensors(prompt, max_tokens, temperature=0.0)) as stream:
+    async with GenerateStream(
+        client, model, request_tensors(prompt, max_tokens, temperature=0.0, cache_scope="bench")
+    ) as stream:
         async for chunk in stream:
             if first is None and chunk.token_ids:
                 first = time.perf_counter()

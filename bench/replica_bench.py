@@ -55,7 +55,7 @@ async def run_load(
 
     async def one(prompt: list[int]) -> Timeline:
         timeline = Timeline(time.perf_counter())
-        tensors = request_tensors(prompt, output_len, ignore_eos=True)
+        tensors = request_tensors(prompt, output_len, ignore_eos=True, cache_scope="bench")
         async with GenerateStream(client, model, tensors, timeout_s=600) as stream:
             async for chunk in stream:
                 timeline.response_times_s.append(time.perf_counter())
