@@ -24,6 +24,7 @@ silently ignored. ``first_unknown_field`` finds it in the decoded body.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -231,6 +232,7 @@ def unsupported_params(req: ChatCompletionRequest | CompletionRequest) -> tuple[
     return None
 
 
+@functools.cache  # NOTE: msgspec.structs.fields introspects the type hints: ~1 ms per call
 def _field_names(struct: type[msgspec.Struct]) -> frozenset[str]:
     return frozenset(f.encode_name for f in msgspec.structs.fields(struct))
 
