@@ -22,7 +22,9 @@ SEED = int(os.environ.get("SCHEMATHESIS_SEED", "0"))
 
 
 @pytest.fixture(scope="module")
-def fuzzed_gateway(dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+def fuzzed_gateway(
+    dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningGateway]:
     # Short outputs keep each generated request that reaches the engine cheap, so the time goes to
     # exploring inputs.
     gateway = start_gateway(
