@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
-import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
-from pg import ADMIN_URL, PostgresUnreachable, created_database
+from pg import ADMIN_URL
 from tcp_proxy import ProxyThread
 
 from sluice.domain import Outcome, UsageRecord
@@ -26,24 +25,6 @@ from sluice.text import TextCodec
 
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}
 NUM_BURST = 30
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    """A database created for this test (its URL, direct to the server), dropped at the end."""
-    try:
-        with created_database() as url:
-            yield url
-    except PostgresUnreachable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-def pg_proxy(database: str) -> Iterator[ProxyThread]:
-    info = psycopg.conninfo.conninfo_to_dict(database)
-    proxy = ProxyThread(str(info.get("host") or "127.0.0.1"), int(str(info.get("port") or 5432)))
-    yield proxy
-    proxy.close()
 
 
 def ledger_rows(database: str) -> dict[str, tuple[int, str]]:

@@ -13,11 +13,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psycopg
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
-from pg import PostgresUnreachable, created_database
 from tcp_proxy import ProxyThread
 
 from sluice.text import TextCodec
@@ -25,23 +23,6 @@ from sluice.text import TextCodec
 NUM_FLOOD = 200
 STALE_MAX_S = 2.0
 PROBE_INTERVAL_S = 0.5
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    try:
-        with created_database() as url:
-            yield url
-    except PostgresUnreachable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-def pg_proxy(database: str) -> Iterator[ProxyThread]:
-    info = psycopg.conninfo.conninfo_to_dict(database)
-    proxy = ProxyThread(str(info.get("host") or "127.0.0.1"), int(str(info.get("port") or 5432)))
-    yield proxy
-    proxy.close()
 
 
 class RecordingHandler(logging.Handler):
