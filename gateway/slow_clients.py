@@ -13,18 +13,25 @@ was produced, outcome cancelled).
 A request head (request line and headers) must arrive within ``client_header_timeout_s`` of the
 connection opening or of the request's first byte (408, closed), and stay under
 ``max_request_head_bytes`` (431, closed): httptools itself bounds neither.
+
+Past the per-process connection limit (uvicorn's ``limit_concurrency``), a request gets 503 in the API's
+error shape (code ``gateway_connection_limit``) with ``Retry-After``, not uvicorn's plain-text page.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+
+from gateway.errors import OpenAIError
 
 log = logging.getLogger("sluice.gateway.clients")
 
@@ -117,6 +124,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_deadline()
         super().on_headers_complete()
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # NOTE: past limit_concurrency uvicorn runs its plain-text 503 app: answer in the API's shape.
+        super()._start_asgi_task(cycle, _over_capacity if app is service_unavailable else app)
+
     def _count_head_bytes(self, num_bytes: int) -> None:
         self._num_head_bytes += num_bytes
         if self._num_head_bytes > self.limits.max_head_bytes:
@@ -163,6 +174,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             )
         )
         self.transport.close()
+
+
+_OVER_CAPACITY = OpenAIError(
+    503,
+    "This gateway is at its connection limit; retry shortly.",
+    type="server_error",
+    code="gateway_connection_limit",
+    retry_after_s=1.0,
+)
+
+
+async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
+    """The answer past the per-process connection limit: the OpenAI error shape and a Retry-After, so the
+    official SDKs back off and retry."""
+    body = json.dumps(_OVER_CAPACITY.body()).encode()
+    headers = [(name.lower().encode(), value.encode()) for name, value in _OVER_CAPACITY.headers().items()]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": _OVER_CAPACITY.status_code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def guarded_protocol(limits: ClientLimits) -> type[GuardedHttpToolsProtocol]:

@@ -142,3 +142,20 @@ def test_a_request_head_over_the_bound_is_refused(gateway: RunningGateway) -> No
     # A head under the bound is served as usual.
     with gateway.http() as http:
         assert http.get("/healthz", headers={"X-Padding": "a" * 1024}).status_code == 200
+
+
+def test_past_the_connection_limit_a_request_gets_an_api_shaped_503(
+    dev_checkpoint: Path, tmp_path: Path, engine: ScriptedFakeEngine
+) -> None:
+    gateway = start_gateway(tmp_path, dev_checkpoint, engine=engine, max_connections=2)
+    idle = [_connect(gateway) for _ in range(2)]  # connected, nothing sent: they count all the same
+    try:
+        with gateway.http() as http:
+            resp = http.get("/v1/models", headers={"Authorization": f"Bearer {ACME_KEY}"})
+        assert resp.status_code == 503
+        assert resp.json()["error"]["code"] == "gateway_connection_limit"
+        assert resp.headers["retry-after"] == "1" and resp.headers["retry-after-ms"] == "1000"
+    finally:
+        for sock in idle:
+            sock.close()
+        gateway.stop()
