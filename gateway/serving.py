@@ -3,7 +3,8 @@
 
 The server: uvicorn's httptools protocol with the client limits of ``gateway.slow_clients`` (write
 deadline, bounded send buffers, request-head timeout and size), uvicorn's keep-alive timeout, and a
-per-process bound on connections and requests (``limit_concurrency``: over it, 503). uvicorn's
+per-process bound on connections and requests (``limit_concurrency``: over it, 503), and a grace period
+at shutdown (``shutdown_grace_s``) after which streams still running are cancelled. uvicorn's
 ``h11_max_incomplete_event_size`` does not apply: the protocol is httptools, bounded by
 ``max_request_head_bytes`` instead. No access log: every request is in the telemetry file and the
 metrics, and a line per request would bury what the log is for.
@@ -51,6 +52,7 @@ def uvicorn_config(app: Litestar, settings: Settings, *, uvicorn_log_level: str 
         http=guarded_protocol(client_limits(settings)),
         timeout_keep_alive=settings.keep_alive_timeout_s,
         limit_concurrency=settings.max_connections,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
         lifespan="on",
         access_log=False,
         log_level=uvicorn_log_level,

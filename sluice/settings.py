@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # Per gateway process, connections and requests each; over it a new request gets 503. Keep it under the
     # process's open-file limit (ulimit -n), which the database and Redis pools share.
     max_connections: int = Field(512, ge=1, le=1_000_000)
+    # SIGTERM/SIGINT: streams still running this long after the gateway stopped accepting are cancelled
+    # (each metered as cancelled by its own ending), so a restart never waits out a long batch request.
+    shutdown_grace_s: int = Field(30, ge=0, le=3600)
 
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
     batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"

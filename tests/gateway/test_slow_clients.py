@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,27 @@ def test_past_the_connection_limit_a_request_gets_an_api_shaped_503(
         for sock in idle:
             sock.close()
         gateway.stop()
+
+
+def test_a_shutdown_cancels_and_meters_streams_still_running_after_its_grace(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    # A stream that would run for ~20 s; the gateway is told to stop 0.5 s in, with 1 s of grace.
+    engine = ScriptedFakeEngine(TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0], interval_s=0.01)
+    gateway = start_gateway(
+        tmp_path, dev_checkpoint, engine=engine, max_output_tokens=LONG_MAX_TOKENS, shutdown_grace_s=1
+    )
+    stream = gateway.client().completions.create(
+        model=MODEL, prompt="Tell me everything.", max_tokens=LONG_MAX_TOKENS, stream=True
+    )
+    request_id = next(iter(stream)).id
+    time.sleep(0.5)
+    started_s = time.monotonic()
+    gateway.stop()
+    assert not gateway.thread.is_alive() and time.monotonic() - started_s < 10
+    with sqlite3.connect(tmp_path / "sluice.db") as db:
+        status, output_tokens = db.execute(
+            "SELECT status, output_tokens FROM usage WHERE request_id = ?", (request_id,)
+        ).fetchone()
+    assert status == "cancelled" and 0 < output_tokens < LONG_MAX_TOKENS
+    assert request_id in engine.cancelled
