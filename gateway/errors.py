@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import ResponseSpec
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from gateway.metrics import GatewayMetrics
@@ -138,3 +140,42 @@ def exception_handlers(metrics: GatewayMetrics) -> dict[Any, Any]:
         )
 
     return {OpenAIError: on_openai, HTTPException: on_http, Exception: on_other}
+
+
+# ----- the error responses, as the OpenAPI schema declares them -----
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+_MEANINGS = {
+    400: "Invalid request (`code`: null for a malformed body, or `unsupported_parameter`, "
+    "`unknown_parameter`, `context_length_exceeded`, `json_too_deep`, `content_filter`, "
+    "`invalid_idempotency_key`, `request_exceeds_token_budget`); `param` names the field.",
+    401: "`invalid_api_key`: no key, or one no tenant has.",
+    403: "`service_tier_not_allowed`: this key may not use that class.",
+    404: "`model_not_found`.",
+    409: "`idempotency_key_in_progress`: an attempt with this key is running; retry after it ends.",
+    413: "`request_too_large`: the body is over the gateway's limit.",
+    422: "`idempotency_key_reused`: the key was used with another body.",
+    429: "`tokens_per_minute_exceeded`, `concurrent_requests_exceeded` (this tenant's limits) or "
+    "`service_overloaded` (the queue cannot start it before its deadline); with `Retry-After` and "
+    "`retry-after-ms`.",
+    503: "A dependency cannot answer now (`replica_unavailable`, `tenant_store_unavailable`, "
+    "`quota_store_unavailable`, `idempotency_store_unavailable`, `safety_classifier_unavailable`) or the "
+    "gateway is at its connection limit (`gateway_connection_limit`); with `Retry-After`.",
+}
+
+
+def error_responses(*status_codes: int) -> dict[int, ResponseSpec]:
+    """The ``responses`` of a route handler: each status code with the error body and what it means."""
+    return {
+        code: ResponseSpec(data_container=ErrorBody, description=_MEANINGS[code], generate_examples=False)
+        for code in status_codes
+    }

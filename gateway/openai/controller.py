@@ -20,7 +20,7 @@ from litestar.params import HeaderParameter, JSONBody
 from litestar.response import Stream
 
 from gateway.auth import require_tenant, tenant_of
-from gateway.errors import OpenAIError, content_filtered, invalid_request
+from gateway.errors import OpenAIError, content_filtered, error_responses, invalid_request
 from gateway.openai.admission import admit_chat, admit_completion
 from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
@@ -299,13 +299,21 @@ async def _refuse_unknown_fields(request: Request[Any, Any, Any], struct: type[m
         )
 
 
+_COMPLETION_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)
+
+
 class OpenAIController(Controller):
     path = "/v1"
     guards = [require_tenant]  # noqa: RUF012 — Litestar's declaration style
     tags = ["OpenAI"]  # noqa: RUF012
     request_class = BoundedJSONRequest  # refuses JSON nested deeper than MAX_JSON_DEPTH, before decoding
 
-    @post("/chat/completions", status_code=200, description=f"{parameters_doc(chat=True)}\n\n{_RETRIES}")
+    @post(
+        "/chat/completions",
+        status_code=200,
+        description=f"{parameters_doc(chat=True)}\n\n{_RETRIES}",
+        responses=_COMPLETION_ERRORS,
+    )
     async def chat_completions(
         self,
         request: Request[Any, Any, Any],
@@ -319,7 +327,12 @@ class OpenAIController(Controller):
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
 
-    @post("/completions", status_code=200, description=f"{parameters_doc(chat=False)}\n\n{_RETRIES}")
+    @post(
+        "/completions",
+        status_code=200,
+        description=f"{parameters_doc(chat=False)}\n\n{_RETRIES}",
+        responses=_COMPLETION_ERRORS,
+    )
     async def completions(
         self,
         request: Request[Any, Any, Any],
@@ -333,7 +346,7 @@ class OpenAIController(Controller):
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)
 
-    @get("/models")
+    @get("/models", responses=error_responses(401, 503))
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
         gw: GatewayState = request.app.state.gw
         tenant = tenant_of(request)

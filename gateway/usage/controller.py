@@ -12,7 +12,7 @@ from litestar import Controller, Request, get
 from litestar.params import FromQuery
 
 from gateway.auth import require_tenant, tenant_of
-from gateway.errors import invalid_request
+from gateway.errors import error_responses, invalid_request
 from gateway.state import GatewayState
 
 
@@ -77,7 +77,7 @@ class UsageController(Controller):
     guards = [require_tenant]  # noqa: RUF012
     tags = ["Usage"]  # noqa: RUF012
 
-    @get("/")
+    @get("/", responses=error_responses(400, 401, 503))
     async def usage(
         self,
         request: Request[Any, Any, Any],
