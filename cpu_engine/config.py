@@ -12,6 +12,18 @@ from typing import Any, Literal
 # stored as bf16, halving the bytes attention reads, math still float32) or "float32" (numpy/BLAS and a
 # float32 cache: numerically the reference, which the parity tests against transformers use).
 LinearDType = Literal["float32", "bfloat16"]
+# What a configuration may ask for: a LinearDType, or "auto": bfloat16 where the CPU has AVX-512 BF16 or
+# AMX-BF16 (and the kernel was built for it), float32 elsewhere, where the portable bf16 path is slower
+# than float32 (cpu_engine/cpu_features.py decides; LLMEngine.dtype_choice says what it chose and why).
+DTypeSetting = Literal["auto", "float32", "bfloat16"]
+DTYPE_SETTINGS: tuple[DTypeSetting, ...] = ("auto", "float32", "bfloat16")
+
+
+def check_dtype_setting(value: str) -> DTypeSetting:
+    """``value`` if it is one of DTYPE_SETTINGS, else ValueError naming the allowed values."""
+    if value not in DTYPE_SETTINGS:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_SETTINGS)}; got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,7 @@ class ModelConfig:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token occupies across all layers with float32 keys and values (half
-        that with EngineConfig.dtype "bfloat16")."""
+        that when the engine runs in bfloat16)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
 
 
@@ -83,8 +95,8 @@ class ModelConfig:
 class EngineConfig:
     """Knobs of the step loop. Budgets are in tokens, sizes in blocks, times in milliseconds."""
 
-    # Number format of the linear layers and the KV cache (see LinearDType).
-    dtype: LinearDType = "bfloat16"
+    # Number format of the linear layers and the KV cache (see LinearDType and DTypeSetting).
+    dtype: DTypeSetting = "auto"
     block_size_tokens: int = 16
     num_kv_blocks: int = 2048
     # Tokens processed per step (decode tokens + prefill chunks): bounds one step's time.
@@ -99,8 +111,7 @@ class EngineConfig:
     step_ms_buckets: tuple[float, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        check_dtype_setting(self.dtype)
         if self.block_size_tokens <= 0 or self.num_kv_blocks <= 0:
             raise ValueError("block_size_tokens and num_kv_blocks must be positive")
         if self.step_token_budget < 1 or self.max_num_running < 1:

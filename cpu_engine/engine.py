@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpu_engine.block_pool import BlockPool
-from cpu_engine.config import EngineConfig, ModelConfig
+from cpu_engine.config import EngineConfig, LinearDType, ModelConfig
+from cpu_engine.cpu_features import DTypeChoice, detect_dtype
 from cpu_engine.model import KVCache, LlamaModel
 from cpu_engine.runner import ModelRunner
 from cpu_engine.sampling import PriorityClass, SamplingParams
@@ -34,14 +35,16 @@ class LLMEngine:
     def __init__(self, model_config: ModelConfig, weights: LlamaWeights, config: EngineConfig) -> None:
         self.model_config = model_config
         self.config = config
+        # "auto" becomes bfloat16 or float32 here, from this CPU's flags (see cpu_engine.cpu_features).
+        self.dtype_choice: DTypeChoice = detect_dtype(config.dtype)
         self.block_pool = BlockPool(
             config.num_kv_blocks, config.block_size_tokens, config.enable_prefix_cache
         )
         self.kv_cache = KVCache(
-            model_config, config.num_kv_blocks, config.block_size_tokens, dtype=config.dtype
+            model_config, config.num_kv_blocks, config.block_size_tokens, dtype=self.dtype
         )
         self.runner = ModelRunner(
-            LlamaModel(model_config, weights, self.kv_cache, config.dtype), config.block_size_tokens
+            LlamaModel(model_config, weights, self.kv_cache, self.dtype), config.block_size_tokens
         )
         self.scheduler = Scheduler(
             config,
@@ -61,6 +64,11 @@ class LLMEngine:
     def from_checkpoint(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         model_config = ModelConfig.from_checkpoint(path)
         return cls(model_config, load_llama_weights(path, model_config), config or EngineConfig())
+
+    @property
+    def dtype(self) -> LinearDType:
+        """The number format the engine runs in (``config.dtype`` with "auto" resolved)."""
+        return self.dtype_choice.dtype
 
     # ----- requests -----
     def add_request(
@@ -158,4 +166,6 @@ class LLMEngine:
             step_ms_bounds=self.step_ms.bounds_ms,
             step_ms_counts=tuple(self.step_ms.counts),
             step_ms_sum=self.step_ms.sum_ms,
+            dtype=self.dtype,
+            cpu_flags=self.dtype_choice.cpu_flags_label,
         )

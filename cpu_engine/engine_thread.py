@@ -141,6 +141,7 @@ class EngineThread:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        log.info("%s started: %s", name, engine.dtype_choice.describe())
 
     # ----- callers' side (any thread) -----
     def submit(

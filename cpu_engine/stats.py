@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 KV_CACHE_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 REQUEST_FAMILY = "nv_trt_llm_request_metrics"
+# A gauge that is always 1, labelled with the engine's dtype and the CPU flags it was chosen from.
+ENGINE_INFO_FAMILY = "sluice_engine_info"
 
 
 class StepTimeHistogram:
@@ -62,6 +64,8 @@ class EngineStats:
     step_ms_bounds: tuple[float, ...] = ()
     step_ms_counts: tuple[int, ...] = field(default=())
     step_ms_sum: float = 0.0
+    dtype: str = ""  # the number format the engine runs in ("float32" or "bfloat16")
+    cpu_flags: str = ""  # the CPU flags that choice was based on (DTypeChoice.cpu_flags_label)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

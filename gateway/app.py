@@ -65,6 +65,7 @@ def create_app(
         triton_grpc_url=settings.triton_grpc_url,
         triton_metrics_url=settings.triton_metrics_url,
         checkpoint_dir=settings.checkpoint_dir,
+        engine_dtype=settings.engine_dtype,
     )
     codec = codec or TextCodec.from_checkpoint(settings.checkpoint_dir)
     metrics = GatewayMetrics()

@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
     model_name: str = "sluice-tiny"
     checkpoint_dir: Path  # default <state_dir>/models/<model_name>
+    # The CPU engine's number format (the in-process engine, and the Triton model `make run` renders):
+    # auto = bfloat16 where the CPU has AVX-512 BF16 or AMX-BF16, float32 elsewhere (faster there).
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     # Deterministic limits, checked before any engine work.
     max_prompt_tokens: int = Field(1536, ge=1, le=1_000_000)

@@ -20,17 +20,22 @@ def open_engine_client(
     triton_grpc_url: str = "",
     triton_metrics_url: str | None = None,
     checkpoint_dir: Path | None = None,
+    engine_dtype: str = "auto",
 ) -> EngineClient:
+    """The client for ``kind``. ``engine_dtype`` is the in-process engine's number format (a Triton
+    replica's comes from its model repository's ``dtype`` parameter)."""
     if kind == "triton":
         from sluice.engine_client.triton import TritonEngineClient
 
         client: EngineClient = TritonEngineClient(triton_grpc_url, model_name, metrics_url=triton_metrics_url)
     elif kind == "inprocess":
+        from cpu_engine.config import EngineConfig, check_dtype_setting
         from sluice.engine_client.inprocess import InProcessEngineClient
 
         if checkpoint_dir is None:
             raise ValueError("engine_client 'inprocess' needs checkpoint_dir")
-        client = InProcessEngineClient(checkpoint_dir, model_name)
+        config = EngineConfig(dtype=check_dtype_setting(engine_dtype))
+        client = InProcessEngineClient(checkpoint_dir, model_name, config)
     else:
         raise ValueError(f"engine_client must be one of {ENGINE_CLIENTS}, got {kind!r}")
     log.info("engine client: %s (replica %s, model %s)", client.kind, client.replica, model_name)

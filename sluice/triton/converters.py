@@ -46,7 +46,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from cpu_engine.config import EngineConfig
+from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
 from cpu_engine.engine_thread import StreamDelta
 from cpu_engine.sampling import PriorityClass, SamplingParams
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
@@ -216,7 +216,11 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
     if not checkpoint:
         raise ValueError("model parameter 'checkpoint_dir' is missing")
     target = values.get("target_step_ms", "")
+    dtype = _parse(values, "dtype", str)
+    if dtype not in DTYPE_SETTINGS:
+        raise ValueError(f"model parameter 'dtype' must be one of {', '.join(DTYPE_SETTINGS)}, got {dtype!r}")
     engine = EngineConfig(
+        dtype=dtype,
         block_size_tokens=_parse(values, "block_size_tokens", int),
         num_kv_blocks=_parse(values, "num_kv_blocks", int),
         step_token_budget=_parse(values, "step_token_budget", int),

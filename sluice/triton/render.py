@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from string import Template
 
-from cpu_engine.config import EngineConfig
+from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
+from sluice.settings import get_settings
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
 SAFETY_SOURCE_DIR = SOURCE_DIR.parent / "safety_classifier"
@@ -65,6 +66,8 @@ class CpuEngineModelSettings:
     block_size_tokens: int = EngineConfig.block_size_tokens
     step_token_budget: int = EngineConfig.step_token_budget
     max_num_running: int = EngineConfig.max_num_running
+    # auto: bfloat16 where the CPU has AVX-512 BF16 or AMX-BF16, float32 elsewhere (decided at load).
+    dtype: DTypeSetting = EngineConfig.dtype
     target_step_ms: float | None = None
     stats_interval_ms: float = 100.0
     # 0: check every live request for cancellation once per engine step.
@@ -80,6 +83,7 @@ class CpuEngineModelSettings:
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise ValueError("target_step_ms must be positive when set")
         EngineConfig(  # the engine's own checks, at render time rather than at model load
+            dtype=self.dtype,
             block_size_tokens=self.block_size_tokens,
             num_kv_blocks=self.num_kv_blocks,
             step_token_budget=self.step_token_budget,
@@ -152,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-token-budget", type=int, default=CpuEngineModelSettings.step_token_budget)
     parser.add_argument("--max-num-running", type=int, default=CpuEngineModelSettings.max_num_running)
     parser.add_argument("--target-step-ms", type=float, default=None)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_SETTINGS,
+        default=None,
+        help="the engine's number format (default: SLUICE_ENGINE_DTYPE, else auto)",
+    )
     parser.add_argument("--cancellation-check-period-ms", type=float, default=0.0)
     parser.add_argument(
         "--safety-classifier",
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         step_token_budget=args.step_token_budget,
         max_num_running=args.max_num_running,
         target_step_ms=args.target_step_ms,
+        dtype=args.dtype or get_settings().engine_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,
     )
     print(render_model_repository(args.out, settings))

@@ -108,6 +108,21 @@ def test_out_of_range_values_fail_naming_the_variable(
     assert name in str(exc.value) and fragment in str(exc.value)
 
 
+def test_engine_dtype_is_auto_unless_set_and_an_unknown_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert get_settings().engine_dtype == "auto"
+    monkeypatch.setenv("SLUICE_ENGINE_DTYPE", "float32")
+    get_settings.cache_clear()
+    assert get_settings().engine_dtype == "float32"
+    monkeypatch.setenv("SLUICE_ENGINE_DTYPE", "fp16")
+    get_settings.cache_clear()
+    with pytest.raises(SettingsError) as exc:
+        get_settings()
+    assert "SLUICE_ENGINE_DTYPE='fp16'" in str(exc.value)
+    assert "'auto', 'float32' or 'bfloat16'" in str(exc.value)
+
+
 def test_default_max_tokens_must_fit_max_output_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_DEFAULT_MAX_TOKENS", "600")
     with pytest.raises(SettingsError, match="default_max_tokens"):

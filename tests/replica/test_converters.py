@@ -158,6 +158,7 @@ def _params(**overrides: str) -> dict[str, dict[str, str]]:
         "target_step_ms": "",
         "stats_interval_ms": "100",
         "cancellation_check_period_ms": "0",
+        "dtype": "auto",
     } | overrides
     return {k: {"string_value": v} for k, v in raw.items()}
 
@@ -172,6 +173,18 @@ def test_parameters_parse_into_an_engine_config() -> None:
         parameters_from_config(_params(num_kv_blocks="lots"))
     with pytest.raises(ValueError, match="'max_num_running' is missing"):
         parameters_from_config({k: v for k, v in _params().items() if k != "max_num_running"})
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32", "bfloat16"])
+def test_the_dtype_parameter_reaches_the_engine_config(dtype: str) -> None:
+    assert parameters_from_config(_params(dtype=dtype)).engine.dtype == dtype
+
+
+def test_a_missing_or_unknown_dtype_parameter_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="model parameter 'dtype' must be one of auto, float32, bfloat16"):
+        parameters_from_config(_params(dtype="fp16"))
+    with pytest.raises(ValueError, match="'dtype' is missing"):
+        parameters_from_config({k: v for k, v in _params().items() if k != "dtype"})
 
 
 def test_stats_become_trt_llm_gauges_and_sluice_counters() -> None:
@@ -201,7 +214,9 @@ def test_fill_template_refuses_unknown_and_missing_keys() -> None:
 
 
 def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
-    settings = CpuEngineModelSettings(checkpoint_dir=tmp_path / "ckpt", num_kv_blocks=99, target_step_ms=30)
+    settings = CpuEngineModelSettings(
+        checkpoint_dir=tmp_path / "ckpt", num_kv_blocks=99, target_step_ms=30, dtype="float32"
+    )
     model_dir = render_model_repository(tmp_path / "repo", settings)
     assert model_dir == tmp_path / "repo" / "sluice-tiny"
     assert (model_dir / "1" / "model.py").is_file()
@@ -218,6 +233,8 @@ def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
     )
     assert parsed.checkpoint_dir == (tmp_path / "ckpt").resolve()
     assert parsed.engine.num_kv_blocks == 99 and parsed.engine.target_step_ms == 30.0
+    assert parsed.engine.dtype == "float32"
+    assert CpuEngineModelSettings(checkpoint_dir=tmp_path).dtype == "auto"  # the default
     # Rendering again replaces the folder whole.
     (model_dir / "stale.txt").write_text("x")
     render_model_repository(tmp_path / "repo", settings)
@@ -229,3 +246,5 @@ def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
         CpuEngineModelSettings(checkpoint_dir=tmp_path, model_name="bad name")
     with pytest.raises(ValueError, match="num_kv_blocks"):
         CpuEngineModelSettings(checkpoint_dir=tmp_path, num_kv_blocks=0)
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16; got 'fp16'"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, dtype="fp16")  # type: ignore[arg-type]

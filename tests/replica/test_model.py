@@ -144,6 +144,7 @@ def model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
         "target_step_ms": "",
         "stats_interval_ms": "10",
         "cancellation_check_period_ms": "0",
+        "dtype": "auto",
     }
     config = {
         "model_transaction_policy": {"decoupled": True},
@@ -241,6 +242,25 @@ def test_engine_stats_reach_the_metric_families(model: Any) -> None:
     assert families["sluice_engine_generated_tokens_total"].value() == 8
     assert families["sluice_engine_steps_total"].value() >= 8
     assert kv.value(kv_cache_block_type="used") == 0
+
+
+def test_the_dtype_choice_is_exported_as_an_info_metric(model: Any) -> None:
+    """The model reads the dtype parameter ("auto" here), and exports what the engine chose from it and the
+    CPU flags it chose from (whatever this machine has) as labels of a gauge that is always 1."""
+    choice = model._dtype_choice
+    assert choice.requested == "auto" and choice.dtype in ("float32", "bfloat16")
+    info = FakeMetricFamily.created["sluice_engine_info"]
+    assert info.kind == "GAUGE"
+    [metric] = info.metrics
+    assert metric.value == 1.0
+    assert metric.labels == {
+        "model": "sluice-tiny",
+        "version": "1",
+        "dtype": choice.dtype,
+        "requested_dtype": "auto",
+        "cpu_flags": choice.cpu_flags_label,
+        "bf16_kernel": choice.bf16_kernel,
+    }
 
 
 def test_finalize_ends_live_requests_with_an_error(model: Any) -> None:

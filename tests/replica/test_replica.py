@@ -16,6 +16,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from cpu_engine.config import EngineConfig
+from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
 from sluice.triton.client import GenerateStream, TokenChunk, to_infer_inputs
@@ -217,6 +218,13 @@ def test_metrics_families_are_exported(
     ):
         read_metric(replica, name)
     assert read_metric(replica, "sluice_engine_steps_total") > 0
+
+
+def test_the_engine_dtype_and_cpu_flags_are_a_metric_label(replica: TritonServer) -> None:
+    """The replica runs on this machine, so its "auto" resolves as detect_dtype does here (any CPU)."""
+    choice = detect_dtype("auto")
+    labels = {"dtype": choice.dtype, "requested_dtype": "auto", "cpu_flags": choice.cpu_flags_label}
+    assert read_metric(replica, "sluice_engine_info", model=MODEL_NAME, **labels) == 1.0
 
 
 def test_concurrent_streams_all_finish(aio: Aio, replica: TritonServer) -> None:

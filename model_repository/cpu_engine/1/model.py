@@ -30,7 +30,7 @@ import triton_python_backend_utils as pb_utils
 
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, StreamError
-from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
+from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.triton.converters import (
     COUNTER_FAMILIES,
     INPUT_NAMES,
@@ -54,6 +54,7 @@ _GAUGE_DESCRIPTIONS = {
     KV_CACHE_FAMILY: "KV cache blocks (max, free, used, tokens_per block, fraction used)",
     REQUEST_FAMILY: "Requests (active, scheduled, context, waiting, max running)",
 }
+_INFO_DESCRIPTION = "1, labelled with the engine's dtype and the CPU flags and kernel it was chosen from"
 
 
 @dataclass
@@ -75,6 +76,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("the CPU engine model must be decoupled")
         params = parameters_from_config(config.get("parameters", {}))
         engine = LLMEngine.from_checkpoint(params.checkpoint_dir, params.engine)
+        self._dtype_choice = engine.dtype_choice
         self._vocab_size = engine.model_config.vocab_size
         self._max_context_tokens = engine.model_config.max_position_embeddings
         instance = args["model_instance_name"]
@@ -85,7 +87,10 @@ class TritonPythonModel:
         self._senders = [
             _Sender(self._engine, f"sender{i}-{instance}", check_period_s) for i in range(_NUM_SENDERS)
         ]
-        self._metrics = _MetricsExporter(args["model_name"], args["model_version"], self._engine.stats())
+        info_labels = self._dtype_choice.metric_labels()
+        self._metrics = _MetricsExporter(
+            args["model_name"], args["model_version"], self._engine.stats(), info_labels
+        )
         self._stopping = threading.Event()
         self._metrics_thread = threading.Thread(
             target=self._metrics_loop, args=(params.stats_interval_ms / 1000.0,),
@@ -94,7 +99,7 @@ class TritonPythonModel:
         self._metrics_thread.start()
         pb_utils.Logger.log_info(
             f"CPU engine loaded from {params.checkpoint_dir}: {params.engine.num_kv_blocks} KV blocks "
-            f"of {params.engine.block_size_tokens} tokens"
+            f"of {params.engine.block_size_tokens} tokens; {self._dtype_choice.describe()}"
         )
 
     def execute(self, requests: list[Any]) -> None:
@@ -245,7 +250,9 @@ class _Sender:
 class _MetricsExporter:
     """Engine stats as Triton custom metrics: TensorRT-LLM's gauge families plus Sluice's counters."""
 
-    def __init__(self, model_name: str, model_version: str, stats: EngineStats) -> None:
+    def __init__(
+        self, model_name: str, model_version: str, stats: EngineStats, info_labels: dict[str, str]
+    ) -> None:
         labels = {"model": model_name, "version": model_version}
         gauge = pb_utils.MetricFamily.GAUGE
         counter = pb_utils.MetricFamily.COUNTER
@@ -265,6 +272,12 @@ class _MetricsExporter:
             for key in gauge_values(stats)
         }
         self._counters = {name: self._families[name].Metric(labels=labels) for name in COUNTER_FAMILIES}
+        # Always 1: the labels carry the engine's dtype and the CPU flags it was chosen from.
+        self._families[ENGINE_INFO_FAMILY] = pb_utils.MetricFamily(
+            name=ENGINE_INFO_FAMILY, description=_INFO_DESCRIPTION, kind=gauge
+        )
+        self._info = self._families[ENGINE_INFO_FAMILY].Metric(labels={**labels, **info_labels})
+        self._info.set(1.0)
         self._last_totals = dict.fromkeys(COUNTER_FAMILIES, 0.0)
         self.update(stats)
 
