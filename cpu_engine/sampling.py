@@ -20,10 +20,13 @@ TOP_P_TOLERANCE = 1e-9
 
 
 class PriorityClass(IntEnum):
-    """Lower value = served first. Interactive work preempts batch work, never the reverse."""
+    """Lower value = served first. A waiting sequence preempts running ones of a strictly lower class
+    (higher value) to be admitted, never ones of its own class or above. The gateway picks the class
+    from the request's class and its tenant's standing (``sluice.policy.dispatch.engine_priority``)."""
 
-    INTERACTIVE = 0
-    BATCH = 1
+    INTERACTIVE = 0  # interactive, its tenant within its fair share
+    OVER_SHARE = 1  # interactive, its tenant over its fair share (or borrowing idle capacity)
+    BATCH = 2
 
 
 @dataclass(frozen=True)

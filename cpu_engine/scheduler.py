@@ -4,6 +4,13 @@ One step = decode tokens for running sequences + prefill chunks, all under one t
 sequences are served first (so a long prompt never stalls the batch); waiting ones are admitted while the
 KV pool can hold their prompt + max_tokens. When blocks run short mid-flight, the lowest-priority, most
 recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
+
+Priority classes (``PriorityClass``, lower value first): waiting sequences are admitted class by class, and
+a waiting sequence that finds the running cap or the KV pool full preempts running sequences of a strictly
+LOWER class (lowest class, then most recently admitted, first) if that makes room for it. Equal classes
+never preempt each other. A victim is recomputed when it comes back, mostly from the prefix cache; it is
+then safe from this kind of preemption until it has made ``PRIORITY_GRACE_TOKENS`` new tokens, so a stream
+of high-priority arrivals cannot keep one sequence recomputing forever.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.sampling import PriorityClass
 from cpu_engine.sequence import FinishReason, Sequence, SequenceStatus
 
+# New tokens a sequence preempted to admit a higher class makes before it can be chosen for that again.
+PRIORITY_GRACE_TOKENS = 8
+
 
 @dataclass
 class SchedulerOutput:
@@ -26,6 +36,7 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_preempted: int = 0
+    num_preempted_for_priority: int = 0  # of num_preempted: to admit a higher class, not for memory
 
     @property
     def is_empty(self) -> bool:
@@ -90,8 +101,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.step_token_budget
-        # Decode first (one token each), then running prefills: the batch keeps moving every step.
-        ordered = sorted(self.running, key=lambda s: (s.in_prefill, s.admitted_order))
+        # Decode first (one token each), then running prefills by class: the batch keeps moving every step.
+        ordered = sorted(self.running, key=lambda s: (s.in_prefill, s.priority, s.admitted_order))
         for seq in ordered:
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
@@ -102,7 +113,7 @@ class Scheduler:
             self.block_pool.allocate(seq, num_new)
             out.scheduled.append((seq, num_new))
             budget -= num_new
-        if out.num_preempted == 0:
+        if out.num_preempted == 0:  # after a preemption for memory, admit nothing new this step
             self._admit(out, budget)
         for seq, num_new in out.scheduled:
             if seq.num_tokens - seq.num_computed_tokens > 1:
@@ -136,13 +147,16 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         for priority in PriorityClass:
             queue = self.waiting[priority]
-            while queue and budget > 0 and len(self.running) < self.running_cap:
+            while queue and budget > 0:
                 seq = queue[0]
                 cached = self.block_pool.find_cached_prefix(seq)
                 remaining_output = seq.params.max_tokens - seq.num_output_tokens
                 reserved = min(seq.num_tokens + remaining_output, self.max_model_len)
-                if not self.block_pool.can_admit(cached, reserved, self.num_watermark_blocks):
-                    return  # head-of-line: later arrivals must not overtake a big request forever
+                if not self._has_room(cached, reserved, 0, 0):
+                    returned = self._preempt_for(seq, cached, reserved, out)
+                    if returned is None:
+                        return  # head-of-line: later arrivals must not overtake a big request forever
+                    budget += returned
                 self.block_pool.admit(seq, cached)
                 num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 if not self.block_pool.can_allocate(seq, num_new):
@@ -157,6 +171,61 @@ class Scheduler:
                 out.scheduled.append((seq, num_new))
                 budget -= num_new
 
+    def _has_room(self, cached: list[int], num_reserved_tokens: int, num_fewer: int, num_freed: int) -> bool:
+        """Whether a sequence with prefix hits ``cached`` and ``num_reserved_tokens`` fits under the running
+        cap and in the KV pool, with ``num_fewer`` sequences fewer running and ``num_freed`` more blocks
+        free (the same test as ``BlockPool.can_admit``)."""
+        if len(self.running) - num_fewer >= self.running_cap:
+            return False
+        pool = self.block_pool
+        num_needed = pool.blocks_for_tokens(num_reserved_tokens) - len(cached)
+        num_revived = sum(1 for b in cached if pool.ref_counts[b] == 0)
+        return pool.num_free_blocks + num_freed - num_revived - num_needed >= self.num_watermark_blocks
+
+    def _preempt_for(
+        self, seq: Sequence, cached: list[int], num_reserved_tokens: int, out: SchedulerOutput
+    ) -> int | None:
+        """Preempt running sequences of a strictly lower class than waiting ``seq`` (lowest class, then
+        most recently admitted, first) until ``seq`` fits; the budget the victims hand back, or None
+        (nothing preempted) if even every eligible victim would not make room.
+
+        NOTE: only blocks a victim holds alone count as freed, and blocks of ``seq``'s own prefix hits
+        not at all (freeing one revives it), so the estimate never promises room that is not there."""
+        eligible = sorted(
+            (
+                s
+                for s in self.running
+                if s.priority > seq.priority and s.num_tokens >= s.protected_until_num_tokens
+            ),
+            key=lambda s: (s.priority, s.admitted_order),
+            reverse=True,
+        )
+        hits = set(cached)
+        ref_counts = self.block_pool.ref_counts
+        victims: list[Sequence] = []
+        num_freed = 0
+        while not self._has_room(cached, num_reserved_tokens, len(victims), num_freed):
+            if len(victims) == len(eligible):
+                return None
+            victim = eligible[len(victims)]
+            victims.append(victim)
+            num_freed += sum(1 for b in victim.block_table if ref_counts[b] == 1 and b not in hits)
+        returned = 0
+        for victim in victims:
+            returned += self._unschedule(victim, out)
+            self._preempt(victim, out)
+            victim.protected_until_num_tokens = victim.num_tokens + PRIORITY_GRACE_TOKENS
+            out.num_preempted_for_priority += 1
+        return returned
+
+    def _unschedule(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Take ``seq`` out of this step if it was scheduled; the budget it held."""
+        for i, (scheduled, num_new) in enumerate(out.scheduled):
+            if scheduled is seq:
+                del out.scheduled[i]
+                return num_new
+        return 0
+
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> int:
         """Preempt until ``seq`` can write ``num_new`` tokens; returns the budget handed back by victims.
 
@@ -167,11 +236,7 @@ class Scheduler:
         returned = 0
         while not self.block_pool.can_allocate(seq, num_new):
             victim = max(self.running, key=lambda s: (s.priority, s.admitted_order))
-            for i, (scheduled, n) in enumerate(out.scheduled):
-                if scheduled is victim:
-                    del out.scheduled[i]
-                    returned += n
-                    break
+            returned += self._unschedule(victim, out)
             self._preempt(victim, out)
             if victim is seq:
                 break

@@ -56,6 +56,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the full blocks committed to the prefix cache
         self.num_preemptions = 0
+        # Not preempted to admit a higher class again until it holds this many tokens (the scheduler's
+        # grace after such a preemption: every readmission makes progress).
+        self.protected_until_num_tokens = 0
         self.admitted_order = -1  # set by the scheduler at admission; higher = more recent
         self.generator = None if params.greedy else np.random.default_rng(params.seed)
 

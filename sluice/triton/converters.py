@@ -18,7 +18,8 @@ Inputs (all optional but the first three and ``cache_scope``):
 ``runtime_top_p``      FP32    0 or 1 is no top-p cut
 ``random_seed``        UINT64  seed for sampling
 ``stop_token_ids``     INT32   [-1] ids that end the sequence (Sluice's simple ``stop_words_list``)
-``priority``           INT32   0 interactive (default), 1 batch
+``priority``           INT32   0 interactive within its tenant's share (default), 1 interactive over it,
+                               2 batch; a class preempts lower ones to be admitted
 ``cache_scope``        BYTES   required: the tenant; prefix-cache blocks are shared only within one scope
 ``ignore_eos``         BOOL    keep generating past the EOS ids (and ``end_id``)
 =====================  ======  ==================================================================

@@ -76,8 +76,9 @@ def test_end_id_joins_the_stop_ids_unless_eos_is_ignored() -> None:
 
 
 def test_extras_priority_scope_and_streaming() -> None:
-    req = convert(priority=1, cache_scope="acme", streaming=False)
+    req = convert(priority=2, cache_scope="acme", streaming=False)
     assert req.priority is PriorityClass.BATCH and req.cache_scope == "acme" and not req.streaming
+    assert convert(priority=1, cache_scope="acme").priority is PriorityClass.OVER_SHARE
 
 
 def test_input_lengths_trims_padding() -> None:
@@ -120,7 +121,7 @@ def _edit(**changes: np.ndarray | None) -> dict[str, np.ndarray]:
         (_edit(request_output_len=np.array([[0]], np.int32)), "max_tokens must be at least 1"),
         (_edit(stop_token_ids=np.array([[VOCAB]], np.int32)), "stop_token_ids[0] = 8192"),
         (_edit(end_id=np.array([[-1]], np.int32)), "end_id[0] = -1"),
-        (_edit(priority=np.array([[3]], np.int32)), "priority must be one of [0, 1]"),
+        (_edit(priority=np.array([[3]], np.int32)), "priority must be one of [0, 1, 2]"),
         (_edit(temperature=np.array([[np.nan]], np.float32)), "temperature must be finite"),
         (_edit(temperature=np.array([[-1.0]], np.float32)), "temperature must be >= 0"),
         (_edit(runtime_top_k=np.array([[-1]], np.int32)), "top_k must be >= 0"),
