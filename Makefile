@@ -8,7 +8,7 @@ DEV_MODEL := $(STATE)/models/sluice-tiny
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install checkpoint repository run test lint bench-engine clean
+.PHONY: install checkpoint repository run test lint bench-engine clean FORCE
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c cpu_engine/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ $(DEV_MODEL)/model.safetensors: $(VENV)/.installed
 
 checkpoint: $(DEV_MODEL)/model.safetensors
 
-$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(wildcard model_repository/*/*.template model_repository/*/1/*.py)
+# Holds the SLUICE_ENGINE_DTYPE the repository was rendered with (rewritten only when it changes), so that
+# changing the variable re-renders the repository (the renderer reads it through sluice.settings).
+$(STATE)/engine_dtype: FORCE
+	@mkdir -p $(STATE) && echo "$${SLUICE_ENGINE_DTYPE:-auto}" | cmp -s - $@ || echo "$${SLUICE_ENGINE_DTYPE:-auto}" > $@
+
+$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(STATE)/engine_dtype $(wildcard model_repository/*/*.template model_repository/*/1/*.py)
 	$(PY) -m sluice.triton.render --out $(STATE)/model_repository --checkpoint-dir $(DEV_MODEL) --model-name sluice-tiny
 
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt

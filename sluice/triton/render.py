@@ -171,7 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--safety-config", type=Path, default=None, help="the classifier's rules (JSON)")
     args = parser.parse_args(argv)
-    settings = CpuEngineModelSettings(
+    try:
+        settings = _model_settings(args)
+    except ValueError as exc:  # SettingsError is one: a bad SLUICE_* variable
+        parser.error(str(exc))
+    print(render_model_repository(args.out, settings))
+    if args.safety_classifier:
+        print(render_safety_classifier(args.out, args.safety_config, args.safety_classifier))
+    return 0
+
+
+def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
+    return CpuEngineModelSettings(
         checkpoint_dir=args.checkpoint_dir,
         model_name=args.model_name,
         num_kv_blocks=args.num_kv_blocks,
@@ -182,10 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype or get_settings().engine_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,
     )
-    print(render_model_repository(args.out, settings))
-    if args.safety_classifier:
-        print(render_safety_classifier(args.out, args.safety_config, args.safety_classifier))
-    return 0
 
 
 if __name__ == "__main__":

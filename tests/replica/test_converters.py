@@ -14,6 +14,7 @@ from cpu_engine.engine_thread import StreamDelta
 from cpu_engine.sampling import PriorityClass
 from cpu_engine.sequence import FinishReason
 from cpu_engine.stats import EngineStats
+from sluice.settings import get_settings
 from sluice.triton.converters import (
     COUNTER_FAMILIES,
     INPUT_NAMES,
@@ -26,7 +27,7 @@ from sluice.triton.converters import (
     request_tensors,
     response_tensors,
 )
-from sluice.triton.render import CpuEngineModelSettings, fill_template, render_model_repository
+from sluice.triton.render import CpuEngineModelSettings, fill_template, main, render_model_repository
 
 VOCAB = 8192
 
@@ -249,3 +250,27 @@ def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
         CpuEngineModelSettings(checkpoint_dir=tmp_path, num_kv_blocks=0)
     with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16; got 'fp16'"):
         CpuEngineModelSettings(checkpoint_dir=tmp_path, dtype="fp16")  # type: ignore[arg-type]
+
+
+def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def rendered_dtype(*extra: str) -> str:
+        get_settings.cache_clear()
+        main(["--out", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--safety-classifier", "", *extra])
+        text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
+        config = text_format.Parse(text, model_config_pb2.ModelConfig())
+        return config.parameters["dtype"].string_value
+
+    monkeypatch.delenv("SLUICE_ENGINE_DTYPE", raising=False)
+    try:
+        assert rendered_dtype() == "auto"
+        monkeypatch.setenv("SLUICE_ENGINE_DTYPE", "float32")
+        assert rendered_dtype() == "float32"
+        assert rendered_dtype("--dtype", "bfloat16") == "bfloat16"  # the command line wins
+        monkeypatch.setenv("SLUICE_ENGINE_DTYPE", "fp16")
+        with pytest.raises(SystemExit):
+            rendered_dtype()
+        assert "SLUICE_ENGINE_DTYPE='fp16'" in capsys.readouterr().err
+    finally:
+        get_settings.cache_clear()
