@@ -4,7 +4,11 @@ Closed loop: C requests in flight, a new one starts when one finishes; each has 
 128-token prompt (no prefix-cache hits) and generates exactly 128 tokens (ignore_eos). The engine is
 stepped in this process's main thread, so the numbers are the engine's own.
 
-    .venv/bin/python bench/engine_bench.py --model .sluice/models/sluice-tiny --write-docs
+    .venv/bin/python -m bench.engine_bench --model .sluice/models/sluice-tiny --write-docs
+    .venv/bin/python -m bench.engine_bench --concurrency 1 32 --dtype auto bfloat16 float32
+
+``--dtype auto`` runs what the engine picks on this CPU (see cpu_engine/cpu_features.py); the CPU, the
+flags that choice was based on and the choice itself are printed above the table.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.report import pct, write_section
-from cpu_engine.config import EngineConfig, LinearDType
+from bench.report import cpu_description, pct, write_section
+from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
+from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
 
@@ -48,7 +53,7 @@ def run(
     output_len: int,
     budget: int,
     seed: int,
-    dtype: LinearDType,
+    dtype: DTypeSetting,
 ) -> Result:
     cfg = EngineConfig(
         dtype=dtype,
@@ -102,6 +107,15 @@ def run(
     )
 
 
+def machine_line() -> str:
+    """The CPU, the flags the dtype choice reads, the bf16 kernel's build and what ``--dtype auto`` picks."""
+    choice = detect_dtype("auto")
+    return (
+        f"CPU: {cpu_description()}; flags: {choice.cpu_flags_label}; bf16 kernel: {choice.bf16_kernel}; "
+        f"--dtype auto chooses {choice.dtype} ({choice.reason})."
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".sluice/models/sluice-tiny")
@@ -112,8 +126,10 @@ def main() -> None:
     ap.add_argument("--step-token-budget", type=int, default=EngineConfig.step_token_budget)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
-    ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=DTYPE_SETTINGS)
     args = ap.parse_args()
+    machine = machine_line()
+    print(machine)
     header = (
         "| linear dtype | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
         "| ITL p95 ms | step p50 ms | preemptions |"
@@ -122,6 +138,7 @@ def main() -> None:
     print("|" + "---|" * 10)
     rows, gains = [], []
     for dtype in args.dtype:
+        label = dtype if dtype != "auto" else f"auto ({detect_dtype('auto').dtype})"
         results = {}
         for c in args.concurrency:
             num_requests = max(8, args.requests_per_slot * c)
@@ -137,7 +154,7 @@ def main() -> None:
             )
             results[c] = r
             row = (
-                f"| {dtype} | {c} | {r.num_requests} | {r.output_tokens_per_s:,.0f} | "
+                f"| {label} | {c} | {r.num_requests} | {r.output_tokens_per_s:,.0f} | "
                 f"{pct(r.ttft_ms, 50):.1f} | "
                 f"{pct(r.ttft_ms, 95):.1f} | {pct(r.itl_ms, 50):.2f} | {pct(r.itl_ms, 95):.2f} | "
                 f"{r.median_step_ms:.2f} | {r.num_preemptions} |"
@@ -146,7 +163,7 @@ def main() -> None:
             print(row, flush=True)
         if 1 in results and 32 in results:
             g = results[32].output_tokens_per_s / results[1].output_tokens_per_s
-            gains.append(f"- {dtype}: batching gain (tok/s at 32 / tok/s at 1) **{g:.1f}x**")
+            gains.append(f"- {label}: batching gain (tok/s at 32 / tok/s at 1) **{g:.1f}x**")
             print(gains[-1])
     if args.write_docs:
         body = "\n".join(
@@ -154,6 +171,8 @@ def main() -> None:
                 f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({os.cpu_count()} cores); "
                 f"{args.prompt_len} prompt + {args.output_len} output tokens (ignore_eos), greedy, "
                 f"step token budget {args.step_token_budget}.",
+                "",
+                machine,
                 "",
                 "```",
                 "make bench-engine   # = .venv/bin/python -m bench.engine_bench --write-docs",

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import secrets
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from bench.report import pct, write_section
+from bench.report import cpu_description, pct, write_section
 
 Request = tuple[str, str, dict[str, str], bytes | None]  # method, path, extra headers, body
 
@@ -141,7 +139,7 @@ async def run(args: argparse.Namespace) -> list[str]:
                 f"{_gaps(gaps)} |"
             )
     return [
-        f"CPU: {_cpu()}; {args.rounds} rounds per kind, victim {args.victim_tokens} tokens, "
+        f"CPU: {cpu_description()}; {args.rounds} rounds per kind, victim {args.victim_tokens} tokens, "
         f"{args.concurrency} hostile requests at a time.",
         "",
         "| hostile traffic | requests | status codes | 5xx | victim streams failed "
@@ -158,15 +156,8 @@ def _gaps(gaps_ms: list[float]) -> str:
     return f"{pct(gaps_ms, 50):.1f} / {pct(gaps_ms, 99):.1f} / {max(gaps_ms):.1f}"
 
 
-def _cpu() -> str:
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    flags = fields.get("Flags", "")
-    avx = "AVX-512 BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "no AVX-512")
-    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} cores, {avx}"
+# The old name: bench.noisy_tenant_bench imports it (bench.report.cpu_description is the shared helper).
+_cpu = cpu_description
 
 
 def main() -> None:

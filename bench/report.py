@@ -1,8 +1,11 @@
-"""Shared by the benchmarks: percentiles, and writing a result section into docs/benchmarks.md."""
+"""Shared by the benchmarks: percentiles, the CPU they ran on, and writing a result section into
+docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import platform
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,3 +27,16 @@ def write_section(name: str, body: str, docs: Path = DOCS) -> None:
         pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     )
     docs.write_text(text)
+
+
+def cpu_description() -> str:
+    """The CPU a benchmark ran on, for beside its table: model, number of CPUs and its AVX-512 class,
+    e.g. "AMD EPYC, 2 cores, AVX-512 BF16" (from lscpu; the processor name alone without it)."""
+    try:
+        info = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    flags = fields.get("Flags", "")
+    avx = "AVX-512 BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "no AVX-512")
+    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} cores, {avx}"
