@@ -156,10 +156,6 @@ def _gaps(gaps_ms: list[float]) -> str:
     return f"{pct(gaps_ms, 50):.1f} / {pct(gaps_ms, 99):.1f} / {max(gaps_ms):.1f}"
 
 
-# The old name: bench.noisy_tenant_bench imports it (bench.report.cpu_description is the shared helper).
-_cpu = cpu_description
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8080")
