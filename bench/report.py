@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cpu_engine.cpu_features import REPORTED_FLAGS, read_cpu_flags
+
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
@@ -40,3 +42,10 @@ def cpu_description() -> str:
     flags = fields.get("Flags", "")
     avx = "AVX-512 BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "no AVX-512")
     return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} cores, {avx}"
+
+
+def cpu_flags() -> str:
+    """The CPU flags the engine's kernels and its dtype choice depend on, as sluice_engine_info labels
+    them (e.g. "avx2 fma avx512f avx512bw avx512_bf16"; "unknown" where /proc/cpuinfo cannot be read)."""
+    flags = read_cpu_flags()
+    return "unknown" if flags is None else " ".join(f for f in REPORTED_FLAGS if f in flags) or "none"

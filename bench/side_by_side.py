@@ -1,0 +1,196 @@
+"""The pure parts of the side-by-side benchmark (bench/e2e_side_by_side.py): the order the servers run in,
+a fresh seed per run, and the table of medians and ratios. No servers, no I/O.
+
+One run is one closed-loop load (C streams, N requests) against one target; a target is a served stack
+("sluice", "vllm") or the engine alone ("engine"). Each run is reduced to a ``RunResult`` of six figures;
+a table cell is the median of a target's runs at one concurrency, with their range beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.report import pct
+
+SLUICE, VLLM, ENGINE = "sluice", "vllm", "engine"
+# (attribute of RunResult, row label, how many decimals the cells show)
+METRICS: tuple[tuple[str, str, int], ...] = (
+    ("tokens_per_s", "output tok/s", 0),
+    ("ttft_p50_ms", "TTFT p50 ms", 1),
+    ("ttft_p95_ms", "TTFT p95 ms", 1),
+    ("itl_p50_ms", "ITL p50 ms", 2),
+    ("itl_p95_ms", "ITL p95 ms", 2),
+    ("itl_p99_ms", "ITL p99 ms", 2),
+)
+TABLE_HEADER = (
+    "| streams | metric | Sluice | vLLM | Sluice / vLLM | engine alone | Sluice / engine |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's figures: output tokens per second over the run, and latency percentiles in ms."""
+
+    target: str
+    concurrency: int
+    round_index: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+    itl_p99_ms: float
+
+    @classmethod
+    def from_samples(
+        cls,
+        target: str,
+        concurrency: int,
+        round_index: int,
+        tokens_per_s: float,
+        ttft_ms: Sequence[float],
+        itl_ms: Sequence[float],
+    ) -> RunResult:
+        """Reduce one run's raw TTFT and inter-token samples to its percentiles."""
+        ttft, itl = list(ttft_ms), list(itl_ms)
+        return cls(
+            target,
+            concurrency,
+            round_index,
+            tokens_per_s,
+            pct(ttft, 50),
+            pct(ttft, 95),
+            pct(itl, 50),
+            pct(itl, 95),
+            pct(itl, 99),
+        )
+
+    def line(self) -> str:
+        """A one-line progress report."""
+        return (
+            f"{self.target:<6} streams {self.concurrency:>3} round {self.round_index + 1}: "
+            f"{self.tokens_per_s:,.0f} tok/s, TTFT p50/p95 {self.ttft_p50_ms:.1f}/{self.ttft_p95_ms:.1f} ms, "
+            f"ITL p50/p95/p99 {self.itl_p50_ms:.1f}/{self.itl_p95_ms:.1f}/{self.itl_p99_ms:.1f} ms"
+        )
+
+
+def alternation(targets: Sequence[str], num_rounds: int) -> list[tuple[int, str]]:
+    """The order runs are made in: every target once per round, in the given order, round after round
+    (sluice, vllm, sluice, vllm, ...), so slow drift in the machine falls on every target alike and only
+    one target is ever under load. Returns (round index, target) pairs."""
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be at least 1, got {num_rounds}")
+    if len(set(targets)) != len(targets) or not targets:
+        raise ValueError(f"targets must be distinct and not empty, got {list(targets)}")
+    return [(r, t) for r in range(num_rounds) for t in targets]
+
+
+def run_seed(base_seed: int, round_index: int, concurrency: int) -> int:
+    """The prompt seed of one run: fresh for every (round, concurrency), so no run meets prompts a server
+    has cached before; shared by the targets of one round, so they serve the same prompts. Round -1 is
+    the warm-up."""
+    return base_seed + 1_000 * (round_index + 1) + concurrency
+
+
+def medians(results: Sequence[RunResult], target: str, concurrency: int) -> dict[str, float] | None:
+    """Each metric's median over ``target``'s runs at ``concurrency``; None if it has none."""
+    runs = [r for r in results if r.target == target and r.concurrency == concurrency]
+    if not runs:
+        return None
+    return {name: statistics.median(getattr(r, name) for r in runs) for name, _, _ in METRICS}
+
+
+def value_range(
+    results: Sequence[RunResult], target: str, concurrency: int, name: str
+) -> tuple[float, float]:
+    values = [getattr(r, name) for r in results if r.target == target and r.concurrency == concurrency]
+    return min(values), max(values)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, None where either is missing or the denominator is not positive."""
+    if numerator is None or denominator is None or not denominator > 0:
+        return None
+    return numerator / denominator
+
+
+def _get(figures: dict[str, float] | None, name: str) -> float | None:
+    return None if figures is None else figures[name]
+
+
+def _number(value: float, decimals: int) -> str:
+    return f"{value:,.{decimals}f}"
+
+
+def _cell(results: Sequence[RunResult], target: str, concurrency: int, name: str, decimals: int) -> str:
+    """ "median (min-max)" over the runs; the median alone for one run; a dash for none."""
+    mid = medians(results, target, concurrency)
+    if mid is None:
+        return "-"
+    low, high = value_range(results, target, concurrency, name)
+    text = _number(mid[name], decimals)
+    if low != high:
+        text += f" ({_number(low, decimals)}-{_number(high, decimals)})"
+    return text
+
+
+def _ratio_cell(value: float | None, as_share: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0%}" if as_share else f"{value:.2f}x"
+
+
+def comparison_table(results: Sequence[RunResult], concurrencies: Sequence[int]) -> str:
+    """The markdown table: per concurrency, one row per metric with each target's median (and range) and
+    the ratios of the medians, Sluice / vLLM and, for throughput, Sluice / engine alone (the share of the
+    engine's own tokens/s that the served stack delivers)."""
+    rows = [TABLE_HEADER]
+    for c in concurrencies:
+        sluice, vllm, engine = (medians(results, t, c) for t in (SLUICE, VLLM, ENGINE))
+        for name, label, decimals in METRICS:
+            vs_vllm = ratio(_get(sluice, name), _get(vllm, name))
+            share = ratio(_get(sluice, name), _get(engine, name)) if name == "tokens_per_s" else None
+            cells = [
+                str(c),
+                label,
+                _cell(results, SLUICE, c, name, decimals),
+                _cell(results, VLLM, c, name, decimals),
+                _ratio_cell(vs_vllm),
+                _cell(results, ENGINE, c, name, decimals),
+                _ratio_cell(share, as_share=True),
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _verdict(value: float | None, met: bool) -> str:
+    return "not measured" if value is None else ("met" if met else "not met")
+
+
+def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[str]:
+    """Issue 10's end-to-end targets at ``concurrency`` streams, read off the medians: the served stack
+    keeps at least 75% of the engine-alone tokens/s; its inter-token p95 is no worse than vLLM's and
+    under 2x its own p50; and it keeps its lead in tokens/s and TTFT p95. Empty if Sluice did not run."""
+    sluice, vllm, engine = (medians(results, t, concurrency) for t in (SLUICE, VLLM, ENGINE))
+    if sluice is None:
+        return []
+    share = ratio(sluice["tokens_per_s"], _get(engine, "tokens_per_s"))
+    itl_vs_vllm = ratio(sluice["itl_p95_ms"], _get(vllm, "itl_p95_ms"))
+    itl_tail = ratio(sluice["itl_p95_ms"], sluice["itl_p50_ms"])
+    tps = ratio(sluice["tokens_per_s"], _get(vllm, "tokens_per_s"))
+    ttft = ratio(sluice["ttft_p95_ms"], _get(vllm, "ttft_p95_ms"))
+    lead = None if tps is None or ttft is None else tps
+    return [
+        f"Issue 10's targets at {concurrency} streams (medians):",
+        f"- served share of the engine-alone tok/s {_ratio_cell(share, as_share=True)} (at least 75%): "
+        + _verdict(share, share is not None and share >= 0.75),
+        f"- ITL p95 Sluice / vLLM {_ratio_cell(itl_vs_vllm)} (at most 1x): "
+        + _verdict(itl_vs_vllm, itl_vs_vllm is not None and itl_vs_vllm <= 1.0),
+        f"- Sluice's ITL p95 / its own p50 {_ratio_cell(itl_tail)} (under 2x): "
+        + _verdict(itl_tail, itl_tail is not None and itl_tail < 2.0),
+        f"- lead over vLLM: tok/s {_ratio_cell(tps)}, TTFT p95 {_ratio_cell(ttft)} (above 1x and below 1x): "
+        + _verdict(lead, tps is not None and ttft is not None and tps > 1.0 and ttft < 1.0),
+    ]

@@ -1,0 +1,185 @@
+"""The side-by-side benchmark's pure parts (run order, seeds, medians, ratios, the table, the parsers of
+what the replica exports) and its process clean-up on a real process tree. No server is started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from bench.e2e_side_by_side import engine_info, repository_parameters
+from bench.servers import VllmServer, is_alive, proc_id, process_tree, stop_tree
+from bench.side_by_side import (
+    ENGINE,
+    SLUICE,
+    VLLM,
+    RunResult,
+    alternation,
+    comparison_table,
+    medians,
+    ratio,
+    run_seed,
+    target_lines,
+)
+
+
+def result(
+    target: str, concurrency: int, round_index: int, tokens_per_s: float, latency_ms: float
+) -> RunResult:
+    return RunResult(target, concurrency, round_index, tokens_per_s, *([latency_ms] * 5))
+
+
+def test_alternation_runs_every_target_once_per_round_in_order() -> None:
+    assert alternation([SLUICE, VLLM], 3) == [
+        (0, SLUICE),
+        (0, VLLM),
+        (1, SLUICE),
+        (1, VLLM),
+        (2, SLUICE),
+        (2, VLLM),
+    ]
+    assert [t for _, t in alternation([SLUICE, VLLM, ENGINE], 2)] == [SLUICE, VLLM, ENGINE] * 2
+
+
+@pytest.mark.parametrize(("targets", "num_rounds"), [([SLUICE], 0), ([], 1), ([SLUICE, SLUICE], 1)])
+def test_alternation_refuses_an_empty_or_repeating_plan(targets: list[str], num_rounds: int) -> None:
+    with pytest.raises(ValueError):
+        alternation(targets, num_rounds)
+
+
+def test_every_run_gets_a_fresh_seed_and_the_warm_up_its_own() -> None:
+    seeds = [run_seed(7, r, c) for r in range(-1, 5) for c in (1, 8, 32, 128)]
+    assert len(set(seeds)) == len(seeds)
+
+
+def test_from_samples_reduces_a_run_to_its_percentiles() -> None:
+    r = RunResult.from_samples(SLUICE, 4, 0, 100.0, [float(v) for v in range(1, 102)], [2.0] * 50)
+    assert (r.ttft_p50_ms, r.ttft_p95_ms) == (51.0, 96.0)
+    assert (r.itl_p50_ms, r.itl_p95_ms, r.itl_p99_ms) == (2.0, 2.0, 2.0)
+
+
+def test_medians_are_per_target_and_concurrency() -> None:
+    runs = [result(SLUICE, 32, i, v, v / 10) for i, v in enumerate([300.0, 100.0, 200.0])]
+    runs.append(result(SLUICE, 1, 0, 999.0, 1.0))
+    runs.append(result(VLLM, 32, 0, 50.0, 1.0))
+    mid = medians(runs, SLUICE, 32)
+    assert mid is not None
+    assert (mid["tokens_per_s"], mid["itl_p99_ms"]) == (200.0, 20.0)
+    assert medians(runs, ENGINE, 32) is None
+
+
+def test_ratio_is_none_without_a_positive_denominator() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(3.0, None) is None
+    assert ratio(3.0, 0.0) is None
+
+
+def test_table_quotes_medians_ranges_and_ratios_of_the_medians() -> None:
+    runs = [
+        result(SLUICE, 32, 0, 1200.0, 40.0),
+        result(SLUICE, 32, 1, 1000.0, 60.0),
+        result(SLUICE, 32, 2, 1100.0, 50.0),
+        result(VLLM, 32, 0, 500.0, 20.0),
+        result(VLLM, 32, 1, 600.0, 30.0),
+        result(VLLM, 32, 2, 550.0, 25.0),
+        result(ENGINE, 32, 0, 2000.0, 5.0),
+    ]
+    lines = comparison_table(runs, [32]).splitlines()
+    assert lines[0].startswith("| streams | metric | Sluice | vLLM | Sluice / vLLM | engine alone")
+    assert len(lines) == 2 + 6  # header, rule, one row per metric
+    assert lines[2] == "| 32 | output tok/s | 1,100 (1,000-1,200) | 550 (500-600) | 2.00x | 2,000 | 55% |"
+    # Latency rows: the ratio of the medians, and no share of the engine (only throughput has one).
+    assert lines[5] == "| 32 | ITL p50 ms | 50.00 (40.00-60.00) | 25.00 (20.00-30.00) | 2.00x | 5.00 | - |"
+
+
+def test_table_leaves_a_dash_where_a_target_did_not_run() -> None:
+    lines = comparison_table([result(SLUICE, 1, 0, 300.0, 2.0)], [1, 8]).splitlines()
+    assert lines[2] == "| 1 | output tok/s | 300 | - | - | - | - |"
+    assert lines[8] == "| 8 | output tok/s | - | - | - | - | - |"
+
+
+def test_targets_are_read_off_the_medians() -> None:
+    runs = [
+        RunResult(SLUICE, 32, 0, 1600.0, 100.0, 200.0, 10.0, 15.0, 30.0),
+        RunResult(VLLM, 32, 0, 800.0, 150.0, 400.0, 9.0, 20.0, 25.0),
+        RunResult(ENGINE, 32, 0, 2000.0, 20.0, 50.0, 3.0, 9.0, 12.0),
+    ]
+    lines = target_lines(runs)
+    assert lines[1].endswith("80% (at least 75%): met")
+    assert lines[2].endswith("0.75x (at most 1x): met")
+    assert lines[3].endswith("1.50x (under 2x): met")
+    assert lines[4].endswith("tok/s 2.00x, TTFT p95 0.50x (above 1x and below 1x): met")
+    slow = [RunResult(SLUICE, 32, 0, 1400.0, 100.0, 500.0, 10.0, 25.0, 30.0), *runs[1:]]
+    assert [line.rsplit(": ", 1)[1] for line in target_lines(slow)[1:]] == ["not met"] * 4
+    assert target_lines(runs[1:]) == []
+    assert target_lines(runs[:1])[1].endswith("not measured")
+
+
+def test_engine_info_reads_the_labels_of_the_replicas_gauge() -> None:
+    text = (
+        "# HELP sluice_engine_info The engine's dtype and CPU\n# TYPE sluice_engine_info gauge\n"
+        'sluice_engine_info{model="sluice-tiny",dtype="float32",requested_dtype="auto",'
+        'cpu_flags="avx2 fma",bf16_kernel="portable"} 1.0\n'
+    )
+    info = engine_info(text)
+    assert info["dtype"] == "float32" and info["cpu_flags"] == "avx2 fma"
+    assert engine_info("nv_inference_count 3\n") == {}
+
+
+def test_repository_parameters_reads_the_rendered_config(tmp_path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'parameters: { key: "step_token_budget" value: { string_value: "512" } }\n'
+        'parameters: { key: "dtype" value: { string_value: "auto" } }\n'
+    )
+    assert repository_parameters(tmp_path, "m") == {"step_token_budget": "512", "dtype": "auto"}
+    assert repository_parameters(tmp_path, "absent") == {}
+
+
+def test_stop_tree_kills_a_tree_that_ignores_the_polite_signal() -> None:
+    # A root that ignores SIGINT (as a hung server would) with a child of its own.
+    proc = subprocess.Popen(
+        ["bash", "-c", "trap '' INT; sleep 30 & wait"], start_new_session=True, stdin=subprocess.DEVNULL
+    )
+    root = proc_id(proc.pid)
+    assert root is not None
+    deadline = time.monotonic() + 5
+    while len(tree := process_tree(root)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(tree) == 2
+    killed = stop_tree(root, signal.SIGINT, 0.3, lambda: None)
+    proc.wait(5)
+    assert set(killed) == set(tree)
+    assert not any(is_alive(p) for p in tree)
+
+
+def test_stop_tree_lets_a_polite_process_exit_on_its_own() -> None:
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    root = proc_id(proc.pid)
+    assert root is not None
+    assert stop_tree(root, signal.SIGTERM, 5.0, proc.poll) == []
+    assert proc.wait(5) == -signal.SIGTERM
+
+
+def test_vllm_is_installed_once_and_pip_index_warnings_are_dropped(tmp_path, capfd) -> None:
+    anchor = tmp_path / "anchor"
+    anchor.mkdir()
+    (anchor / "install.sh").write_text(
+        "set -e\necho \"WARNING: Location 'file:///opt/pypi/simple/x/' is ignored\"\necho installed-once\n"
+        'mkdir -p "$1/venv/bin" && touch "$1/venv/bin/vllm"\n'
+    )
+    server = VllmServer(tmp_path / "vllm", tmp_path / "ckpt", 8011, anchor_dir=anchor)
+    server.ensure_installed()
+    server.ensure_installed()  # already there: install.sh does not run again
+    err = capfd.readouterr().err
+    assert err.count("installed-once") == 1
+    assert "WARNING: Location" not in err
+
+
+def test_a_failed_install_is_an_error(tmp_path) -> None:
+    (tmp_path / "install.sh").write_text("exit 3\n")
+    with pytest.raises(RuntimeError, match="exit status 3"):
+        VllmServer(tmp_path / "vllm", tmp_path, 8011, anchor_dir=tmp_path).ensure_installed()
