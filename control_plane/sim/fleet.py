@@ -161,9 +161,7 @@ class Fleet:
 
     def _charge_decoding(self) -> None:
         for request, replica in self._decoding.values():
-            joined_step = request.prompt_tokens - request.offset  # the step that emitted its first token
-            produced = min(request.max_tokens, replica.num_steps - joined_step)
-            self._charge(request, produced)
+            self._charge(request, request.num_output_at(replica.num_steps))
 
     def _charge(self, request: SimRequest, produced: int) -> None:
         if produced > request.charged_tokens:
@@ -271,12 +269,13 @@ class Fleet:
             share_aware=self.config.fair,
         )
         while (placed := dispatch.next(loads, self._num_in_flight, self._weights)) is not None:
-            head, load = placed
+            head = placed.entry
             self.queue.take(head, now_s)
             self.meter.observe(now_s)
-            index = self._index[load.replica_id]
+            index = self._index[placed.replica.replica_id]
             replica = self.replicas[index]
             head.payload.dispatch_s = now_s
+            head.payload.priority = placed.priority
             self._num_in_flight.add(head.request_class, head.tenant_id)
             replica.submit(head.payload)
             if not replica.busy:
@@ -287,7 +286,10 @@ class Fleet:
 
     # ----- replicas -----
     def _start_step(self, index: int) -> None:
-        duration_s = self.replicas[index].start_step()
+        replica = self.replicas[index]
+        duration_s = replica.start_step()
+        for request in replica.take_preempted():  # recomputed before it decodes (and is charged) again
+            self._decoding.pop(request.request_id, None)
         if duration_s is not None:
             self._push(self.now_s + duration_s, _STEP, index)
 
@@ -295,7 +297,8 @@ class Fleet:
         now_s = self.now_s
         result: StepResult = replica.end_step()
         for request in result.first_tokens:
-            request.first_token_s = now_s
+            if request.first_token_s is None:  # not a recompute after a preemption
+                request.first_token_s = now_s
             self._decoding[request.request_id] = (request, replica)
         for request in result.finished:
             request.finish_s = now_s

@@ -10,8 +10,12 @@ the measured step time stays under it"). It matters here: with the seed's 10 k p
 512-token step costs 51.2 ms of compute, over the 40 ms ITL target. The cap is a scheduler setting, like
 the budget; the calibration is untouched. ``step_time_cap_s=None`` turns it off.
 
-KV: a sequence handed over reserves prompt + max_tokens at once (the gateway's dispatch only hands over
-what fits) and returns it when it finishes, so no preemption is ever needed (and none is modelled).
+KV: a sequence handed over reserves prompt + max_tokens at once and returns it when it finishes. The
+gateway's dispatch hands over what fits, except a request that may go ahead of lower-priority work
+(``ReplicaLoad.by_priority``): as the engine does, the replica then preempts the lowest-priority, most
+recently admitted sequences of a strictly lower priority at the next step boundary, if that makes room.
+A victim goes back to the front of its priority's line and is recomputed (its prompt and its output so
+far: a full prefill, where the engine's prefix cache would make it cheaper) before it decodes again.
 
 Cost per step is O(prefill chunks + log n per finishing sequence): the decoding sequences are kept as two
 counters (how many, and the sum of their context offsets: a sequence that joined decoding after step k
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 
 from control_plane.sim.calibration import Calibration
 from control_plane.sim.workload import SimRequest
-from sluice.policy.dispatch import ReplicaLoad
+from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,12 @@ class Replica:
         self.busy_s = 0.0
         self._step: tuple[int, list[tuple[SimRequest, int]], float] | None = None
         self._load: ReplicaLoad | None = None
+        self._admitted: dict[str, SimRequest] = {}  # KV reserved, not finished; oldest admitted first
+        self._heap_ids: dict[str, int] = {}  # decoding request -> its entry in _finish_heap
+        self._stale: set[int] = set()  # heap entries of preempted requests, skipped when popped
+        self.preempted: list[SimRequest] = []  # since the caller last took them (take_preempted)
+        # Handed over and not finished, per EnginePriority: [requests, of which without a first token, KV].
+        self._by_priority = [[0, 0, 0] for _ in EnginePriority]
 
     # ----- the gateway's view -----
     def load(self) -> ReplicaLoad:
@@ -77,13 +87,31 @@ class Replica:
                 num_waiting=self.num_unscheduled + len(self.blocked),
                 num_running=self.num_decoding + num_partial,
                 itl_ms=None if self.last_step_s is None else self.last_step_s * 1000.0,  # the last step's
+                by_priority=tuple(PriorityLoad(*counts) for counts in self._by_priority),
             )
         return self._load
 
     def submit(self, request: SimRequest) -> None:
-        self.blocked.append(request)
+        counts = self._by_priority[request.priority]
+        counts[0] += 1
+        counts[1] += 1
+        counts[2] += request.kv_tokens
+        self._enqueue_blocked(request)
         self._admit()
         self._load = None
+
+    def take_preempted(self) -> list[SimRequest]:
+        preempted, self.preempted = self.preempted, []
+        return preempted
+
+    def _enqueue_blocked(self, request: SimRequest, front: bool = False) -> None:
+        """Into ``blocked`` by priority: behind its priority's line, or at its front (a preempted one)."""
+        behind = (
+            i
+            for i, queued in enumerate(self.blocked)
+            if queued.priority > request.priority or (front and queued.priority == request.priority)
+        )
+        self.blocked.insert(next(behind, len(self.blocked)), request)
 
     def _admit(self) -> None:
         while self.blocked and self.capacity_tokens - self.reserved_tokens >= self.blocked[0].kv_tokens:
@@ -91,10 +119,50 @@ class Replica:
             self.reserved_tokens += request.kv_tokens
             self.prefill_queue.append(request)
             self.num_unscheduled += 1
+            self._admitted[request.request_id] = request
+
+    def _preempt_for_blocked(self) -> None:
+        """Preempt lower-priority sequences for the head of ``blocked`` while that makes room for it."""
+        while self.blocked:
+            head = self.blocked[0]
+            deficit = head.kv_tokens - (self.capacity_tokens - self.reserved_tokens)
+            if deficit <= 0:
+                return
+            eligible = [r for r in self._admitted.values() if r.priority > head.priority]
+            if sum(r.kv_tokens for r in eligible) < deficit:
+                return
+            # Lowest priority first, then the most recently admitted (dict order is admission order).
+            order = sorted(range(len(eligible)), key=lambda i: (eligible[i].priority, i), reverse=True)
+            for i in order:
+                self._preempt(eligible[i])
+                deficit -= eligible[i].kv_tokens
+                if deficit <= 0:
+                    break
+            self._admit()
+
+    def _preempt(self, request: SimRequest) -> None:
+        del self._admitted[request.request_id]
+        push_id = self._heap_ids.pop(request.request_id, None)
+        if push_id is not None:  # decoding: it keeps the tokens it made, recomputed when it comes back
+            self._stale.add(push_id)
+            self.num_decoding -= 1
+            self.sum_offsets -= request.offset
+            request.num_output_before = request.num_output_at(self.num_steps)
+        else:
+            self.prefill_queue.remove(request)
+            if request.prefilled_tokens == 0:
+                self.num_unscheduled -= 1
+        request.prefilled_tokens = 0
+        request.num_preemptions += 1
+        self.reserved_tokens -= request.kv_tokens
+        self._enqueue_blocked(request, front=True)
+        self.preempted.append(request)
 
     # ----- steps -----
     def start_step(self) -> float | None:
         """Compose the next step; its duration, or None when there is nothing to run (idle)."""
+        if self.blocked:
+            self._preempt_for_blocked()
         num_decode = self.num_decoding
         budget = self.config.step_token_budget - num_decode
         cap_s = self.config.step_time_cap_s
@@ -105,7 +173,7 @@ class Replica:
         for request in self.prefill_queue:
             if budget <= 0:
                 break
-            chunk = min(request.prompt_tokens - request.prefilled_tokens, budget)
+            chunk = min(request.prefill_tokens - request.prefilled_tokens, budget)
             if request.prefilled_tokens == 0:
                 self.num_unscheduled -= 1
             chunks.append((request, chunk))
@@ -129,30 +197,42 @@ class Replica:
         j = self.num_steps
         finished: list[SimRequest] = []
         while self._finish_heap and self._finish_heap[0][0] <= j:
-            request = heapq.heappop(self._finish_heap)[2]
+            _, push_id, request = heapq.heappop(self._finish_heap)
+            if push_id in self._stale:  # preempted since
+                self._stale.discard(push_id)
+                continue
+            del self._heap_ids[request.request_id]
             self.num_decoding -= 1
             self.sum_offsets -= request.offset
             finished.append(request)
         first_tokens: list[SimRequest] = []
         for request, chunk in chunks:
             request.prefilled_tokens += chunk
-            if request.prefilled_tokens < request.prompt_tokens:
+            if request.prefilled_tokens < request.prefill_tokens:
                 continue
             # NOTE: completed prefills are always a prefix of the queue (chunks go oldest first).
             assert self.prefill_queue[0] is request
             self.prefill_queue.popleft()
             first_tokens.append(request)
-            if request.max_tokens <= 1:
+            if request.num_output_before == 0:
+                self._by_priority[request.priority][1] -= 1  # its first token: no longer waiting
+            num_left = request.max_tokens - request.num_output_before
+            if num_left <= 1:
                 finished.append(request)
                 continue
-            request.offset = request.prompt_tokens - j
-            request.finish_step = j + request.max_tokens - 1
+            request.offset = request.prefill_tokens - j
+            request.finish_step = j + num_left - 1
             self.num_decoding += 1
             self.sum_offsets += request.offset
             self._num_pushed += 1
+            self._heap_ids[request.request_id] = self._num_pushed
             heapq.heappush(self._finish_heap, (request.finish_step, self._num_pushed, request))
         for request in finished:
             self.reserved_tokens -= request.kv_tokens
+            del self._admitted[request.request_id]
+            counts = self._by_priority[request.priority]
+            counts[0] -= 1
+            counts[2] -= request.kv_tokens
         self.num_steps += 1
         self.last_step_s = duration_s
         self.busy_s += duration_s

@@ -54,14 +54,27 @@ class SimRequest:
     first_token_s: float | None = None
     finish_s: float | None = None
     charged_tokens: int = 0  # output tokens charged to the fair queue so far
+    priority: int = 0  # the engine priority its dispatch gave it (sluice.policy.dispatch.EnginePriority)
     # replica side
     prefilled_tokens: int = 0
     offset: int = 0  # context during decode step j is offset + j (see Replica)
     finish_step: int = 0
+    num_output_before: int = 0  # output tokens made before its latest preemption (recomputed after it)
+    num_preemptions: int = 0
 
     @property
     def kv_tokens(self) -> int:
         return self.prompt_tokens + self.max_tokens
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens to compute before it decodes: the prompt, plus its output so far after a preemption."""
+        return self.prompt_tokens + self.num_output_before
+
+    def num_output_at(self, num_steps: int) -> int:
+        """Output tokens made once its replica has run ``num_steps`` steps (it is decoding there)."""
+        joined_step = self.prefill_tokens - self.offset  # the step that emitted its latest first token
+        return min(self.max_tokens, self.num_output_before + num_steps - joined_step)
 
 
 def interactive_deadline_s(max_tokens: int, itl_target_s: float) -> float:

@@ -29,7 +29,7 @@ from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
 from gateway.scheduling.scheduler import Admission, Slot
 from gateway.state import GatewayState
-from sluice.domain import Outcome, RequestClass
+from sluice.domain import Outcome
 from sluice.engine_client import Delta, EngineError, EngineErrorKind, FinishReason, GenerateRequest
 from sluice.metering.pipeline import OpenUsage
 from sluice.quota.base import QuotaGrant
@@ -81,7 +81,8 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
             for event in replay:
                 yield event
             return
-        end.engine_deltas = gw.engine.generate(_engine_request(job))
+        assert end.slot is not None  # dispatched: _admit returned no replay
+        end.engine_deltas = gw.engine.generate(_engine_request(job, end.slot.priority))
         gw.metrics.in_flight.inc()
         timing.engine_start_s = time.monotonic()
         while end.finish_reason is None:
@@ -231,7 +232,8 @@ async def _num_unread_tokens(deltas: AsyncGenerator[Delta, None]) -> int:
     return num_tokens
 
 
-def _engine_request(job: Job) -> GenerateRequest:
+def _engine_request(job: Job, priority: int) -> GenerateRequest:
+    """``priority``: the engine priority the scheduler gave the request at dispatch (``Slot.priority``)."""
     return GenerateRequest(
         request_id=job.request_id,
         prompt_token_ids=job.prompt_token_ids,
@@ -240,7 +242,7 @@ def _engine_request(job: Job) -> GenerateRequest:
         top_p=job.top_p,
         seed=job.seed,
         cache_scope=job.tenant.tenant_id,
-        priority=1 if job.request_class is RequestClass.BATCH else 0,
+        priority=priority,
         ignore_eos=job.ignore_eos,
     )
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gateway.errors import refused
@@ -24,7 +25,7 @@ from gateway.metrics import GatewayMetrics
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
-from sluice.policy.dispatch import DispatchConfig, ReplicaLoad
+from sluice.policy.dispatch import DispatchConfig, EnginePriority, PriorityLoad, ReplicaLoad
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.rate import RateMeter
@@ -61,6 +62,8 @@ class Slot:
     request_class: RequestClass
     kv_tokens: int
     dispatched_s: float
+    # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
+    priority: EnginePriority = EnginePriority.UNDER_SHARE
     has_first_token: bool = False
 
 
@@ -215,6 +218,7 @@ class ModelScheduler:
             num_waiting=max(view.num_waiting, num_prefilling),
             num_running=len(view.slots),
             itl_ms=view.itl_ms if view.slots else None,
+            by_priority=_by_priority(slots),
         )
 
     def _dispatch_pass(self, now: float) -> None:
@@ -224,13 +228,15 @@ class ModelScheduler:
             self._queue, now, self._dispatch, min_service, self._settings.fair_share_tolerance
         )
         while (placed := dispatch.next([self._load()], self._num_in_flight, self._weights)) is not None:
-            head, _replica = placed
+            head = placed.entry
             if head.payload.done():  # its caller left between cancellation and removal
                 self._queue.take(head, now)
                 continue
             self._queue.take(head, now)
             self._drain.observe(now)
-            slot = Slot(head.request_id, head.tenant_id, head.request_class, head.kv_tokens, now)
+            slot = Slot(
+                head.request_id, head.tenant_id, head.request_class, head.kv_tokens, now, placed.priority
+            )
             self._replica.slots[slot.request_id] = slot
             self._num_in_flight.add(head.request_class, head.tenant_id)
             self._weights[head.tenant_id] = head.weight
@@ -292,3 +298,14 @@ class ModelScheduler:
         view.read_at_s = time.monotonic()
         view.dispatched_kv_tokens_since_read = 0
         self._metrics.replica_kv_free_tokens.set(stats.num_kv_tokens_free)
+
+
+def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:
+    """This gateway's requests on the replica per engine priority (``ReplicaLoad.by_priority``)."""
+    counts = [[0, 0, 0] for _ in EnginePriority]
+    for slot in slots:
+        count = counts[slot.priority]
+        count[0] += 1
+        count[1] += not slot.has_first_token
+        count[2] += slot.kv_tokens
+    return tuple(PriorityLoad(*count) for count in counts)

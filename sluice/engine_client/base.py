@@ -51,13 +51,17 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
-    priority: int = 0  # 0 interactive, 1 batch
+    # The engine's priority class (sluice.policy.dispatch.EnginePriority): 0 interactive within its
+    # tenant's share, 1 interactive beyond it, 2 batch; a class preempts lower ones to be admitted.
+    priority: int = 0
     ignore_eos: bool = False
     cache_scope: str = field(kw_only=True)  # the tenant
 
     def __post_init__(self) -> None:
         if not self.cache_scope:
             raise ValueError("cache_scope must be the tenant: there is no shared default scope")
+        if self.priority not in (0, 1, 2):
+            raise ValueError(f"priority must be 0, 1 or 2, got {self.priority}")
 
     @property
     def greedy(self) -> bool:

@@ -12,7 +12,12 @@ the same fields).
 - Work that yields meets softer limits, so the headroom above stays for interactive work of tenants
   under their share (``Standing``): batch needs the inter-token latency under ``batch_itl_fraction``
   of the target; a tenant over its fair share (``share.over_fair_share``), under the stricter
-  ``over_share_itl_fraction``; both leave ``yield_kv_reserve_fraction`` of the KV free.
+  ``over_share_itl_fraction``; both leave ``yield_kv_reserve_fraction`` of the KV free and may fill
+  only ``1 - yield_waiting_reserve_fraction`` of the waiting places (at least one).
+- Engine priority (``EnginePriority``, sent with the request): the engine admits a request ahead of
+  work of a lower priority and preempts that work to make room. So a request finds a replica that runs
+  lower-priority work open to it: that work's KV counts as free, and neither the latency gate nor
+  waiting work of lower priority holds it back (only waiting work of its priority or above counts).
 Among replicas that pass, the one with the most free KV tokens (then the fewest running) wins.
 """
 
@@ -20,9 +25,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from sluice.domain import RequestClass
+
+
+class EnginePriority(IntEnum):
+    """The engine's priority class of a request (lower first; the CPU engine's ``PriorityClass`` has the
+    same values): the engine admits a request ahead of lower classes and preempts them to make room."""
+
+    UNDER_SHARE = 0  # interactive, its tenant well within its share (``engine_priority``)
+    OVER_SHARE = 1  # interactive, its tenant holding its share or more: preemptible by the one above
+    BATCH = 2
+
+
+def engine_priority(request_class: RequestClass, holds_share: bool) -> EnginePriority:
+    """``holds_share``: the tenant would be over its share even if one more tenant arrived
+    (``share.over_fair_share`` with a newcomer), so its work is what a newcomer may take room from."""
+    if request_class is RequestClass.BATCH:
+        return EnginePriority.BATCH
+    return EnginePriority.OVER_SHARE if holds_share else EnginePriority.UNDER_SHARE
+
+
+@dataclass(frozen=True)
+class PriorityLoad:
+    """A replica's requests of one engine priority that the dispatcher handed over and that have not ended."""
+
+    num_in_flight: int = 0
+    num_waiting: int = 0  # of which not started yet (no first token)
+    kv_tokens: int = 0  # their prompt + max_tokens
 
 
 @dataclass(frozen=True)
@@ -33,6 +64,17 @@ class ReplicaLoad:
     num_waiting: int
     num_running: int
     itl_ms: float | None  # recent inter-token latency (step time); None if not measured yet
+    # Indexed by EnginePriority; empty: not known (nothing counts as preemptible).
+    by_priority: tuple[PriorityLoad, ...] = ()
+
+    def below(self, priority: EnginePriority) -> PriorityLoad:
+        """The work of strictly lower priority than ``priority`` (which the engine preempts for it)."""
+        lower = self.by_priority[priority + 1 :]
+        return PriorityLoad(
+            num_in_flight=sum(p.num_in_flight for p in lower),
+            num_waiting=sum(p.num_waiting for p in lower),
+            kv_tokens=sum(p.kv_tokens for p in lower),
+        )
 
 
 class Standing(StrEnum):
@@ -56,6 +98,7 @@ class DispatchConfig:
     yield_kv_reserve_fraction: float = 0.2  # of a replica's KV that batch and over-share work leave free
     batch_itl_fraction: float = 0.9  # batch needs the ITL under this share of the target
     over_share_itl_fraction: float = 0.75  # a tenant over its share needs the ITL under this share
+    yield_waiting_reserve_fraction: float = 0.25  # of the waiting places batch and over-share work leave
 
     def __post_init__(self) -> None:
         if self.itl_target_ms <= 0 or self.max_waiting_per_replica < 1:
@@ -64,6 +107,8 @@ class DispatchConfig:
             raise ValueError("yield_kv_reserve_fraction must be in [0, 1)")
         if not (0 < self.batch_itl_fraction <= 1 and 0 < self.over_share_itl_fraction <= 1):
             raise ValueError("batch_itl_fraction and over_share_itl_fraction must be in (0, 1]")
+        if not 0 <= self.yield_waiting_reserve_fraction < 1:
+            raise ValueError("yield_waiting_reserve_fraction must be in [0, 1)")
 
     def itl_limit_ms(self, standing: Standing) -> float:
         fraction = {
@@ -73,24 +118,53 @@ class DispatchConfig:
         }[standing]
         return self.itl_target_ms * fraction
 
+    def max_waiting(self, standing: Standing) -> int:
+        """Requests that may wait inside a replica before this standing's next one is held back."""
+        if standing is Standing.UNDER_SHARE:
+            return self.max_waiting_per_replica
+        return max(1, int(self.max_waiting_per_replica * (1 - self.yield_waiting_reserve_fraction)))
 
-def accepts(load: ReplicaLoad, kv_tokens: int, standing: Standing, config: DispatchConfig) -> bool:
-    if load.num_waiting >= config.max_waiting_per_replica:
+
+def accepts(
+    load: ReplicaLoad,
+    kv_tokens: int,
+    standing: Standing,
+    config: DispatchConfig,
+    priority: EnginePriority = EnginePriority.UNDER_SHARE,
+) -> bool:
+    lower = load.below(priority) if load.by_priority else PriorityLoad()
+    num_waiting = load.num_waiting
+    if lower.num_in_flight:
+        # Only waiting work of its priority or above goes before it (the replica's own count would
+        # include lower-priority work it preempted).
+        num_waiting = min(num_waiting, sum(p.num_waiting for p in load.by_priority[: priority + 1]))
+    if num_waiting >= config.max_waiting(standing):
         return False
-    if load.num_running > 0 and load.itl_ms is not None and load.itl_ms > config.itl_limit_ms(standing):
+    # A slow replica takes no more work, except work of a minority of higher priority going ahead of
+    # the lower-priority rest: one tenant's flood, however it got there, cannot hold out a newcomer.
+    num_above = sum(p.num_in_flight for p in load.by_priority[: priority + 1])
+    minority = lower.num_in_flight > num_above
+    slow = load.num_running > 0 and load.itl_ms is not None and load.itl_ms > config.itl_limit_ms(standing)
+    if slow and not minority:
         return False
     yields = standing is not Standing.UNDER_SHARE
     reserve = config.yield_kv_reserve_fraction * load.total_kv_tokens if yields else 0.0
+    # NOTE: lower-priority work's KV does not count as free: the engine would preempt it to make room,
+    # but the blocks it frees are the ones overwritten, so its recompute is a full prefill.
     return load.free_kv_tokens - reserve >= kv_tokens
 
 
 def pick_replica(
-    loads: Sequence[ReplicaLoad], kv_tokens: int, standing: Standing, config: DispatchConfig
+    loads: Sequence[ReplicaLoad],
+    kv_tokens: int,
+    standing: Standing,
+    config: DispatchConfig,
+    priority: EnginePriority = EnginePriority.UNDER_SHARE,
 ) -> ReplicaLoad | None:
     """The replica to send a request of ``kv_tokens`` (prompt + max_tokens) to, or None: keep it queued."""
     best: ReplicaLoad | None = None
     for load in loads:
-        if not accepts(load, kv_tokens, standing, config):
+        if not accepts(load, kv_tokens, standing, config, priority):
             continue
         if best is None or (load.free_kv_tokens, -load.num_running) > (
             best.free_kv_tokens,

@@ -2,15 +2,16 @@
 and the fleet simulator alike.
 
 The fair queue proposes its head; the head's standing (``dispatch.standing``: batch, over its tenant's
-fair share, or neither) sets the limits it meets; ``pick_replica`` finds a replica or not. A head that
+fair share, or neither) sets the limits it meets, and its engine priority (``dispatch.engine_priority``:
+interactive within its tenant's share even if one more tenant arrived, interactive beyond that, batch)
+which work it may go ahead of; ``pick_replica`` finds a replica or not. A head that
 yields and does not fit steps aside for the rest of the pass (its tenant's line, or all batch), so it
 cannot block work that takes the full limits; a head with the full limits that does not fit ends the
 pass (nothing behind it may overtake it).
 
     dispatch = DispatchPass(queue, now_s, config, min_service_s, tolerance)
     while (placed := dispatch.next(loads, num_in_flight, weights)) is not None:
-        entry, replica = placed
-        queue.take(entry, now_s)   # then hand it over and update loads / num_in_flight
+        queue.take(placed.entry, now_s)   # then hand it over (with placed.priority); update the loads
     handle(dispatch.dropped)       # could no longer meet their deadline: never dispatched
 """
 
@@ -21,11 +22,30 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from sluice.domain import RequestClass
-from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica, standing
+from sluice.policy.dispatch import (
+    DispatchConfig,
+    EnginePriority,
+    ReplicaLoad,
+    Standing,
+    engine_priority,
+    pick_replica,
+    standing,
+)
 from sluice.policy.fair_queue import FairQueue, MinServiceFn, QueueEntry
 from sluice.policy.share import over_fair_share
 
 T = TypeVar("T")
+# The weight of the tenant that might arrive next, against which a tenant's engine priority is judged.
+NEWCOMER_WEIGHT = 1.0
+
+
+@dataclass(frozen=True)
+class Placement(Generic[T]):
+    """A decision of the pass: this queued request goes to this replica, with this engine priority."""
+
+    entry: QueueEntry[T]
+    replica: ReplicaLoad
+    priority: EnginePriority
 
 
 @dataclass
@@ -45,8 +65,9 @@ class DispatchPass(Generic[T]):
         loads: Sequence[ReplicaLoad],
         num_in_flight: Mapping[RequestClass, Mapping[str, int]],
         weights: Mapping[str, float],
-    ) -> tuple[QueueEntry[T], ReplicaLoad] | None:
-        """The next request to dispatch and its replica (still queued: ``take`` it), or None: done."""
+    ) -> Placement[T] | None:
+        """The next request to dispatch, its replica and engine priority (still queued: ``take`` it),
+        or None: done."""
         while True:
             head, dropped = self.queue.peek(
                 self.now_s,
@@ -57,17 +78,19 @@ class DispatchPass(Generic[T]):
             self.dropped += dropped
             if head is None:
                 return None
+            in_flight = num_in_flight[head.request_class]
+            tolerance = self.fair_share_tolerance
             over_share = self.share_aware and over_fair_share(
-                head.tenant_id,
-                head.weight,
-                num_in_flight[head.request_class],
-                weights,
-                self.fair_share_tolerance,
+                head.tenant_id, head.weight, in_flight, weights, tolerance
+            )
+            holds_share = self.share_aware and over_fair_share(
+                head.tenant_id, head.weight, in_flight, weights, tolerance, NEWCOMER_WEIGHT
             )
             head_standing = standing(head.request_class, over_share)
-            load = pick_replica(loads, head.kv_tokens, head_standing, self.config)
+            priority = engine_priority(head.request_class, holds_share)
+            load = pick_replica(loads, head.kv_tokens, head_standing, self.config, priority)
             if load is not None:
-                return head, load
+                return Placement(head, load, priority)
             if head_standing is Standing.UNDER_SHARE:
                 return None
             if head.request_class is RequestClass.BATCH:

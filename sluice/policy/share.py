@@ -42,14 +42,22 @@ def over_fair_share(
     num_in_flight: Mapping[str, int],
     weights: Mapping[str, float],
     tolerance: float = 0.25,
+    newcomer_weight: float = 0.0,
 ) -> bool:
     """True if, with one more request, ``tenant_id`` would hold more than ``1 + tolerance`` times its
     weighted share of all requests in flight (shares among tenants with something in flight, this one
-    included). ``weights`` holds the other tenants' weights (1.0 if missing)."""
+    included). ``weights`` holds the other tenants' weights (1.0 if missing).
+
+    ``newcomer_weight`` > 0 counts one more tenant of that weight with one request in flight: the share
+    the tenant would keep if someone else arrived now. A tenant alone is never over its share, but it
+    is over this one beyond its first request: what it holds beyond that is borrowed, and the engine
+    may take it back for a newcomer (``dispatch.engine_priority``)."""
     own = num_in_flight.get(tenant_id, 0)
-    total = sum(num_in_flight.values()) + 1
-    active_weight = weight + sum(
-        weights.get(t, 1.0) for t, n in num_in_flight.items() if n > 0 and t != tenant_id
+    total = sum(num_in_flight.values()) + 1 + (1 if newcomer_weight > 0 else 0)
+    active_weight = (
+        weight
+        + newcomer_weight
+        + sum(weights.get(t, 1.0) for t, n in num_in_flight.items() if n > 0 and t != tenant_id)
     )
     fair = total * weight / active_weight
     return own + 1 > fair * (1 + tolerance)
