@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -87,6 +90,16 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], 
     return timeline
 
 
+def plain_prompt_ids(checkpoint_dir: Path) -> list[int]:
+    """The ids of the checkpoint's (byte-level BPE) vocabulary that random prompts may be drawn from: no
+    special token, and none with a digit or an "@" in it, so that no random prompt can look like a card
+    number or an e-mail address to Sluice's PII screen (which blocks such a prompt with 400)."""
+    spec = json.loads((checkpoint_dir / "tokenizer.json").read_text())
+    special = {t["id"] for t in spec.get("added_tokens", [])}
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    return sorted(i for token, i in vocab.items() if i not in special and not re.search(r"[0-9@]", token))
+
+
 async def run_load(
     base_url: str,
     api_key: str,
@@ -98,10 +111,14 @@ async def run_load(
     vocab: int,
     seed: int,
     label: str,
+    prompt_ids: Sequence[int] | None = None,
 ) -> Summary:
+    """One closed-loop run; prompts are drawn from ``prompt_ids`` (default: ids 3.., which avoids the
+    dev tokenizer's special tokens)."""
     rng = np.random.default_rng(seed)
-    # Ids 3.. avoid the dev tokenizer's special tokens; distinct prompts defeat prefix caches.
-    prompts = [rng.integers(3, vocab, prompt_len).tolist() for _ in range(num_requests + 1)]
+    pool = np.asarray(prompt_ids if prompt_ids is not None else range(3, vocab))
+    # Distinct random prompts defeat prefix caches.
+    prompts = [pool[rng.integers(0, len(pool), prompt_len)].tolist() for _ in range(num_requests + 1)]
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     headers = {"Authorization": f"Bearer {api_key}"}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=120) as client:
@@ -140,8 +157,13 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument(
+        "--checkpoint", type=Path, default=Path(".sluice/models/sluice-tiny"), help="its tokenizer"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    has_tokenizer = (args.checkpoint / "tokenizer.json").exists()
+    prompt_ids = plain_prompt_ids(args.checkpoint) if has_tokenizer else None
     print(HEADER)
     for c in args.concurrency:
         s = asyncio.run(
@@ -156,6 +178,7 @@ def main() -> None:
                 args.vocab,
                 args.seed + c,
                 args.label,
+                prompt_ids,
             )
         )
         print(s.row(), flush=True)

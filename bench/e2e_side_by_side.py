@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import engine_bench
-from bench.e2e_bench import run_load
+from bench.e2e_bench import plain_prompt_ids, run_load
 from bench.report import cpu_description, cpu_flags, write_section
 from bench.servers import REPO_ROOT, SluiceStack, VllmServer, http_text, log, port_is_free
 from bench.side_by_side import (
@@ -58,6 +58,7 @@ class Setup:
     vllm_url: str
     model_name: str
     vocab_size: int
+    prompt_ids: list[int]  # what served prompts are drawn from: nothing a PII screen would block
     engine_dtype: str  # the replica's chosen dtype: the engine alone runs the same
     engine_step_token_budget: int
     descriptions: dict[str, str]
@@ -149,6 +150,7 @@ def describe_setup(
         vllm_url=vllm_url,
         model_name=model_name,
         vocab_size=int(config["vocab_size"]),
+        prompt_ids=plain_prompt_ids(args.model),
         engine_dtype=str(dtype),
         engine_step_token_budget=budget,
         descriptions={
@@ -192,6 +194,7 @@ def measure(
             setup.vocab_size,
             seed,
             target,
+            setup.prompt_ids,
         )
     )
     return RunResult.from_samples(target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms)
