@@ -235,9 +235,10 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             f"{args.rounds} rounds, targets alternating (Sluice, vLLM, engine), one under load at a time; "
             "a fresh prompt seed per round, a warm-up per server and concurrency discarded.",
             "- Cells: the median over the rounds (min-max in brackets). Ratios are of the medians: tok/s "
-            "higher is better, latencies lower is better. ITL is between text chunks (vLLM sends ~1.5% of "
-            "chunks with more than one token; the engine's is between tokens). Sluice / engine is the share "
-            "of the engine-alone tokens/s that the served stack delivers.",
+            "higher is better, latencies lower is better. ITL is between text chunks as the client reads "
+            "them (vLLM sends ~1.5% of chunks with more than one token; the engine's is between tokens): "
+            "gaps of ~0.01 ms are chunks that arrived in one read, a burst, so a ratio to such a value says "
+            "little. Sluice / engine is the share of the engine-alone tokens/s the served stack delivers.",
             "",
             cpu,
             "",
@@ -276,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         [".venv/bin/python -m bench.e2e_side_by_side", *(sys.argv[1:] if argv is None else argv)]
     )
     check_ports_free(args)
-    # SIGTERM ends us through the finally below, as Ctrl-C does, so the servers are stopped either way.
+    # SIGTERM ends us through the finally below, as Ctrl-C does, so the servers are stopped either way;
+    # SIGINT too when a shell started us in the background (it starts background jobs with it ignored).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sluice_url = args.sluice_url or "http://127.0.0.1:8080"
     vllm_url = args.vllm_url or f"http://127.0.0.1:{args.vllm_port}"
     stack = None if args.sluice_url else SluiceStack(args.model_repository, sluice_url, BENCH_LOG)
@@ -289,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             log(line)
         log(f"base seed {args.seed}")
         results = run_all(setup, args)
+    except KeyboardInterrupt:
+        log("interrupted: no table")
+        return 130
     finally:
         if vllm is not None:
             vllm.stop()
