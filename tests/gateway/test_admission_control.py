@@ -187,7 +187,7 @@ def test_flex_is_the_batch_class_and_tenants_may_be_kept_out_of_it(
     engine = ScriptedFakeEngine(token_id, interval_s=0.001)
     gateway = gateway_factory(engine)
     assert post(gateway, "sk-acme-dev", service_tier="flex").status_code == 200
-    assert engine.requests[-1].priority == 1  # batch: preempted first inside the engine
+    assert engine.requests[-1].priority == 2  # batch: the engine's lowest class, preempted first
     assert post(gateway, "sk-acme-dev", service_tier="default").status_code == 200
     assert engine.requests[-1].priority == 0
     resp = post(gateway, key, service_tier="flex")
