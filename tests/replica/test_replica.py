@@ -134,7 +134,7 @@ def test_every_request_ends_with_an_empty_final_response(replica: TritonServer) 
             "input_ids[1] = 9999999 is outside the vocabulary [0, 8192)",
         ),
         (request_tensors([5, 6], 0, cache_scope="acme"), "max_tokens must be at least 1"),
-        (request_tensors([5, 6], 4, priority=7, cache_scope="acme"), "priority must be one of [0, 1]"),
+        (request_tensors([5, 6], 4, priority=7, cache_scope="acme"), "priority must be one of [0, 1, 2]"),
         (request_tensors([5, 6], 4, top_p=1.5, cache_scope="acme"), "top_p must be in (0, 1]"),
         (
             request_tensors([5] * 2048, 4, cache_scope="acme"),
