@@ -44,6 +44,8 @@ class Summary:
     output_tokens: int
     ttft_ms: list[float]
     itl_ms: list[float]
+    # Per request: (last text chunk - first) / (tokens - 1), which chunks arriving in bursts do not skew.
+    tpot_ms: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -143,6 +145,11 @@ async def run_load(
         output_tokens=sum(t.completion_tokens for t in timelines),
         ttft_ms=[(t.chunk_times_s[0] - t.sent_s) * 1000 for t in timelines if t.chunk_times_s],
         itl_ms=[float(d) * 1000 for t in timelines for d in np.diff(t.chunk_times_s)],
+        tpot_ms=[
+            (t.chunk_times_s[-1] - t.chunk_times_s[0]) * 1000 / (t.completion_tokens - 1)
+            for t in timelines
+            if t.chunk_times_s and t.completion_tokens > 1
+        ],
     )
 
 

@@ -197,7 +197,9 @@ def measure(
             setup.prompt_ids,
         )
     )
-    return RunResult.from_samples(target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms)
+    return RunResult.from_samples(
+        target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms, s.tpot_ms
+    )
 
 
 def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
@@ -238,7 +240,8 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             "higher is better, latencies lower is better. ITL is between text chunks as the client reads "
             "them (vLLM sends ~1.5% of chunks with more than one token; the engine's is between tokens): "
             "gaps of ~0.01 ms are chunks that arrived in one read, a burst, so a ratio to such a value says "
-            "little. Sluice / engine is the share of the engine-alone tokens/s the served stack delivers.",
+            "little; TPOT (time per output token, per request: last chunk - first over tokens - 1) is not "
+            "skewed by bursts. Sluice / engine is the share of the engine-alone tokens/s the stack delivers.",
             "",
             cpu,
             "",

@@ -8,6 +8,7 @@ a table cell is the median of a target's runs at one concurrency, with their ran
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ METRICS: tuple[tuple[str, str, int], ...] = (
     ("itl_p50_ms", "ITL p50 ms", 2),
     ("itl_p95_ms", "ITL p95 ms", 2),
     ("itl_p99_ms", "ITL p99 ms", 2),
+    ("tpot_p50_ms", "TPOT p50 ms", 2),
 )
 TABLE_HEADER = (
     "| streams | metric | Sluice | vLLM | Sluice / vLLM | engine alone | Sluice / engine |\n"
@@ -43,6 +45,8 @@ class RunResult:
     itl_p50_ms: float
     itl_p95_ms: float
     itl_p99_ms: float
+    # Median over requests of (last chunk - first chunk) / (tokens - 1): NaN where not measured.
+    tpot_p50_ms: float = math.nan
 
     @classmethod
     def from_samples(
@@ -53,8 +57,9 @@ class RunResult:
         tokens_per_s: float,
         ttft_ms: Sequence[float],
         itl_ms: Sequence[float],
+        tpot_ms: Sequence[float] = (),
     ) -> RunResult:
-        """Reduce one run's raw TTFT and inter-token samples to its percentiles."""
+        """Reduce one run's raw TTFT, inter-token and per-request time-per-token samples to percentiles."""
         ttft, itl = list(ttft_ms), list(itl_ms)
         return cls(
             target,
@@ -66,6 +71,7 @@ class RunResult:
             pct(itl, 50),
             pct(itl, 95),
             pct(itl, 99),
+            pct(list(tpot_ms), 50),
         )
 
     def line(self) -> str:
@@ -95,24 +101,33 @@ def run_seed(base_seed: int, round_index: int, concurrency: int) -> int:
     return base_seed + 1_000 * (round_index + 1) + concurrency
 
 
+def _values(results: Sequence[RunResult], target: str, concurrency: int, name: str) -> list[float]:
+    """One metric of ``target``'s runs at ``concurrency``, leaving out runs that did not measure it."""
+    runs = (r for r in results if r.target == target and r.concurrency == concurrency)
+    return [v for v in (getattr(r, name) for r in runs) if not math.isnan(v)]
+
+
 def medians(results: Sequence[RunResult], target: str, concurrency: int) -> dict[str, float] | None:
-    """Each metric's median over ``target``'s runs at ``concurrency``; None if it has none."""
-    runs = [r for r in results if r.target == target and r.concurrency == concurrency]
-    if not runs:
+    """Each metric's median over ``target``'s runs at ``concurrency`` (NaN for one no run measured);
+    None if the target has no run there."""
+    if not any(r.target == target and r.concurrency == concurrency for r in results):
         return None
-    return {name: statistics.median(getattr(r, name) for r in runs) for name, _, _ in METRICS}
+    return {
+        name: statistics.median(v) if (v := _values(results, target, concurrency, name)) else math.nan
+        for name, _, _ in METRICS
+    }
 
 
 def value_range(
     results: Sequence[RunResult], target: str, concurrency: int, name: str
 ) -> tuple[float, float]:
-    values = [getattr(r, name) for r in results if r.target == target and r.concurrency == concurrency]
-    return min(values), max(values)
+    values = _values(results, target, concurrency, name)
+    return (min(values), max(values)) if values else (math.nan, math.nan)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """numerator / denominator, None where either is missing or the denominator is not positive."""
-    if numerator is None or denominator is None or not denominator > 0:
+    if numerator is None or denominator is None or math.isnan(numerator) or not denominator > 0:
         return None
     return numerator / denominator
 
@@ -128,7 +143,7 @@ def _number(value: float, decimals: int) -> str:
 def _cell(results: Sequence[RunResult], target: str, concurrency: int, name: str, decimals: int) -> str:
     """ "median (min-max)" over the runs; the median alone for one run; a dash for none."""
     mid = medians(results, target, concurrency)
-    if mid is None:
+    if mid is None or math.isnan(mid[name]):
         return "-"
     low, high = value_range(results, target, concurrency, name)
     text = _number(mid[name], decimals)
@@ -183,6 +198,7 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
     tps = ratio(sluice["tokens_per_s"], _get(vllm, "tokens_per_s"))
     ttft = ratio(sluice["ttft_p95_ms"], _get(vllm, "ttft_p95_ms"))
     lead = None if tps is None or ttft is None else tps
+    tpot = ratio(sluice["tpot_p50_ms"], _get(vllm, "tpot_p50_ms"))
     return [
         f"Issue 10's targets at {concurrency} streams (medians):",
         f"- served share of the engine-alone tok/s {_ratio_cell(share, as_share=True)} (at least 75%): "
@@ -193,4 +209,6 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
         + _verdict(itl_tail, itl_tail is not None and itl_tail < 2.0),
         f"- lead over vLLM: tok/s {_ratio_cell(tps)}, TTFT p95 {_ratio_cell(ttft)} (above 1x and below 1x): "
         + _verdict(lead, tps is not None and ttft is not None and tps > 1.0 and ttft < 1.0),
+        "- for reference, time per output token p50 (bursts do not skew it): Sluice / vLLM "
+        + _ratio_cell(tpot),
     ]

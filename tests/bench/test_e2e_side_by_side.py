@@ -33,7 +33,7 @@ from sluice.safety.rules import pii_rules
 def result(
     target: str, concurrency: int, round_index: int, tokens_per_s: float, latency_ms: float
 ) -> RunResult:
-    return RunResult(target, concurrency, round_index, tokens_per_s, *([latency_ms] * 5))
+    return RunResult(target, concurrency, round_index, tokens_per_s, *([latency_ms] * 6))
 
 
 def test_alternation_runs_every_target_once_per_round_in_order() -> None:
@@ -94,16 +94,29 @@ def test_table_quotes_medians_ranges_and_ratios_of_the_medians() -> None:
     ]
     lines = comparison_table(runs, [32]).splitlines()
     assert lines[0].startswith("| streams | metric | Sluice | vLLM | Sluice / vLLM | engine alone")
-    assert len(lines) == 2 + 6  # header, rule, one row per metric
+    assert len(lines) == 2 + 7  # header, rule, one row per metric
     assert lines[2] == "| 32 | output tok/s | 1,100 (1,000-1,200) | 550 (500-600) | 2.00x | 2,000 | 55% |"
     # Latency rows: the ratio of the medians, and no share of the engine (only throughput has one).
     assert lines[5] == "| 32 | ITL p50 ms | 50.00 (40.00-60.00) | 25.00 (20.00-30.00) | 2.00x | 5.00 | - |"
 
 
+def test_a_metric_a_target_does_not_measure_is_a_dash_not_nan() -> None:
+    # The engine alone has no per-request time per token; one Sluice run lacks it too.
+    runs = [
+        RunResult.from_samples(SLUICE, 8, 0, 900.0, [10.0], [1.0], [4.0]),
+        RunResult.from_samples(SLUICE, 8, 1, 1100.0, [10.0], [1.0], []),
+        RunResult.from_samples(VLLM, 8, 0, 500.0, [10.0], [1.0], [2.0]),
+        RunResult.from_samples(ENGINE, 8, 0, 2000.0, [1.0], [0.5]),
+    ]
+    tpot_row = comparison_table(runs, [8]).splitlines()[-1]
+    assert tpot_row == "| 8 | TPOT p50 ms | 4.00 | 2.00 | 2.00x | - | - |"
+    assert target_lines(runs, 8)[-1].endswith("Sluice / vLLM 2.00x")
+
+
 def test_table_leaves_a_dash_where_a_target_did_not_run() -> None:
     lines = comparison_table([result(SLUICE, 1, 0, 300.0, 2.0)], [1, 8]).splitlines()
     assert lines[2] == "| 1 | output tok/s | 300 | - | - | - | - |"
-    assert lines[8] == "| 8 | output tok/s | - | - | - | - | - |"
+    assert lines[9] == "| 8 | output tok/s | - | - | - | - | - |"
 
 
 def test_targets_are_read_off_the_medians() -> None:
@@ -118,7 +131,7 @@ def test_targets_are_read_off_the_medians() -> None:
     assert lines[3].endswith("1.50x (under 2x): met")
     assert lines[4].endswith("tok/s 2.00x, TTFT p95 0.50x (above 1x and below 1x): met")
     slow = [RunResult(SLUICE, 32, 0, 1400.0, 100.0, 500.0, 10.0, 25.0, 30.0), *runs[1:]]
-    assert [line.rsplit(": ", 1)[1] for line in target_lines(slow)[1:]] == ["not met"] * 4
+    assert [line.rsplit(": ", 1)[1] for line in target_lines(slow)[1:5]] == ["not met"] * 4
     assert target_lines(runs[1:]) == []
     assert target_lines(runs[:1])[1].endswith("not measured")
 
