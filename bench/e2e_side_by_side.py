@@ -11,7 +11,7 @@ ignore_eos; tokens counted from ``usage``), or bench/engine_bench.py's for the e
 each target's median over the rounds (range in brackets) and the ratios of the medians. Every process it
 started is stopped in a ``finally``.
 
-    .venv/bin/python -m bench.e2e_side_by_side                     # 1 and 32 streams, 3 rounds: ~6 min
+    .venv/bin/python -m bench.e2e_side_by_side                     # 1 and 32 streams, 3 rounds: ~2 min
     .venv/bin/python -m bench.e2e_side_by_side --rounds 1 --requests-per-slot 1 --concurrency 1 8  # smoke
 """
 
