@@ -81,7 +81,11 @@ async def loop(
     tally: Tally, stop: asyncio.Event,
 ) -> None:  # fmt: skip
     while not stop.is_set():
-        retry_after_s = await stream_once(client, args.model, key, prompt, num_tokens, tally)
+        try:
+            retry_after_s = await stream_once(client, args.model, key, prompt, num_tokens, tally)
+        except httpx.TransportError:  # e.g. a keep-alive connection the server closed as it was reused
+            tally.num_failed += 1
+            continue
         if retry_after_s:
             await asyncio.sleep(min(retry_after_s, 0.5))
 
