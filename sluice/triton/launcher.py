@@ -98,6 +98,9 @@ class TritonServerConfig:
     stop_timeout_s: float = 15.0
     log_verbose: int = 0
     extra_args: tuple[str, ...] = field(default=())
+    # OpenMP threads of the CPU engine's kernels (OMP_NUM_THREADS of the server and its stubs); None: one
+    # fewer than this process's cores (at least 1). An OMP_NUM_THREADS already in the environment wins.
+    engine_num_threads: int | None = None
 
     def __post_init__(self) -> None:
         ports = (self.http_port, self.grpc_port, self.metrics_port)
@@ -107,6 +110,8 @@ class TritonServerConfig:
             raise ValueError(f"shm_prefix must match {_SHM_PREFIX_RE.pattern}, got {self.shm_prefix!r}")
         if self.stop_timeout_s <= self.exit_timeout_s:
             raise ValueError("stop_timeout_s must exceed exit_timeout_s, or Triton is killed mid-drain")
+        if self.engine_num_threads is not None and self.engine_num_threads < 1:
+            raise ValueError(f"engine_num_threads must be at least 1, got {self.engine_num_threads}")
 
     @property
     def effective_shm_prefix(self) -> str:
@@ -136,8 +141,23 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def server_env(install: TritonInstall) -> dict[str, str]:
-    """The environment the server and its stubs need to run this interpreter and its packages."""
+def engine_omp_threads(num_cores: int) -> int:
+    """The engine's default OpenMP team: every core but one, which the serving path needs.
+
+    NOTE: the engine's kernels keep every thread of their team busy, while a streamed token also needs
+    the Python backend's sender thread, tritonserver and, on a shared machine, the gateway. Measured on
+    2 cores at 32 streams through the whole stack (three sessions of 3 alternating runs each, medians):
+    1 engine thread served 4-25% more tokens/s than 2, roughly halved the inter-token p99 and lowered
+    the TTFT p95; the inter-token p95 did not move. A single stream lost ~7% (the engine alone is
+    faster with 2, but it is not alone).
+    """
+    return max(1, num_cores - 1)
+
+
+def server_env(install: TritonInstall, engine_num_threads: int | None = None) -> dict[str, str]:
+    """The environment the server and its stubs need to run this interpreter and its packages, with
+    ``OMP_NUM_THREADS`` for the engine (``engine_num_threads``, default ``engine_omp_threads``) unless
+    the environment already sets it."""
     libdir = str(sysconfig.get_config_var("LIBDIR"))
     soname = sysconfig.get_config_var("INSTSONAME") or ""
     if not (Path(libdir) / soname).is_file():
@@ -151,6 +171,9 @@ def server_env(install: TritonInstall) -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = ":".join([libdir, str(install.libs_dir), *inherited])
     # The embedded interpreter finds its prefix from `python3` on PATH: this (virtual) environment's.
     env["PATH"] = f"{sysconfig.get_path('scripts')}:{env.get('PATH', '')}"
+    if "OMP_NUM_THREADS" not in env:
+        num_threads = engine_num_threads or engine_omp_threads(len(os.sched_getaffinity(0)))
+        env["OMP_NUM_THREADS"] = str(num_threads)
     return env
 
 
@@ -219,7 +242,7 @@ class TritonServer:
         self._log.clear()
         self._proc = subprocess.Popen(
             self.command(install, backends_dir),
-            env=server_env(install),
+            env=server_env(install, c.engine_num_threads),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
