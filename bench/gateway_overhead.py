@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
-from bench.report import pct, write_section
+from bench.report import pct, write_measured
 from sluice.triton.client import GenerateStream
 from sluice.triton.converters import request_tensors
 
@@ -208,10 +208,7 @@ def main() -> None:
             f"python -m bench.gateway_overhead --client {args.client} --requests {args.requests} "
             f"--prompt-len {args.prompt_len} --max-tokens {args.max_tokens} --write-docs"
         )
-        when = time.strftime("%Y-%m-%d")
-        write_section(
-            "gateway-overhead", "\n".join([f"```\n{command}\n```", "", f"Measured {when}:", "", *lines])
-        )
+        write_measured("gateway-overhead", command, lines)
 
 
 if __name__ == "__main__":

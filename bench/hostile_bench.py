@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from bench.report import cpu_description, pct, write_section
+from bench.report import cpu_description, pct, write_measured
 
 Request = tuple[str, str, dict[str, str], bytes | None]  # method, path, extra headers, body
 
@@ -175,8 +175,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.write_docs:
         command = f"python -m bench.hostile_bench --rounds {args.rounds} --victim-tokens {args.victim_tokens}"
-        body = [f"```\n{command} --write-docs\n```", "", f"Measured {time.strftime('%Y-%m-%d')}:", "", *lines]
-        write_section("hostile-input", "\n".join(body))
+        write_measured("hostile-input", f"{command} --write-docs", lines)
 
 
 if __name__ == "__main__":

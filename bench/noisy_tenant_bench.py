@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.report import cpu_description, pct, write_section
+from bench.report import cpu_description, pct, write_measured
 
 
 @dataclass
@@ -176,8 +176,7 @@ def main() -> None:
             f"--flood-tokens {args.flood_tokens} --quiet-streams {args.quiet_streams} "
             f"--duration-s {args.duration_s:.0f}"
         )
-        body = [f"```\n{command} --write-docs\n```", "", f"Measured {time.strftime('%Y-%m-%d')}:", "", *lines]
-        write_section("noisy-tenant", "\n".join(body))
+        write_measured("noisy-tenant", f"{command} --write-docs", lines)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,3 +50,9 @@ def cpu_flags() -> str:
     them (e.g. "avx2 fma avx512f avx512bw avx512_bf16"; "unknown" where /proc/cpuinfo cannot be read)."""
     flags = read_cpu_flags()
     return "unknown" if flags is None else " ".join(f for f in REPORTED_FLAGS if f in flags) or "none"
+
+
+def write_measured(name: str, command: str, lines: list[str], docs: Path = DOCS) -> None:
+    """Replace section ``name`` with the command that measured it, today's date and ``lines``."""
+    body = [f"```\n{command}\n```", "", f"Measured {time.strftime('%Y-%m-%d')}:", "", *lines]
+    write_section(name, "\n".join(body), docs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from tokenizers import Tokenizer
 
 from bench.e2e_bench import plain_prompt_ids
 from bench.e2e_side_by_side import engine_info, repository_parameters
+from bench.report import write_measured
 from bench.servers import VllmServer, is_alive, proc_id, process_tree, stop_tree
 from bench.side_by_side import (
     ENGINE,
@@ -215,3 +217,13 @@ def test_served_prompts_cannot_trip_the_pii_screen(dev_checkpoint) -> None:
         text = fold(tokenizer.decode(rng.choice(ids, 128).tolist()))
         assert not any(ch.isdigit() or ch == "@" for ch in text)
         assert all(rule.first_match(text) is None for rule in rules)
+
+
+def test_a_measured_section_names_its_command_and_replaces_only_itself(tmp_path: Path) -> None:
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\n<!-- BEGIN other -->\nkept\n<!-- END other -->\n")
+    write_measured("mine", "python -m bench.x --write-docs", ["| a |", "| 1 |"], docs)
+    write_measured("mine", "python -m bench.x --write-docs", ["| a |", "| 2 |"], docs)
+    text = docs.read_text()
+    assert "kept" in text and text.count("<!-- BEGIN mine -->") == 1
+    assert "```\npython -m bench.x --write-docs\n```" in text and "| 2 |" in text and "| 1 |" not in text
