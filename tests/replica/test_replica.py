@@ -111,6 +111,7 @@ def test_every_request_ends_with_an_empty_final_response(replica: TritonServer) 
         inputs = to_infer_inputs(request_tensors(PROMPT, 4, ignore_eos=True, cache_scope="acme"))
         client.async_stream_infer(MODEL_NAME, inputs, request_id="r1", enable_empty_final_response=True)
         received = []
+        num_tokens = 0
         while True:
             result, error = responses.get(timeout=30)
             assert error is None
@@ -118,10 +119,13 @@ def test_every_request_ends_with_an_empty_final_response(replica: TritonServer) 
             received.append(response)
             if response.parameters["triton_final_response"].bool_param:
                 break
+            num_tokens += int(result.as_numpy("sequence_length").sum())  # type: ignore[attr-defined]
     finally:
         client.stop_stream()
         client.close()
-    assert len(received) == 5
+    # NOTE: how many responses carry the 4 tokens depends on timing (the sender coalesces what the engine
+    # made since its last send); what is fixed is that all 4 arrive and the final flag travels alone.
+    assert num_tokens == 4 and 2 <= len(received) <= 5
     assert not received[-1].outputs  # the final flag travels alone, after the last tokens
     assert all(r.outputs for r in received[:-1])
 
