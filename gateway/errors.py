@@ -168,7 +168,8 @@ _MEANINGS = {
     "`service_overloaded` (the queue cannot start it before its deadline); with `Retry-After` and "
     "`retry-after-ms`.",
     503: "A dependency cannot answer now (`replica_unavailable`, `tenant_store_unavailable`, "
-    "`quota_store_unavailable`, `idempotency_store_unavailable`, `safety_classifier_unavailable`) or the "
+    "`quota_store_unavailable`, `idempotency_store_unavailable`, `safety_classifier_unavailable`, "
+    "`usage_ledger_unavailable`) or the "
     "gateway is at its connection limit (`gateway_connection_limit`); with `Retry-After`.",
 }
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -187,10 +187,11 @@ def apply_sqlite_migrations(
 
 
 async def open_pg_pool(
-    url: str, *, max_size: int, name: str, acquire_timeout_s: float = 30.0
+    url: str, *, max_size: int, name: str, acquire_timeout_s: float = 30.0, open_timeout_s: float = 10.0
 ) -> AsyncConnectionPool:
-    """An opened pool of autocommit connections; fails here (not on first use) if the server is not there.
-    Waiting for a connection longer than ``acquire_timeout_s`` raises ``PoolTimeout``."""
+    """An opened pool of autocommit connections; fails here (not on first use) if the server is not there
+    within ``open_timeout_s``. Waiting for a connection longer than ``acquire_timeout_s`` raises
+    ``PoolTimeout``."""
     pool = AsyncConnectionPool(
         url,
         min_size=1,
@@ -201,7 +202,7 @@ async def open_pg_pool(
         kwargs={"autocommit": True},
     )
     try:
-        await pool.open(wait=True, timeout=10.0)
+        await pool.open(wait=True, timeout=open_timeout_s)
     except BaseException:
         await pool.close()
         raise
@@ -236,8 +237,18 @@ async def apply_pg_migrations(
     return applied
 
 
+# The server or the network failed (psycopg_pool's PoolTimeout is an OperationalError), not our SQL.
+PG_UNREACHABLE = (psycopg.OperationalError, OSError)
+
+
 class MigratedPgPool:
-    """A PostgreSQL store's pool: opened with its component's migrations applied, closed once."""
+    """A PostgreSQL store's pool: opened with its component's migrations applied, closed once.
+
+    ``open(keep_trying=True)`` is for a server process (the gateway): if the server cannot be reached at
+    start, it returns anyway and keeps trying in the background (``retry_initial_s`` doubling to
+    ``retry_max_s``); until it succeeds, ``pool`` raises ``psycopg.OperationalError``, which the stores
+    already treat as an outage. A tool (the CLI) opens without it and fails at once.
+    """
 
     def __init__(
         self,
@@ -248,6 +259,8 @@ class MigratedPgPool:
         component: str,
         migrations: Sequence[Migration],
         acquire_timeout_s: float = 30.0,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 30.0,
     ) -> None:
         self._url = url
         self._acquire_timeout_s = acquire_timeout_s
@@ -255,31 +268,102 @@ class MigratedPgPool:
         self._name = name
         self._component = component
         self._migrations = migrations
+        self._retry_initial_s = retry_initial_s
+        self._retry_max_s = retry_max_s
         self._pool: AsyncConnectionPool | None = None
+        self._opener: asyncio.Task[None] | None = None  # set while opening in the background
+        self._last_error = ""
 
     @property
     def pool(self) -> AsyncConnectionPool:
         if self._pool is None:
+            if self._opener is not None:
+                raise psycopg.OperationalError(
+                    f"the {self._name} store has not reached PostgreSQL since start ({self._last_error}); "
+                    "still trying"
+                )
             raise RuntimeError(f"the {self._name} store is not open")
         return self._pool
 
-    async def open(self) -> None:
-        if self._pool is not None:
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    async def open(
+        self, *, keep_trying: bool = False, after_open: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Open the pool and apply the migrations, then await ``after_open`` (e.g. seeding), all before
+        the store is used. ``keep_trying``: see the class."""
+        if self._pool is not None or self._opener is not None:
             return
+        try:
+            await self._open_once(after_open, open_timeout_s=2.0 if keep_trying else 10.0)
+        except PG_UNREACHABLE as exc:
+            if not keep_trying:
+                raise
+            self._last_error = _one_line(exc)
+            log.warning(
+                "%s store: PostgreSQL at %s unreachable at start (%s); starting without it and retrying "
+                "in the background: requests that need it get 503 until it answers",
+                self._name,
+                describe_pg_url(self._url),
+                self._last_error,
+            )
+            self._opener = asyncio.create_task(self._keep_opening(after_open), name=f"{self._name}-open")
+
+    async def _open_once(
+        self, after_open: Callable[[], Awaitable[None]] | None, *, open_timeout_s: float
+    ) -> None:
         pool = await open_pg_pool(
-            self._url, max_size=self._max_size, name=self._name, acquire_timeout_s=self._acquire_timeout_s
+            self._url,
+            max_size=self._max_size,
+            name=self._name,
+            acquire_timeout_s=self._acquire_timeout_s,
+            open_timeout_s=open_timeout_s,
         )
         try:
             await apply_pg_migrations(pool, self._component, self._migrations)
+            self._pool = pool
+            if after_open is not None:
+                await after_open()
         except BaseException:
+            self._pool = None
             await pool.close()
             raise
-        self._pool = pool
+
+    async def _keep_opening(self, after_open: Callable[[], Awaitable[None]] | None) -> None:
+        delay_s = self._retry_initial_s
+        while True:
+            await asyncio.sleep(delay_s)
+            try:
+                await self._open_once(after_open, open_timeout_s=2.0)
+            except PG_UNREACHABLE as exc:
+                self._last_error = _one_line(exc)
+                log.debug("%s store: PostgreSQL still unreachable: %s", self._name, self._last_error)
+                delay_s = min(delay_s * 2, self._retry_max_s)
+                continue
+            except Exception:
+                log.exception("%s store: opening failed for a reason other than reachability", self._name)
+                delay_s = self._retry_max_s
+                continue
+            where = describe_pg_url(self._url)
+            log.warning("%s store: PostgreSQL at %s reached; the store is open", self._name, where)
+            self._opener = None
+            return
 
     async def close(self) -> None:
+        if self._opener is not None:
+            self._opener.cancel()
+            await asyncio.gather(self._opener, return_exceptions=True)
+            self._opener = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def describe_pg_url(url: str) -> str:

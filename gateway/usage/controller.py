@@ -4,6 +4,7 @@ Idempotency-Key has one row per attempt that reached a replica, each carrying th
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,8 +13,11 @@ from litestar import Controller, Request, get
 from litestar.params import FromQuery
 
 from gateway.auth import require_tenant, tenant_of
-from gateway.errors import error_responses, invalid_request
+from gateway.errors import OpenAIError, error_responses, invalid_request
 from gateway.state import GatewayState
+from sluice.ledger.base import LedgerUnavailable
+
+log = logging.getLogger(__name__)
 
 
 class UsageRow(msgspec.Struct):
@@ -91,14 +95,24 @@ class UsageController(Controller):
             raise invalid_request("limit must be in [1, 1000].", param="limit")
         gw: GatewayState = request.app.state.gw
         tenant = tenant_of(request)
-        report = await gw.ledger.query(
-            tenant.tenant_id,
-            since=parse_time(since, "since"),
-            until=parse_time(until, "until"),
-            model=model,
-            idempotency_key=idempotency_key,
-            limit=limit,
-        )
+        try:
+            report = await gw.ledger.query(
+                tenant.tenant_id,
+                since=parse_time(since, "since"),
+                until=parse_time(until, "until"),
+                model=model,
+                idempotency_key=idempotency_key,
+                limit=limit,
+            )
+        except LedgerUnavailable as exc:
+            log.warning("GET /v1/usage: %s", exc)
+            raise OpenAIError(
+                503,
+                "Usage cannot be read now: the usage ledger is unavailable. Retry later.",
+                type="server_error",
+                code="usage_ledger_unavailable",
+                retry_after_s=5.0,
+            ) from None
         totals = report.totals
         return UsageResponse(
             tenant_id=tenant.tenant_id,

@@ -39,6 +39,10 @@ def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> 
     )
 
 
+class LedgerUnavailable(Exception):
+    """The ledger cannot answer a read now (its server or the network is down): retry later."""
+
+
 class UsageLedger(ABC):
     @abstractmethod
     async def open(self) -> None:

@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 from psycopg_pool import AsyncConnectionPool
 
-from sluice.db import MigratedPgPool
+from sluice.db import PG_UNREACHABLE, MigratedPgPool
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
 from sluice.ledger.base import (
     KEEP_THE_FIRST,
     USAGE_COLUMNS,
+    LedgerUnavailable,
     UsageLedger,
     check_query_args,
     check_record,
@@ -38,8 +39,10 @@ class PostgresLedger(UsageLedger):
     def pool(self) -> AsyncConnectionPool:
         return self._db.pool
 
-    async def open(self) -> None:
-        await self._db.open()
+    async def open(self, *, keep_trying: bool = False) -> None:
+        """``keep_trying``: a server's start, see ``MigratedPgPool``: writes fail (and the usage meter keeps
+        them in its outbox) until the ledger is reached."""
+        await self._db.open(keep_trying=keep_trying)
 
     async def close(self) -> None:
         if self._in_flight:  # writes whose callers were cancelled: let them land
@@ -100,7 +103,12 @@ class PostgresLedger(UsageLedger):
         if idempotency_key is not None:
             where.append("idempotency_key = %s")
             params.append(idempotency_key)
-        cond = " AND ".join(where)
+        try:
+            return await self._query(" AND ".join(where), params, limit)
+        except PG_UNREACHABLE as exc:
+            raise LedgerUnavailable(f"usage ledger (PostgreSQL) unavailable: {exc}") from exc
+
+    async def _query(self, cond: str, params: list[object], limit: int) -> UsageReport:
         async with self.pool.connection() as conn, conn.transaction():
             # REPEATABLE READ: the totals and the rows see the same snapshot.
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import builtins
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from sluice.db import MigratedPgPool
+from sluice.db import PG_UNREACHABLE, MigratedPgPool
 from sluice.domain import Tenant
 from sluice.tenants.base import (
     KeyConflictError,
@@ -44,8 +44,7 @@ _UPDATE_TENANT = (
     f"UPDATE tenants SET {', '.join(f'{c} = %s' for c in TENANT_COLUMNS[1:])} WHERE tenant_id = %s"
 )
 _SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
-# The server or the network failed (psycopg_pool's PoolTimeout is an OperationalError): not our SQL.
-_UNREACHABLE = (psycopg.OperationalError, OSError)
+_UNREACHABLE = PG_UNREACHABLE
 
 
 async def _require_tenant(conn: psycopg.AsyncConnection, tenant_id: str) -> None:
@@ -79,9 +78,12 @@ class PostgresTenantStore(TenantStore):
     def pool(self) -> AsyncConnectionPool:
         return self._db.pool
 
-    async def open(self) -> None:
+    async def open(
+        self, *, keep_trying: bool = False, after_open: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """``keep_trying``: a server's start, see ``MigratedPgPool``; ``after_open`` runs once it is open."""
         try:
-            await self._db.open()
+            await self._db.open(keep_trying=keep_trying, after_open=after_open)
         except _UNREACHABLE as exc:
             raise TenantStoreUnavailable(f"tenant store (PostgreSQL) unavailable: {exc}") from exc
 
