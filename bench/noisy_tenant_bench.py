@@ -5,13 +5,22 @@ Against `make run` (one replica). Two phases, the same quiet tenant in both:
 1. unloaded: the quiet tenant (acme) alone sends ``--quiet-streams`` concurrent streams of
    ``--quiet-tokens`` tokens, one after another, for ``--duration-s``;
 2. flooded: the flooding tenant (globex) keeps ``--flood-streams`` streams of ``--flood-tokens`` tokens
-   going (a stream refused with 429, over its tenant's concurrency cap, waits the Retry-After and tries
-   again), and after ``--warmup-s`` the quiet tenant runs exactly as in phase 1.
+   going (a stream refused with 429, over its tenant's concurrency cap, waits the Retry-After, at most
+   0.5 s, and tries again), and after ``--warmup-s`` the quiet tenant runs exactly as in phase 1.
 
-Reported: the quiet tenant's time to first token p50 / p95 and inter-chunk gap p50 / p95 (a chunk is one
-SSE event with text: the gap the reader sees) in each phase, the target the issue sets (TTFT p95 under
-max(3 x unloaded p95, 250 ms), gap p95 under SLUICE_ITL_TARGET_MS), and each tenant's output tokens/s
-during the flood.
+The quiet tenant is a client of its own, as it would be on another machine: each quiet phase runs in a
+separate process (``--role quiet``), so its clock never waits on the flood client's event loop (which
+handles thousands of SSE reads and ~140 refusals a second). The flood client is kept cheap: it parses
+nothing of a stream but its last bytes (its tokens come from the final ``usage`` event), and reads each
+body at most every ``--flood-read-interval-ms``, so several events arrive in one read.
+
+Reported: the quiet tenant's time to first token p50 / p95 and inter-chunk gap p50 / p95 as its client
+saw them (a chunk is one SSE event with text: the gap the reader sees) in each phase, the target the
+issue sets on those figures (TTFT p95 under max(3 x unloaded p95, 250 ms), gap p95 under
+SLUICE_ITL_TARGET_MS), each tenant's output tokens/s during the flood, and beside the client's figures
+the gateway's own view of the same quiet requests, from its telemetry (``--telemetry``; records matched
+by the ``X-Request-Id`` each response carried): ``ttft_ms`` (from the gateway's auth guard to the first
+token), ``queue_ms`` (in the gateway before the replica call) and ``replica_ttft_ms``.
 
     .venv/bin/python -m bench.noisy_tenant_bench            # against `make run` on :8080
 """
@@ -22,12 +31,26 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import resource
+import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 
-from bench.report import cpu_description, pct, write_measured
+from bench.report import cpu_description, cpu_flags, pct, write_measured
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# What the gateway's telemetry says about a request, as reported beside the client's figures.
+TELEMETRY_FIELDS = ("ttft_ms", "queue_ms", "replica_ttft_ms")
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_ERROR_EVENT = re.compile(rb'data: \{\s*"error"')
+_TAIL_BYTES = 4096  # the last usage event and [DONE] fit with room to spare
+_REQUEST_ID = re.compile(r'"request_id":\s*"([^"]+)"')
 
 
 @dataclass
@@ -37,25 +60,35 @@ class Tally:
     num_tokens: int = 0
     num_failed: int = 0
     num_refused: int = 0
+    request_ids: list[str] = field(default_factory=list)  # X-Request-Id of each answered stream
+    elapsed_s: float = 0.0
 
 
-async def stream_once(
-    client: httpx.AsyncClient, model: str, key: str, prompt: str, num_tokens: int, tally: Tally
-) -> float:
-    """One streamed completion; its timings go into ``tally``. Returns the Retry-After of a 429 (else 0)."""
+def _post(
+    client: httpx.AsyncClient, model: str, key: str, prompt: str, num_tokens: int
+) -> AbstractAsyncContextManager[httpx.Response]:
+    """A streamed completion of exactly ``num_tokens`` tokens, with a final usage event."""
     body = {"model": model, "prompt": prompt, "max_tokens": num_tokens, "ignore_eos": True, "stream": True,
             "temperature": 0.0, "stream_options": {"include_usage": True}}  # fmt: skip
+    return client.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+
+
+async def quiet_stream(
+    client: httpx.AsyncClient, model: str, key: str, prompt: str, num_tokens: int, tally: Tally
+) -> float:
+    """One streamed completion, every event parsed and timed into ``tally``. Returns the Retry-After of a
+    429 (else 0)."""
     sent = time.perf_counter()
     last: float | None = None
-    async with client.stream(
-        "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-    ) as resp:
+    async with _post(client, model, key, prompt, num_tokens) as resp:
         if resp.status_code == 429:
             tally.num_refused += 1
             return float(resp.headers.get("retry-after", "1"))
         if resp.status_code != 200:
             tally.num_failed += 1
             return 0.0
+        if request_id := resp.headers.get("x-request-id"):
+            tally.request_ids.append(request_id)
         async for line in resp.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -76,13 +109,54 @@ async def stream_once(
     return 0.0
 
 
-async def loop(
-    client: httpx.AsyncClient, args: argparse.Namespace, key: str, prompt: str, num_tokens: int,
-    tally: Tally, stop: asyncio.Event,
-) -> None:  # fmt: skip
+def stream_outcome(tail: bytes) -> tuple[bool, int]:
+    """(failed, completion tokens) from a stream's last bytes: failed if it ended with an error event;
+    the tokens of its last ``usage`` event (0 if none is there)."""
+    if _ERROR_EVENT.search(tail):
+        return True, 0
+    counts = _COMPLETION_TOKENS.findall(tail)
+    return False, int(counts[-1]) if counts else 0
+
+
+async def flood_stream(
+    client: httpx.AsyncClient,
+    model: str,
+    key: str,
+    prompt: str,
+    num_tokens: int,
+    tally: Tally,
+    read_interval_s: float,
+) -> float:
+    """One streamed completion read as cheaply as the client can: the body in whole reads at most every
+    ``read_interval_s``, only its last bytes kept and searched once at the end. Returns the Retry-After
+    of a 429 (else 0)."""
+    async with _post(client, model, key, prompt, num_tokens) as resp:
+        if resp.status_code == 429:
+            tally.num_refused += 1
+            return float(resp.headers.get("retry-after", "1"))
+        if resp.status_code != 200:
+            tally.num_failed += 1
+            return 0.0
+        tail = b""
+        async for piece in resp.aiter_raw():
+            tail = (tail + piece)[-_TAIL_BYTES:]
+            if read_interval_s:
+                await asyncio.sleep(read_interval_s)  # what arrives meanwhile is one read
+    failed, tokens = stream_outcome(tail)
+    tally.num_failed += failed
+    tally.num_tokens += tokens
+    return 0.0
+
+
+async def flood_loop(
+    client: httpx.AsyncClient, args: argparse.Namespace, prompt: str, tally: Tally, stop: asyncio.Event
+) -> None:
+    read_interval_s = args.flood_read_interval_ms / 1000
     while not stop.is_set():
         try:
-            retry_after_s = await stream_once(client, args.model, key, prompt, num_tokens, tally)
+            retry_after_s = await flood_stream(
+                client, args.model, args.flood_key, prompt, args.flood_tokens, tally, read_interval_s
+            )
         except httpx.TransportError:  # e.g. a keep-alive connection the server closed as it was reused
             tally.num_failed += 1
             continue
@@ -90,49 +164,132 @@ async def loop(
             await asyncio.sleep(min(retry_after_s, 0.5))
 
 
-async def quiet_phase(client: httpx.AsyncClient, args: argparse.Namespace) -> tuple[Tally, float]:
+async def quiet_role(args: argparse.Namespace) -> Tally:
+    """``--role quiet``: ``--quiet-streams`` loops of streams for ``--duration-s``, after one warm-up
+    request (not counted) that opens a connection."""
     tally = Tally()
-    stop = asyncio.Event()
-    began = time.perf_counter()
-    tasks = [
-        asyncio.create_task(loop(client, args, args.quiet_key, f"Quiet {i}", args.quiet_tokens, tally, stop))
-        for i in range(args.quiet_streams)
-    ]
-    await asyncio.sleep(args.duration_s)
-    stop.set()
-    await asyncio.gather(*tasks)
-    return tally, time.perf_counter() - began
+    limits = httpx.Limits(max_connections=args.quiet_streams + 2)
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=600, limits=limits) as client:
+        await quiet_stream(client, args.model, args.quiet_key, "warm", 8, Tally())
+        stop = asyncio.Event()
+
+        async def loop(prompt: str) -> None:
+            while not stop.is_set():
+                try:
+                    retry_after_s = await quiet_stream(
+                        client, args.model, args.quiet_key, prompt, args.quiet_tokens, tally
+                    )
+                except httpx.TransportError:
+                    tally.num_failed += 1
+                    continue
+                if retry_after_s:
+                    await asyncio.sleep(min(retry_after_s, 0.5))
+
+        began = time.perf_counter()
+        tasks = [asyncio.create_task(loop(f"Quiet {i}")) for i in range(args.quiet_streams)]
+        await asyncio.sleep(args.duration_s)
+        stop.set()
+        await asyncio.gather(*tasks)
+        tally.elapsed_s = time.perf_counter() - began
+    return tally
+
+
+async def quiet_phase(args: argparse.Namespace) -> Tally:
+    """The quiet tenant's phase in a process of its own (this module with ``--role quiet``)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.noisy_tenant_bench",
+        "--role",
+        "quiet",
+        "--base-url",
+        args.base_url,
+        "--model",
+        args.model,
+        "--quiet-key",
+        args.quiet_key,
+        "--quiet-streams",
+        str(args.quiet_streams),
+        "--quiet-tokens",
+        str(args.quiet_tokens),
+        "--duration-s",
+        str(args.duration_s),
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the quiet client exited with status {proc.returncode}")
+    return Tally(**json.loads(out.decode().strip().splitlines()[-1]))
+
+
+def gateway_view(lines: Iterable[str], request_ids: Iterable[str]) -> dict[str, list[float]]:
+    """The telemetry figures (``TELEMETRY_FIELDS``) of the records whose request_id is one of
+    ``request_ids``: one list per field, a record's None (no token came) left out. Lines that are not
+    JSON (a record being written) are skipped; a request id recorded twice counts once (the first)."""
+    wanted = set(request_ids)
+    view: dict[str, list[float]] = {name: [] for name in TELEMETRY_FIELDS}
+    for line in lines:
+        match = _REQUEST_ID.search(line)  # cheap: only the wanted records are parsed
+        if match is None or match.group(1) not in wanted:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        wanted.discard(match.group(1))
+        for name in TELEMETRY_FIELDS:
+            if isinstance(value := record.get(name), int | float):
+                view[name].append(float(value))
+    return view
+
+
+def read_gateway_view(
+    path: Path, request_ids: Sequence[str], timeout_s: float = 5.0
+) -> dict[str, list[float]] | None:
+    """``gateway_view`` of the telemetry file (and its newest rotated one), waiting up to ``timeout_s``
+    for the writer thread to catch up with the last requests; None if there is no file."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        files = [p for p in (path.with_name(path.name + ".1"), path) if p.exists()]
+        if not files:
+            return None
+        lines = [line for p in files for line in p.read_text(errors="replace").splitlines()]
+        view = gateway_view(lines, request_ids)
+        if len(view["queue_ms"]) >= len(set(request_ids)) or time.monotonic() > deadline:
+            return view
+        time.sleep(0.25)
 
 
 async def run(args: argparse.Namespace) -> list[str]:
-    limits = httpx.Limits(max_connections=args.flood_streams + args.quiet_streams + 8)
+    unloaded = await quiet_phase(args)
+    limits = httpx.Limits(max_connections=args.flood_streams + 8)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=600, limits=limits) as client:
-        await stream_once(client, args.model, args.quiet_key, "warm", 8, Tally())
-        unloaded, _ = await quiet_phase(client, args)
         flood = Tally()
         stop = asyncio.Event()
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), _cpu_s(resource.RUSAGE_SELF)
         flooders = [
-            asyncio.create_task(
-                loop(client, args, args.flood_key, f"Flood {i}", args.flood_tokens, flood, stop)
-            )
+            asyncio.create_task(flood_loop(client, args, f"Flood {i}", flood, stop))
             for i in range(args.flood_streams)
         ]
         await asyncio.sleep(args.warmup_s)
-        flooded, quiet_s = await quiet_phase(client, args)
+        flooded = await quiet_phase(args)
         stop.set()
         await asyncio.gather(*flooders)
         flood_s = time.perf_counter() - began
+        flood_cpu_s = _cpu_s(resource.RUSAGE_SELF) - cpu_began
     itl_target_ms = float(os.environ.get("SLUICE_ITL_TARGET_MS", "50"))
     ttft_bound_ms = max(3 * pct(unloaded.ttft_ms, 95), 250.0)
     met = pct(flooded.ttft_ms, 95) < ttft_bound_ms and pct(flooded.gaps_ms, 95) < itl_target_ms
+    views = [read_gateway_view(args.telemetry, t.request_ids) for t in (unloaded, flooded)]
     return [
-        f"CPU: {cpu_description()}. Flood: {args.flood_key.split('-')[1]} keeps {args.flood_streams} "
-        f"streams of {args.flood_tokens} tokens going; quiet: {args.quiet_key.split('-')[1]}, "
-        f"{args.quiet_streams} streams of {args.quiet_tokens} tokens for {args.duration_s:.0f} s "
-        f"(after {args.warmup_s:.0f} s of flood).",
+        f"CPU: {cpu_description()}; flags: {cpu_flags()}. Flood: {args.flood_key.split('-')[1]} keeps "
+        f"{args.flood_streams} streams of {args.flood_tokens} tokens going; quiet: "
+        f"{args.quiet_key.split('-')[1]}, {args.quiet_streams} streams of {args.quiet_tokens} tokens for "
+        f"{args.duration_s:.0f} s (after {args.warmup_s:.0f} s of flood), from a client process of its own.",
         "",
-        "| quiet tenant | requests | failed | TTFT p50 ms | TTFT p95 ms | gap p50 ms | gap p95 ms |",
+        "| quiet tenant, as its client saw it | requests | failed | TTFT p50 ms | TTFT p95 ms | gap p50 ms "
+        "| gap p95 ms |",
         "|---|---:|---:|---:|---:|---:|---:|",
         _row("unloaded", unloaded),
         _row("during the flood", flooded),
@@ -141,7 +298,37 @@ async def run(args: argparse.Namespace) -> list[str]:
         f"**{'met' if met else 'not met'}**. During the flood: flooding tenant "
         f"{flood.num_tokens / flood_s:,.0f} output tokens/s ({flood.num_refused} streams refused with 429 "
         f"and retried, {flood.num_failed} failed), quiet tenant "
-        f"{flooded.num_tokens / quiet_s:,.0f} tokens/s.",
+        f"{flooded.num_tokens / flooded.elapsed_s:,.0f} tokens/s. The flood client used "
+        f"{flood_cpu_s:.1f} CPU-s in its {flood_s:.0f} s ({flood_cpu_s / flood_s:.0%} of a core).",
+        "",
+        *telemetry_lines(args.telemetry, views),
+    ]
+
+
+def _cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def telemetry_lines(path: Path, views: Sequence[dict[str, list[float]] | None]) -> list[str]:
+    """The table of the gateway's own figures for the quiet requests (unloaded, during the flood)."""
+    if any(view is None for view in views):
+        return [f"Gateway telemetry: no file at {path} (a gateway elsewhere, or telemetry off)."]
+    rows = [
+        "| quiet tenant, as the gateway saw it | records | TTFT p50 / p95 ms | queue p50 / p95 ms "
+        "| replica TTFT p50 / p95 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, view in zip(("unloaded", "during the flood"), views, strict=True):
+        assert view is not None
+        cells = [f"{pct(view[n], 50):.0f} / {pct(view[n], 95):.0f}" for n in TELEMETRY_FIELDS]
+        rows.append(f"| {label} | {len(view['queue_ms'])} | " + " | ".join(cells) + " |")
+    return [
+        *rows,
+        "",
+        f"From {path}, matched by X-Request-Id: TTFT from the gateway's auth guard to the first token, "
+        "queue = in the gateway before the replica call, replica TTFT = from that call to its first token. "
+        "The client's TTFT adds the connection, the HTTP layers and the client's own scheduling.",
     ]
 
 
@@ -160,14 +347,20 @@ def main() -> None:
     ap.add_argument("--flood-key", default="sk-globex-dev")
     ap.add_argument("--flood-streams", type=int, default=200)
     ap.add_argument("--flood-tokens", type=int, default=400)
+    ap.add_argument("--flood-read-interval-ms", type=float, default=50.0, help="0: read as data arrives")
     ap.add_argument("--quiet-streams", type=int, default=2)
     ap.add_argument("--quiet-tokens", type=int, default=64)
     ap.add_argument("--duration-s", type=float, default=20.0)
     ap.add_argument("--warmup-s", type=float, default=5.0)
+    ap.add_argument("--telemetry", type=Path, default=Path(".sluice/telemetry.jsonl"), help="the gateway's")
+    ap.add_argument("--role", choices=("main", "quiet"), default="main", help=argparse.SUPPRESS)
     ap.add_argument(
         "--write-docs", action="store_true", help="replace this bench's section of docs/benchmarks.md"
     )
     args = ap.parse_args()
+    if args.role == "quiet":
+        print(json.dumps(asdict(asyncio.run(quiet_role(args)))))
+        return
     lines = asyncio.run(run(args))
     print("\n".join(lines))
     if args.write_docs:
