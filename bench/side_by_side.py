@@ -2,8 +2,12 @@
 a fresh seed per run, and the table of medians and ratios. No servers, no I/O.
 
 One run is one closed-loop load (C streams, N requests) against one target; a target is a served stack
-("sluice", "vllm") or the engine alone ("engine"). Each run is reduced to a ``RunResult`` of six figures;
-a table cell is the median of a target's runs at one concurrency, with their range beside it.
+or the engine alone ("engine"). Sluice is served twice: to a tenant whose safety policy is ``none``
+("sluice", like for like with vLLM, which screens nothing: the issue's targets are judged on it) and to
+one with the ``default`` policy ("sluice-default": its PII screen holds back a word that could still
+become an e-mail address until the next token decides it, so text leaves in word-sized bursts; the
+table shows what that costs). Each run is reduced to a ``RunResult`` of a few figures; a table cell is
+the median of a target's runs at one concurrency, with their range beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 
 from bench.report import pct
 
-SLUICE, VLLM, ENGINE = "sluice", "vllm", "engine"
+SLUICE, SLUICE_DEFAULT, VLLM, ENGINE = "sluice", "sluice-default", "vllm", "engine"
 # (attribute of RunResult, row label, how many decimals the cells show)
 METRICS: tuple[tuple[str, str, int], ...] = (
     ("tokens_per_s", "output tok/s", 0),
@@ -25,10 +29,12 @@ METRICS: tuple[tuple[str, str, int], ...] = (
     ("itl_p95_ms", "ITL p95 ms", 2),
     ("itl_p99_ms", "ITL p99 ms", 2),
     ("tpot_p50_ms", "TPOT p50 ms", 2),
+    ("tpot_p95_ms", "TPOT p95 ms", 2),
 )
 TABLE_HEADER = (
-    "| streams | metric | Sluice | vLLM | Sluice / vLLM | engine alone | Sluice / engine |\n"
-    "|---|---|---|---|---|---|---|"
+    "| streams | metric | Sluice (safety none) | Sluice (safety default) | vLLM | Sluice / vLLM "
+    "| default / none | engine alone | Sluice / engine |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -45,8 +51,10 @@ class RunResult:
     itl_p50_ms: float
     itl_p95_ms: float
     itl_p99_ms: float
-    # Median over requests of (last chunk - first chunk) / (tokens - 1): NaN where not measured.
+    # Over requests of (last chunk - first chunk) / (tokens - 1), median and p95: NaN where not measured.
+    # A burst of chunks does not skew it, so its p95 is the tail of a stream's pace that bursts hide.
     tpot_p50_ms: float = math.nan
+    tpot_p95_ms: float = math.nan
 
     @classmethod
     def from_samples(
@@ -60,7 +68,7 @@ class RunResult:
         tpot_ms: Sequence[float] = (),
     ) -> RunResult:
         """Reduce one run's raw TTFT, inter-token and per-request time-per-token samples to percentiles."""
-        ttft, itl = list(ttft_ms), list(itl_ms)
+        ttft, itl, tpot = list(ttft_ms), list(itl_ms), list(tpot_ms)
         return cls(
             target,
             concurrency,
@@ -71,15 +79,17 @@ class RunResult:
             pct(itl, 50),
             pct(itl, 95),
             pct(itl, 99),
-            pct(list(tpot_ms), 50),
+            pct(tpot, 50),
+            pct(tpot, 95),
         )
 
     def line(self) -> str:
         """A one-line progress report."""
         return (
-            f"{self.target:<6} streams {self.concurrency:>3} round {self.round_index + 1}: "
+            f"{self.target:<14} streams {self.concurrency:>3} round {self.round_index + 1}: "
             f"{self.tokens_per_s:,.0f} tok/s, TTFT p50/p95 {self.ttft_p50_ms:.1f}/{self.ttft_p95_ms:.1f} ms, "
-            f"ITL p50/p95/p99 {self.itl_p50_ms:.1f}/{self.itl_p95_ms:.1f}/{self.itl_p99_ms:.1f} ms"
+            f"ITL p50/p95/p99 {self.itl_p50_ms:.1f}/{self.itl_p95_ms:.1f}/{self.itl_p99_ms:.1f} ms, "
+            f"TPOT p50/p95 {self.tpot_p50_ms:.2f}/{self.tpot_p95_ms:.2f} ms"
         )
 
 
@@ -160,20 +170,26 @@ def _ratio_cell(value: float | None, as_share: bool = False) -> str:
 
 def comparison_table(results: Sequence[RunResult], concurrencies: Sequence[int]) -> str:
     """The markdown table: per concurrency, one row per metric with each target's median (and range) and
-    the ratios of the medians, Sluice / vLLM and, for throughput, Sluice / engine alone (the share of the
-    engine's own tokens/s that the served stack delivers)."""
+    the ratios of the medians: Sluice (safety none) / vLLM, Sluice's default policy / none (the safety
+    screen's cost) and, for throughput, Sluice (safety none) / engine alone (the share of the engine's own
+    tokens/s that the served stack delivers)."""
     rows = [TABLE_HEADER]
     for c in concurrencies:
-        sluice, vllm, engine = (medians(results, t, c) for t in (SLUICE, VLLM, ENGINE))
+        sluice, screened, vllm, engine = (
+            medians(results, t, c) for t in (SLUICE, SLUICE_DEFAULT, VLLM, ENGINE)
+        )
         for name, label, decimals in METRICS:
             vs_vllm = ratio(_get(sluice, name), _get(vllm, name))
+            screen = ratio(_get(screened, name), _get(sluice, name))
             share = ratio(_get(sluice, name), _get(engine, name)) if name == "tokens_per_s" else None
             cells = [
                 str(c),
                 label,
                 _cell(results, SLUICE, c, name, decimals),
+                _cell(results, SLUICE_DEFAULT, c, name, decimals),
                 _cell(results, VLLM, c, name, decimals),
                 _ratio_cell(vs_vllm),
+                _ratio_cell(screen),
                 _cell(results, ENGINE, c, name, decimals),
                 _ratio_cell(share, as_share=True),
             ]
@@ -186,10 +202,13 @@ def _verdict(value: float | None, met: bool) -> str:
 
 
 def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[str]:
-    """Issue 10's end-to-end targets at ``concurrency`` streams, read off the medians: the served stack
-    keeps at least 75% of the engine-alone tokens/s; its inter-token p95 is no worse than vLLM's and
-    under 2x its own p50; and it keeps its lead in tokens/s and TTFT p95. Empty if Sluice did not run."""
-    sluice, vllm, engine = (medians(results, t, concurrency) for t in (SLUICE, VLLM, ENGINE))
+    """Issue 10's end-to-end targets at ``concurrency`` streams, read off the medians of Sluice with safety
+    policy none (like for like with vLLM): the served stack keeps at least 75% of the engine-alone
+    tokens/s; its inter-token p95 is no worse than vLLM's and under 2x its own p50; and it keeps its lead
+    in tokens/s and TTFT p95. Then what the default policy's screen costs. Empty if Sluice did not run."""
+    sluice, screened, vllm, engine = (
+        medians(results, t, concurrency) for t in (SLUICE, SLUICE_DEFAULT, VLLM, ENGINE)
+    )
     if sluice is None:
         return []
     share = ratio(sluice["tokens_per_s"], _get(engine, "tokens_per_s"))
@@ -199,8 +218,10 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
     ttft = ratio(sluice["ttft_p95_ms"], _get(vllm, "ttft_p95_ms"))
     lead = None if tps is None or ttft is None else tps
     tpot = ratio(sluice["tpot_p50_ms"], _get(vllm, "tpot_p50_ms"))
+    tpot_tail = ratio(sluice["tpot_p95_ms"], _get(vllm, "tpot_p95_ms"))
+    screen = {name: ratio(_get(screened, name), sluice[name]) for name, _, _ in METRICS}
     return [
-        f"Issue 10's targets at {concurrency} streams (medians):",
+        f"Issue 10's targets at {concurrency} streams (medians; Sluice with safety policy none):",
         f"- served share of the engine-alone tok/s {_ratio_cell(share, as_share=True)} (at least 75%): "
         + _verdict(share, share is not None and share >= 0.75),
         f"- ITL p95 Sluice / vLLM {_ratio_cell(itl_vs_vllm)} (at most 1x): "
@@ -209,6 +230,9 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
         + _verdict(itl_tail, itl_tail is not None and itl_tail < 2.0),
         f"- lead over vLLM: tok/s {_ratio_cell(tps)}, TTFT p95 {_ratio_cell(ttft)} (above 1x and below 1x): "
         + _verdict(lead, tps is not None and ttft is not None and tps > 1.0 and ttft < 1.0),
-        "- for reference, time per output token p50 (bursts do not skew it): Sluice / vLLM "
-        + _ratio_cell(tpot),
+        "- for reference, time per output token (bursts do not skew it): Sluice / vLLM p50 "
+        + f"{_ratio_cell(tpot)}, p95 {_ratio_cell(tpot_tail)}",
+        "- the default safety policy's cost (default / none): tok/s "
+        + f"{_ratio_cell(screen['tokens_per_s'])}, TTFT p95 {_ratio_cell(screen['ttft_p95_ms'])}, ITL p95 "
+        + f"{_ratio_cell(screen['itl_p95_ms'])}, TPOT p95 {_ratio_cell(screen['tpot_p95_ms'])}",
     ]

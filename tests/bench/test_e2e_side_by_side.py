@@ -3,6 +3,8 @@ what the replica exports) and its process clean-up on a real process tree. No se
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import signal
 import subprocess
 import time
@@ -12,13 +14,14 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from bench.e2e_bench import plain_prompt_ids
+from bench.e2e_bench import Timeline, plain_prompt_ids, request_tpot_ms
 from bench.e2e_side_by_side import engine_info, repository_parameters
 from bench.report import write_measured
-from bench.servers import VllmServer, is_alive, proc_id, process_tree, stop_tree
+from bench.servers import SluiceStack, VllmServer, is_alive, proc_id, process_tree, stop_tree
 from bench.side_by_side import (
     ENGINE,
     SLUICE,
+    SLUICE_DEFAULT,
     VLLM,
     RunResult,
     alternation,
@@ -28,14 +31,18 @@ from bench.side_by_side import (
     run_seed,
     target_lines,
 )
+from sluice.domain import Tenant
 from sluice.safety.fold import fold
 from sluice.safety.rules import pii_rules
+from sluice.settings import Settings
+from sluice.storage import open_tenant_store
+from sluice.tenants.base import dev_tenant
 
 
 def result(
     target: str, concurrency: int, round_index: int, tokens_per_s: float, latency_ms: float
 ) -> RunResult:
-    return RunResult(target, concurrency, round_index, tokens_per_s, *([latency_ms] * 6))
+    return RunResult(target, concurrency, round_index, tokens_per_s, *([latency_ms] * 7))
 
 
 def test_alternation_runs_every_target_once_per_round_in_order() -> None:
@@ -62,9 +69,21 @@ def test_every_run_gets_a_fresh_seed_and_the_warm_up_its_own() -> None:
 
 
 def test_from_samples_reduces_a_run_to_its_percentiles() -> None:
-    r = RunResult.from_samples(SLUICE, 4, 0, 100.0, [float(v) for v in range(1, 102)], [2.0] * 50)
+    samples = [float(v) for v in range(1, 102)]
+    r = RunResult.from_samples(SLUICE, 4, 0, 100.0, samples, [2.0] * 50, samples)
     assert (r.ttft_p50_ms, r.ttft_p95_ms) == (51.0, 96.0)
     assert (r.itl_p50_ms, r.itl_p95_ms, r.itl_p99_ms) == (2.0, 2.0, 2.0)
+    assert (r.tpot_p50_ms, r.tpot_p95_ms) == (51.0, 96.0)
+
+
+def test_tpot_is_the_pace_of_a_request_whatever_its_bursts() -> None:
+    # 5 tokens: the first chunk at 1.0 s, then a burst of three chunks, then the last at 1.4 s.
+    bursty = Timeline(0.9, [1.0, 1.3, 1.3, 1.3, 1.4], completion_tokens=5)
+    assert request_tpot_ms(bursty) == pytest.approx(100.0)
+    # Chunks of several tokens: tokens from usage, not chunks.
+    assert request_tpot_ms(Timeline(0.0, [1.0, 1.8], completion_tokens=9)) == pytest.approx(100.0)
+    assert request_tpot_ms(Timeline(0.0, [1.0], completion_tokens=1)) is None
+    assert request_tpot_ms(Timeline(0.0, [], completion_tokens=4)) is None
 
 
 def test_medians_are_per_target_and_concurrency() -> None:
@@ -94,12 +113,20 @@ def test_table_quotes_medians_ranges_and_ratios_of_the_medians() -> None:
         result(VLLM, 32, 2, 550.0, 25.0),
         result(ENGINE, 32, 0, 2000.0, 5.0),
     ]
+    runs.append(result(SLUICE_DEFAULT, 32, 0, 990.0, 100.0))
     lines = comparison_table(runs, [32]).splitlines()
-    assert lines[0].startswith("| streams | metric | Sluice | vLLM | Sluice / vLLM | engine alone")
-    assert len(lines) == 2 + 7  # header, rule, one row per metric
-    assert lines[2] == "| 32 | output tok/s | 1,100 (1,000-1,200) | 550 (500-600) | 2.00x | 2,000 | 55% |"
+    assert lines[0].startswith(
+        "| streams | metric | Sluice (safety none) | Sluice (safety default) | vLLM | Sluice / vLLM "
+        "| default / none | engine alone"
+    )
+    assert len(lines) == 2 + 8  # header, rule, one row per metric
+    assert lines[2] == (
+        "| 32 | output tok/s | 1,100 (1,000-1,200) | 990 | 550 (500-600) | 2.00x | 0.90x | 2,000 | 55% |"
+    )
     # Latency rows: the ratio of the medians, and no share of the engine (only throughput has one).
-    assert lines[5] == "| 32 | ITL p50 ms | 50.00 (40.00-60.00) | 25.00 (20.00-30.00) | 2.00x | 5.00 | - |"
+    assert lines[5] == (
+        "| 32 | ITL p50 ms | 50.00 (40.00-60.00) | 100.00 | 25.00 (20.00-30.00) | 2.00x | 2.00x | 5.00 | - |"
+    )
 
 
 def test_a_metric_a_target_does_not_measure_is_a_dash_not_nan() -> None:
@@ -110,15 +137,16 @@ def test_a_metric_a_target_does_not_measure_is_a_dash_not_nan() -> None:
         RunResult.from_samples(VLLM, 8, 0, 500.0, [10.0], [1.0], [2.0]),
         RunResult.from_samples(ENGINE, 8, 0, 2000.0, [1.0], [0.5]),
     ]
-    tpot_row = comparison_table(runs, [8]).splitlines()[-1]
-    assert tpot_row == "| 8 | TPOT p50 ms | 4.00 | 2.00 | 2.00x | - | - |"
-    assert target_lines(runs, 8)[-1].endswith("Sluice / vLLM 2.00x")
+    tpot_row = comparison_table(runs, [8]).splitlines()[-2]
+    assert tpot_row == "| 8 | TPOT p50 ms | 4.00 | - | 2.00 | 2.00x | - | - | - |"
+    assert target_lines(runs, 8)[-2].endswith("Sluice / vLLM p50 2.00x, p95 2.00x")
+    assert target_lines(runs, 8)[-1].endswith("tok/s -, TTFT p95 -, ITL p95 -, TPOT p95 -")
 
 
 def test_table_leaves_a_dash_where_a_target_did_not_run() -> None:
     lines = comparison_table([result(SLUICE, 1, 0, 300.0, 2.0)], [1, 8]).splitlines()
-    assert lines[2] == "| 1 | output tok/s | 300 | - | - | - | - |"
-    assert lines[9] == "| 8 | output tok/s | - | - | - | - | - |"
+    assert lines[2] == "| 1 | output tok/s | 300 | - | - | - | - | - | - |"
+    assert lines[10] == "| 8 | output tok/s | - | - | - | - | - | - | - |"
 
 
 def test_targets_are_read_off_the_medians() -> None:
@@ -136,6 +164,24 @@ def test_targets_are_read_off_the_medians() -> None:
     assert [line.rsplit(": ", 1)[1] for line in target_lines(slow)[1:5]] == ["not met"] * 4
     assert target_lines(runs[1:]) == []
     assert target_lines(runs[:1])[1].endswith("not measured")
+
+
+def test_targets_are_judged_on_sluice_without_the_screen_and_the_screen_is_costed() -> None:
+    runs = [
+        RunResult(SLUICE, 32, 0, 1600.0, 100.0, 200.0, 10.0, 15.0, 30.0, 8.0, 10.0),
+        RunResult(SLUICE_DEFAULT, 32, 0, 1600.0, 100.0, 300.0, 1.0, 45.0, 90.0, 8.0, 12.0),
+        RunResult(VLLM, 32, 0, 800.0, 150.0, 400.0, 9.0, 20.0, 25.0, 8.0, 10.0),
+        RunResult(ENGINE, 32, 0, 2000.0, 20.0, 50.0, 3.0, 9.0, 12.0),
+    ]
+    lines = target_lines(runs)
+    assert "safety policy none" in lines[0]
+    assert [line.rsplit(": ", 1)[1] for line in lines[1:5]] == ["met"] * 4  # the default's ITL is not judged
+    assert lines[-1] == (
+        "- the default safety policy's cost (default / none): tok/s 1.00x, TTFT p95 1.50x, ITL p95 3.00x, "
+        "TPOT p95 1.20x"
+    )
+    # Only the screened target ran (a reused stack without a key for policy none): nothing is judged.
+    assert target_lines(runs[1:]) == []
 
 
 def test_engine_info_reads_the_labels_of_the_replicas_gauge() -> None:
@@ -227,3 +273,20 @@ def test_a_measured_section_names_its_command_and_replaces_only_itself(tmp_path:
     text = docs.read_text()
     assert "kept" in text and text.count("<!-- BEGIN mine -->") == 1
     assert "```\npython -m bench.x --write-docs\n```" in text and "| 2 |" in text and "| 1 |" not in text
+
+
+def test_the_stack_gets_its_tenant_with_policy_none_in_its_own_state_dir(tmp_path: Path) -> None:
+    stack = SluiceStack(Path("repo"), "http://127.0.0.1:1", tmp_path / "log", state_dir=tmp_path / "state")
+    tenant = dataclasses.replace(dev_tenant("bench-none"), safety_policy="none")
+    stack.put_tenant(tenant, "sk-bench-none")
+    stack.put_tenant(tenant, "sk-bench-none")  # a second run finds it there: the same tenant and key
+
+    async def resolve() -> Tenant | None:
+        store = await open_tenant_store(Settings(state_dir=tmp_path / "state"))
+        try:
+            return await store.resolve("sk-bench-none")
+        finally:
+            await store.close()
+
+    assert asyncio.run(resolve()) == tenant
+    assert (tmp_path / "state" / "sluice.db").exists()
