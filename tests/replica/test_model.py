@@ -6,6 +6,7 @@ recorded so the sending, coalescing, cancellation and metrics paths can be check
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -19,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from sluice.triton.converters import request_tensors
+from sluice.triton.converters import gauge_values, request_tensors
 from sluice.triton.render import SOURCE_DIR
 
 FINAL = 1
@@ -47,15 +48,31 @@ class FakeResponse:
 
 
 class FakeSender:
-    """Records (response, flags); ``delay_s`` makes sending slow, as the real response path is."""
+    """Records (response, flags); ``delay_s`` makes sending slow, as the real response path is.
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    With a ``gate``, each send waits until the gate is open; with a ``log``, each send appends ``name``.
+    """
+
+    def __init__(
+        self,
+        delay_s: float = 0.0,
+        gate: threading.Event | None = None,
+        log: list[str] | None = None,
+        name: str = "",
+    ) -> None:
         self.sent: list[tuple[FakeResponse | None, int]] = []
         self.delay_s = delay_s
+        self.gate, self.log, self.name = gate, log, name
         self.finished = threading.Event()
+        self.entered = threading.Event()  # a send has begun
 
     def send(self, response: FakeResponse | None = None, flags: int = 0) -> None:
+        self.entered.set()
         time.sleep(self.delay_s)
+        if self.gate is not None:
+            self.gate.wait()
+        if self.log is not None:
+            self.log.append(self.name)
         self.sent.append((response, flags))
         if flags & FINAL:
             self.finished.set()
@@ -82,9 +99,11 @@ class FakeRequest:
 class FakeMetric:
     def __init__(self, labels: dict[str, str]) -> None:
         self.labels, self.value = labels, 0.0
+        self.num_sets = 0
 
     def set(self, value: float) -> None:
         self.value = value
+        self.num_sets += 1
 
     def increment(self, value: float) -> None:
         self.value += value
@@ -210,6 +229,46 @@ def test_bad_input_gets_one_final_error_response(model: Any) -> None:
     assert response.error.code == "INVALID_ARG" and "outside the vocabulary" in response.error.message
 
 
+def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
+
+
+def test_a_higher_priority_first_token_is_sent_before_the_backlog(model: Any) -> None:
+    """While the sender is stuck in one flood send, the flood and a quiet request all make tokens; once the
+    send returns, the quiet request (priority 0, owed its first token) is sent next."""
+    gate, log = threading.Event(), []
+    flood = [
+        FakeRequest(
+            request_tensors([5, 6, 7 + i], 200, priority=1, ignore_eos=True, cache_scope="globex"),
+            FakeSender(gate=gate, log=log, name=f"flood-{i}"),
+        )
+        for i in range(4)
+    ]
+    model.execute(flood)
+    [sender] = model._senders
+    wait_until(lambda: any(f.sender.entered.is_set() for f in flood))  # the sender thread is held
+    quiet = FakeRequest(
+        request_tensors([9, 10, 11], 20, priority=0, ignore_eos=True, cache_scope="acme"),
+        FakeSender(log=log, name="quiet"),
+    )
+    model.execute([quiet])
+    [quiet_id] = [rid for rid in sender._live if sender._live[rid].request is quiet]
+    quiet_stream = sender._live[quiet_id].stream
+    wait_until(lambda: bool(quiet_stream._pending))
+    # Its dirty mark is queued while the engine delivers that step, before the stats of the step land.
+    steps = model._engine.stats().num_steps_total
+    wait_until(lambda: model._engine.stats().num_steps_total > steps)
+    assert log == []  # the first flood send is still held
+    gate.set()
+    wait_final(quiet)
+    for request in flood:
+        wait_final(request)
+    assert log[1] == "quiet", log[:6]
+
+
 def test_a_cancelled_request_is_aborted_within_a_step(model: Any) -> None:
     request = FakeRequest(request_tensors(list(range(3, 200)), 500, ignore_eos=True, cache_scope="acme"))
     other = FakeRequest(request_tensors([5, 6, 7], 500, ignore_eos=True, cache_scope="acme"))
@@ -242,6 +301,30 @@ def test_engine_stats_reach_the_metric_families(model: Any) -> None:
     assert families["sluice_engine_generated_tokens_total"].value() == 8
     assert families["sluice_engine_steps_total"].value() >= 8
     assert kv.value(kv_cache_block_type="used") == 0
+
+
+def test_gauges_are_set_only_when_their_value_changes(model: Any) -> None:
+    """Each set is an IPC to the server: an unchanged gauge is not set again, and values stay exact."""
+    module = sys.modules["cpu_engine_triton_model"]
+    stats = model._engine.stats()
+    exporter = module._MetricsExporter("m", "1", stats, {})
+    gauges = list(exporter._gauges.values())
+    assert all(g.num_sets == 1 for g in gauges)
+    exporter.update(stats)
+    exporter.update(stats)
+    assert all(g.num_sets == 1 for g in gauges)
+    num_steps = stats.num_steps_total + 7
+    busier = dataclasses.replace(stats, num_waiting=stats.num_waiting + 3, num_steps_total=num_steps)
+    exporter.update(busier)
+    changed = {key for key, g in exporter._gauges.items() if g.num_sets == 2}
+    assert changed == {
+        ("nv_trt_llm_request_metrics", "request_type", "active"),
+        ("nv_trt_llm_request_metrics", "request_type", "waiting"),
+    }
+    for key, value in gauge_values(busier).items():
+        assert exporter._gauges[key].value == value
+    steps = exporter._counters["sluice_engine_steps_total"]
+    assert steps.value == num_steps  # counters still follow the totals
 
 
 def test_the_dtype_choice_is_exported_as_an_info_metric(model: Any) -> None:

@@ -5,9 +5,12 @@ Threads and what they own:
 - The engine thread (``EngineThread``) owns the engine; a stream it updates is marked dirty in a queue.
 - A small pool of ``_Sender`` threads, each with its own requests (map, lock, dirty queue), sends for
   each dirty stream the tokens produced since its last response (so a response carries several tokens
-  when sending falls behind, instead of a growing backlog), and once per engine step asks Triton whether
-  each of its requests was cancelled, aborting those in the engine.
-- One metrics thread copies engine stats into Triton's metrics every ``stats_interval_ms``.
+  when sending falls behind, instead of a growing backlog), higher engine priority first and, within
+  one, streams still owed their first token first (``SendQueue``). Once per engine step it asks Triton
+  whether its requests were cancelled, all of them or a rotating slice (``CancelSweep``), aborting
+  those in the engine.
+- One metrics thread copies engine stats into Triton's metrics every ``stats_interval_ms`` (a gauge only
+  when its value changed: each set is an IPC to the server).
 
 Every request ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: an empty one after
 its tokens, or an error response. Clients see the empty one only if they ask for it
@@ -41,12 +44,15 @@ from sluice.triton.converters import (
     request_from_tensors,
     response_tensors,
 )
+from sluice.triton.send_schedule import CancelSweep, SendQueue
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
 _BUSY_POLL_S = 0.005
 _IDLE_POLL_S = 0.1
 _DRAIN_TIMEOUT_S = 5.0
+# Cancellation is checked between batches of sends, and at least this often while a backlog lasts.
+_MAX_CHECK_GAP_S = 0.02
 # Sender threads. A send waits ~0.3 ms on an IPC round trip with the GIL released, so more threads
 # overlap their waits; on 2 cores a second one measured no gain (it competes with the engine thread).
 _NUM_SENDERS = 1
@@ -65,7 +71,9 @@ class _Live:
     sender: Any  # pb_utils.InferenceResponseSender
     stream: RequestStream
     streaming: bool
+    priority: int  # the engine's PriorityClass: lower is sent first
     tokens: list[int] = field(default_factory=list)  # non-streaming: every token so far
+    first_token_sent: bool = False
     cancelled: bool = False
 
 
@@ -141,17 +149,21 @@ class TritonPythonModel:
 class _Sender:
     """A sender thread and the requests assigned to it: their map, its lock, and their dirty queue.
 
-    The thread sends, for each stream marked dirty, what it produced since its last response, and asks
-    Triton whether each of its requests was cancelled once per engine step (at most once per
-    ``check_period_s``; while idle, at every wake-up).
+    The thread sends, for each stream marked dirty, what it produced since its last response, in
+    ``SendQueue`` order, and asks Triton whether its requests were cancelled once per engine step (and
+    at every idle wake-up): every request when ``check_period_s`` is 0, else a rotating slice that asks
+    each about once per ``check_period_s``.
     """
 
     def __init__(self, engine: EngineThread, name: str, check_period_s: float) -> None:
         self._engine = engine
-        self._check_period_s = check_period_s
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()  # guards _live: Triton's thread adds, this sender removes
         self._dirty: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # Owned by this sender's thread:
+        self._send_queue = SendQueue()
+        self._cancel_sweep = CancelSweep(check_period_s)
+        self._last_check_step, self._last_check_s = -1, 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -171,29 +183,42 @@ class _Sender:
                 converted.cache_scope,
                 on_update=functools.partial(self._dirty.put, request_id),
             )
-            self._live[request_id] = _Live(request, response_sender, stream, converted.streaming)
+            self._live[request_id] = _Live(
+                request, response_sender, stream, converted.streaming, int(converted.priority)
+            )
 
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=2.0)
 
     def _run(self) -> None:
-        last_step, last_check_s = -1, 0.0
         while not self._stopping.is_set():
-            dirty: set[str] = set()
             try:
-                dirty.add(self._dirty.get(timeout=_BUSY_POLL_S if self._live else _IDLE_POLL_S))
-                while True:
-                    dirty.add(self._dirty.get_nowait())
+                first = self._dirty.get(timeout=_BUSY_POLL_S if self._live else _IDLE_POLL_S)
             except queue.Empty:
-                pass
-            for request_id in dirty:
+                self._abort_cancelled(idle=True)
+                continue
+            self._queue_dirty(first)
+            # NOTE: what became dirty during a send is queued before the next pick, so a high-priority
+            # stream waits for at most one send, not for the whole batch it arrived behind.
+            while (request_id := self._send_queue.pop()) is not None:
                 self._flush(request_id)
-            # NOTE: is_cancelled() is an IPC round trip per request, hence at most once per engine step.
-            step, now = self._engine.stats().num_steps_total, time.monotonic()
-            if (step != last_step or not dirty) and now - last_check_s >= self._check_period_s:
-                last_step, last_check_s = step, now
-                self._abort_cancelled()
+                if not self._dirty.empty():
+                    self._queue_dirty()
+                if time.monotonic() - self._last_check_s >= _MAX_CHECK_GAP_S:
+                    self._abort_cancelled(idle=True)  # a backlog that never empties must not hide a cancel
+            self._abort_cancelled(idle=False)  # between batches: the checks never delay a batch's sends
+
+    def _queue_dirty(self, first: str | None = None) -> None:
+        """Move the ids marked dirty (``first``, then all that are waiting) into the send queue."""
+        request_ids = [] if first is None else [first]
+        while not self._dirty.empty():  # only this thread takes from the queue
+            request_ids.append(self._dirty.get_nowait())
+        with self._lock:
+            lives = [(request_id, self._live.get(request_id)) for request_id in request_ids]
+        for request_id, live in lives:
+            if live is not None:
+                self._send_queue.push(request_id, live.priority, live.first_token_sent)
 
     def _flush(self, request_id: str) -> None:
         with self._lock:
@@ -233,17 +258,27 @@ class _Sender:
             if delta.token_ids or delta.finished:
                 tensors = response_tensors(delta.token_ids, delta if delta.finished else None)
                 live.sender.send(_response(tensors))
+                live.first_token_sent = True
         else:
             live.tokens.extend(delta.token_ids)
             if delta.finished:
                 live.sender.send(_response(response_tensors(live.tokens, delta)))
 
-    def _abort_cancelled(self) -> None:
+    def _abort_cancelled(self, idle: bool) -> None:
+        """Ask Triton about the requests due (see ``CancelSweep``); abort the cancelled ones.
+
+        While sending, at most once per engine step: is_cancelled() is an IPC round trip per request.
+        """
+        step = self._engine.stats().num_steps_total
+        if not idle and step == self._last_check_step:
+            return
+        self._last_check_step, self._last_check_s = step, time.monotonic()
         with self._lock:
-            live_items = list(self._live.items())
-        for request_id, live in live_items:
-            if not live.cancelled and live.request.is_cancelled():
-                live.cancelled = True
+            live = dict(self._live)
+        for request_id in self._cancel_sweep.due(live.keys(), self._last_check_s):
+            entry = live[request_id]
+            if not entry.cancelled and entry.request.is_cancelled():
+                entry.cancelled = True
                 self._engine.abort(request_id)  # the engine's final ABORT delta closes the request
 
 
@@ -279,11 +314,15 @@ class _MetricsExporter:
         self._info = self._families[ENGINE_INFO_FAMILY].Metric(labels={**labels, **info_labels})
         self._info.set(1.0)
         self._last_totals = dict.fromkeys(COUNTER_FAMILIES, 0.0)
+        self._last_gauges: dict[tuple[str, str, str], float] = {}
         self.update(stats)
 
     def update(self, stats: EngineStats) -> None:
+        # NOTE: each set() and increment() is an IPC to the server, so only changes are sent.
         for key, value in gauge_values(stats).items():
-            self._gauges[key].set(value)
+            if self._last_gauges.get(key) != value:
+                self._gauges[key].set(value)
+                self._last_gauges[key] = value
         for name, total in counter_totals(stats).items():
             if total > self._last_totals[name]:
                 self._counters[name].increment(total - self._last_totals[name])

@@ -1,0 +1,83 @@
+"""The replica's send path, decided without Triton: which dirty stream to send next, and which live
+requests to ask about cancellation now. Pure bookkeeping (no threads, no I/O, no clock: ``now_s`` in).
+
+Both are owned by the one sender thread in model_repository/cpu_engine/1/model.py.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Collection
+
+
+class SendQueue:
+    """Streams with something to send, popped in the order they should be sent.
+
+    Lower engine priority first (0 = interactive under its tenant's share); within a priority, streams
+    still owed their first token first; then in the order they became dirty. A stream queued twice is
+    kept once, at its first position: its next send carries everything it made since the last one.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, bool, int, str]] = []
+        self._queued: set[str] = set()
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, request_id: str, priority: int, first_token_sent: bool) -> None:
+        if request_id in self._queued:
+            return
+        self._queued.add(request_id)
+        heapq.heappush(self._heap, (priority, first_token_sent, next(self._seq), request_id))
+
+    def pop(self) -> str | None:
+        """The next stream to send, or None when none is queued."""
+        if not self._heap:
+            return None
+        request_id = heapq.heappop(self._heap)[3]
+        self._queued.discard(request_id)
+        return request_id
+
+
+class CancelSweep:
+    """Which live requests to ask ``is_cancelled()`` on this pass (each ask is an IPC round trip).
+
+    With ``period_s`` 0, every live request on every pass. Otherwise a rotating slice, sized by the time
+    since the previous pass, so that each live request is asked about once per ``period_s`` (a new one
+    within one period of its first pass) and the asks are spread over the period instead of bunched.
+    """
+
+    def __init__(self, period_s: float) -> None:
+        if period_s < 0:
+            raise ValueError("period_s must be >= 0")
+        self._period_s = period_s
+        self._order: dict[str, None] = {}  # the rotation: asked least recently first
+        self._credit = 0.0  # asks owed, in requests
+        self._last_s: float | None = None
+
+    def due(self, live_ids: Collection[str], now_s: float) -> list[str]:
+        """The ids of ``live_ids`` (a set or a mapping's keys) to ask now; ids no longer live are dropped."""
+        if not live_ids:
+            self._order.clear()
+        for request_id in live_ids:
+            self._order.setdefault(request_id)  # a new request joins the end of the rotation
+        if self._period_s == 0:
+            num_due = len(live_ids)
+        else:
+            elapsed_s = 0.0 if self._last_s is None else max(0.0, now_s - self._last_s)
+            self._credit = min(len(live_ids), self._credit + len(live_ids) * elapsed_s / self._period_s)
+            num_due = math.floor(self._credit + 1e-9)  # NOTE: 0.9999... from rounding is one ask
+            self._credit -= num_due
+        self._last_s = now_s
+        due: list[str] = []
+        while len(due) < num_due and self._order:
+            request_id = next(iter(self._order))
+            del self._order[request_id]
+            if request_id in live_ids:
+                due.append(request_id)
+                self._order[request_id] = None  # to the back of the rotation
+        return due

@@ -1,0 +1,93 @@
+"""The replica's send path decisions (sluice/triton/send_schedule.py): no Triton, no threads, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.triton.send_schedule import CancelSweep, SendQueue
+
+
+def drain(queue: SendQueue) -> list[str]:
+    out = []
+    while (request_id := queue.pop()) is not None:
+        out.append(request_id)
+    return out
+
+
+def test_higher_priority_is_sent_first_then_first_tokens_then_arrival_order() -> None:
+    queue = SendQueue()
+    queue.push("flood-a", priority=1, first_token_sent=True)
+    queue.push("batch", priority=2, first_token_sent=False)
+    queue.push("quiet-streaming", priority=0, first_token_sent=True)
+    queue.push("flood-new", priority=1, first_token_sent=False)
+    queue.push("flood-b", priority=1, first_token_sent=True)
+    queue.push("quiet-new", priority=0, first_token_sent=False)
+    assert len(queue) == 6
+    assert drain(queue) == ["quiet-new", "quiet-streaming", "flood-new", "flood-a", "flood-b", "batch"]
+    assert queue.pop() is None and len(queue) == 0
+
+
+def test_a_stream_marked_dirty_twice_is_queued_once_at_its_first_place() -> None:
+    queue = SendQueue()
+    queue.push("a", 1, True)
+    queue.push("b", 1, True)
+    queue.push("a", 1, True)
+    assert drain(queue) == ["a", "b"]
+    queue.push("a", 1, True)  # popped streams can be queued again
+    assert drain(queue) == ["a"]
+
+
+def test_a_stream_queued_while_others_wait_overtakes_lower_priorities() -> None:
+    queue = SendQueue()
+    for i in range(5):
+        queue.push(f"flood-{i}", 1, True)
+    assert queue.pop() == "flood-0"
+    queue.push("quiet", 0, False)  # made dirty during the first send
+    assert drain(queue) == ["quiet", "flood-1", "flood-2", "flood-3", "flood-4"]
+
+
+def test_period_zero_asks_every_live_request_on_every_pass() -> None:
+    sweep = CancelSweep(0.0)
+    live = {"a", "b", "c"}
+    assert sorted(sweep.due(live, 0.0)) == ["a", "b", "c"]
+    assert sorted(sweep.due(live, 0.0)) == ["a", "b", "c"]
+    assert sweep.due(set(), 1.0) == []
+
+
+def test_a_period_spreads_the_asks_and_asks_each_request_once_per_period() -> None:
+    sweep = CancelSweep(0.040)
+    live = {f"r{i}": None for i in range(32)}.keys()
+    assert sweep.due(live, 0.0) == []  # the first pass only starts the clock
+    asked: dict[str, list[float]] = {r: [] for r in live}
+    now = 0.0
+    for _ in range(40):  # 8 ms passes: 32 * 8 / 40 = 6.4 asks per pass
+        now += 0.008
+        due = sweep.due(live, now)
+        assert len(due) in (6, 7)
+        for request_id in due:
+            asked[request_id].append(now)
+    for times in asked.values():
+        gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+        assert max(gaps) <= 0.040 + 0.008 + 1e-9  # within one period, give or take one pass
+
+
+def test_new_requests_join_the_rotation_and_finished_ones_leave_it() -> None:
+    sweep = CancelSweep(1.0)
+    sweep.due({"a", "b"}, 0.0)
+    assert sorted(sweep.due({"a", "b"}, 1.0)) == ["a", "b"]
+    # b finished, c arrived: one period later both live requests are asked, b never again.
+    assert sorted(sweep.due({"a", "c"}, 2.0)) == ["a", "c"]
+    assert sweep.due({"a", "c"}, 2.5) == ["a"]  # half a period: half the requests, oldest ask first
+    assert sweep.due({"a", "c"}, 3.0) == ["c"]
+
+
+def test_a_long_pause_does_not_ask_a_request_twice_in_one_pass() -> None:
+    sweep = CancelSweep(1.0)
+    sweep.due({"a", "b"}, 0.0)
+    assert sorted(sweep.due({"a", "b"}, 100.0)) == ["a", "b"]
+    assert sweep.due({"a", "b"}, 100.25) == []  # the credit was capped at one ask each
+
+
+def test_a_negative_period_is_refused() -> None:
+    with pytest.raises(ValueError, match="period_s"):
+        CancelSweep(-1.0)
