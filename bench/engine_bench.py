@@ -26,6 +26,7 @@ from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
 from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
+from sluice.triton.render import optional_float
 
 
 @dataclass
@@ -54,12 +55,14 @@ def run(
     budget: int,
     seed: int,
     dtype: DTypeSetting,
+    prefill_step_stretch: float | None = EngineConfig.prefill_step_stretch,
 ) -> Result:
     cfg = EngineConfig(
         dtype=dtype,
         num_kv_blocks=max(1024, concurrency * (prompt_len + output_len) // 16 + 64),
         step_token_budget=budget,
         max_num_running=max(concurrency, 1),
+        prefill_step_stretch=prefill_step_stretch,
     )
     engine = LLMEngine.from_checkpoint(model, cfg)
     rng = np.random.default_rng(seed)
@@ -124,12 +127,19 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--step-token-budget", type=int, default=EngineConfig.step_token_budget)
+    ap.add_argument(
+        "--prefill-step-stretch",
+        type=optional_float,
+        default=EngineConfig.prefill_step_stretch,
+        help="a step with prefill takes at most about this many decode-only steps ('none': no limit)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=DTYPE_SETTINGS)
     args = ap.parse_args()
     machine = machine_line()
     print(machine)
+    print(f"step token budget {args.step_token_budget}, prefill step stretch {args.prefill_step_stretch}")
     header = (
         "| linear dtype | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
         "| ITL p95 ms | step p50 ms | preemptions |"
@@ -151,6 +161,7 @@ def main() -> None:
                 args.step_token_budget,
                 args.seed + c,
                 dtype,
+                args.prefill_step_stretch,
             )
             results[c] = r
             row = (
@@ -170,7 +181,8 @@ def main() -> None:
             [
                 f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({os.cpu_count()} cores); "
                 f"{args.prompt_len} prompt + {args.output_len} output tokens (ignore_eos), greedy, "
-                f"step token budget {args.step_token_budget}.",
+                f"step token budget {args.step_token_budget}, prefill step stretch "
+                f"{args.prefill_step_stretch}.",
                 "",
                 machine,
                 "",

@@ -30,7 +30,7 @@ from bench.report import pct
 from sluice.triton.client import GenerateStream
 from sluice.triton.converters import request_tensors
 from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.triton.render import CpuEngineModelSettings, optional_float, render_model_repository
 
 
 @dataclass
@@ -132,6 +132,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--step-token-budget", type=int, default=CpuEngineModelSettings.step_token_budget)
+    ap.add_argument(
+        "--prefill-step-stretch",
+        type=optional_float,
+        default=CpuEngineModelSettings.prefill_step_stretch,
+        help="a step with prefill takes at most about this many decode-only steps ('none': no limit)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     print(
@@ -150,6 +156,7 @@ def main() -> None:
             checkpoint_dir=args.checkpoint_dir,
             num_kv_blocks=num_blocks,
             step_token_budget=args.step_token_budget,
+            prefill_step_stretch=args.prefill_step_stretch,
         )
         render_model_repository(Path(tmp) / "repo", settings)
         http, grpc, metrics = free_ports(3)

@@ -107,6 +107,11 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     # Adaptive batch: when set, cap running sequences so the measured step time stays under this target.
     target_step_ms: float | None = None
+    # While sequences decode, a step's prefill chunks are cut so the step takes at most about this many
+    # times a decode-only step (a ratio; step costs learned from measured steps, at least one block of
+    # prefill per step). With nothing decoding, prefill takes the whole budget. None: always the whole
+    # budget left after decodes (cpu_engine/prefill_budget.py).
+    prefill_step_stretch: float | None = 2.0
     # Step-time histogram bucket bounds (ms) exported in stats.
     step_ms_buckets: tuple[float, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
 
@@ -118,3 +123,5 @@ class EngineConfig:
             raise ValueError("step_token_budget and max_num_running must be at least 1")
         if not 0.0 <= self.watermark_fraction < 1.0:
             raise ValueError("watermark_fraction must be in [0, 1)")
+        if self.prefill_step_stretch is not None and not self.prefill_step_stretch >= 1.0:
+            raise ValueError(f"prefill_step_stretch must be >= 1 or None; got {self.prefill_step_stretch!r}")

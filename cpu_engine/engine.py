@@ -12,7 +12,7 @@ from cpu_engine.cpu_features import DTypeChoice, detect_dtype
 from cpu_engine.model import KVCache, LlamaModel
 from cpu_engine.runner import ModelRunner
 from cpu_engine.sampling import PriorityClass, SamplingParams
-from cpu_engine.scheduler import Scheduler
+from cpu_engine.scheduler import Scheduler, SchedulerOutput
 from cpu_engine.sequence import FinishReason, Sequence
 from cpu_engine.stats import EngineStats, StepTimeHistogram
 from cpu_engine.weights import LlamaWeights, load_llama_weights
@@ -119,11 +119,13 @@ class LLMEngine:
         self._num_generated += len(sampled)
         self._last_num_scheduled = len(out.scheduled)
         self._last_num_context = sum(1 for s, n in out.scheduled if s.request_id not in sampled or n > 1)
-        self._observe_step((time.perf_counter() - started) * 1000.0)
+        self._observe_step(out, (time.perf_counter() - started) * 1000.0)
         return outputs
 
-    def _observe_step(self, ms: float) -> None:
+    def _observe_step(self, out: SchedulerOutput, ms: float) -> None:
         self.step_ms.observe(ms)
+        # What the step carried and took: the costs the scheduler sizes the next steps' prefill share by.
+        self.scheduler.step_costs.observe(out.num_decode_tokens, out.num_prefill_tokens, ms)
         target = self.config.target_step_ms
         if target is None:
             return

@@ -1,9 +1,12 @@
 """Decides, before every step, which sequences run and how many tokens each computes.
 
-One step = decode tokens for running sequences + prefill chunks, all under one token budget. Running
-sequences are served first (so a long prompt never stalls the batch); waiting ones are admitted while the
-KV pool can hold their prompt + max_tokens. When blocks run short mid-flight, the lowest-priority, most
-recently admitted sequence is preempted: its blocks are freed and it is recomputed later.
+One step = decode tokens for running sequences + prefill chunks, all under one token budget. Decodes are
+served first (so a long prompt never stalls the batch); prefill chunks then take the step's prefill share
+(``prefill_token_budget``: the whole rest of the budget while nothing decodes, less when a bigger step
+would delay every stream's next token), class by class: running prefills, then waiting sequences, admitted
+while the KV pool can hold their prompt + max_tokens. When blocks run short mid-flight, the
+lowest-priority, most recently admitted sequence is preempted: its blocks are freed and it is recomputed
+later.
 
 Priority classes (``PriorityClass``, lower value first): waiting sequences are admitted class by class, and
 a waiting sequence that finds the running cap or the KV pool full preempts running sequences of a strictly
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
+from cpu_engine.prefill_budget import StepCostModel, prefill_token_budget
 from cpu_engine.sampling import PriorityClass
 from cpu_engine.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -43,6 +47,28 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+@dataclass
+class _StepBudget:
+    """Tokens one step may still take: ``num_tokens`` of any kind, ``num_prefill_tokens`` of them for
+    prefill chunks (the step's prefill share, set once the decodes are scheduled).
+
+    A victim taken out of the step hands its tokens back to both, if they were a prefill chunk."""
+
+    num_tokens: int
+    num_prefill_tokens: int = 0
+
+    def available(self, prefill: bool) -> int:
+        return min(self.num_tokens, self.num_prefill_tokens) if prefill else self.num_tokens
+
+    def take(self, num_new: int, prefill: bool) -> None:
+        self.num_tokens -= num_new
+        if prefill:
+            self.num_prefill_tokens -= num_new
+
+    def give_back(self, num_returned: int, prefill: bool) -> None:
+        self.take(-num_returned, prefill)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -60,6 +86,8 @@ class Scheduler:
         self.num_watermark_blocks = int(config.watermark_fraction * block_pool.num_blocks)
         # Adaptive batch size: the engine lowers this when steps run over the latency target.
         self.running_cap = config.max_num_running
+        # Step costs learned from measured steps (the engine feeds it), for the prefill share of a step.
+        self.step_costs = StepCostModel()
         self.num_preemptions_total = 0
         self._num_admitted = 0
 
@@ -100,21 +128,30 @@ class Scheduler:
     # ----- the two verbs -----
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.step_token_budget
-        # Decode first (one token each), then running prefills by class: the batch keeps moving every step.
+        budget = _StepBudget(self.config.step_token_budget)
+        # Decodes first (one token each): the batch keeps moving every step.
         ordered = sorted(self.running, key=lambda s: (s.in_prefill, s.priority, s.admitted_order))
         for seq in ordered:
-            if seq.status is not SequenceStatus.RUNNING or budget == 0:
-                continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            budget += self._make_room(seq, num_new, out)
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # seq itself was the victim
-            self.block_pool.allocate(seq, num_new)
-            out.scheduled.append((seq, num_new))
-            budget -= num_new
-        if out.num_preempted == 0:  # after a preemption for memory, admit nothing new this step
-            self._admit(out, budget)
+            if not seq.in_prefill:
+                self._schedule_running(seq, budget, out)
+        num_decode = len(out.scheduled)
+        budget.num_prefill_tokens = prefill_token_budget(
+            num_decode_tokens=num_decode,
+            num_prompt_sequences=self._num_prompt_sequences(out, num_decode),
+            num_tokens_left=budget.num_tokens,
+            stretch=self.config.prefill_step_stretch,
+            min_prefill_tokens=self.config.block_size_tokens,
+            costs=self.step_costs.costs(),
+        )
+        # Then prefill class by class: a class's running prefills, then its waiting sequences, so a
+        # higher class's prompt never waits behind a lower class's chunks when the prefill share is small.
+        admitting = out.num_preempted == 0  # after a preemption for memory, admit nothing new this step
+        for priority in PriorityClass:
+            for seq in ordered:
+                if seq.in_prefill and seq.priority is priority:
+                    self._schedule_running(seq, budget, out)
+            if admitting:
+                admitting = self._admit(self.waiting[priority], out, budget)
         for seq, num_new in out.scheduled:
             if seq.num_tokens - seq.num_computed_tokens > 1:
                 out.num_prefill_tokens += num_new
@@ -144,32 +181,60 @@ class Scheduler:
         return finished
 
     # ----- internals -----
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
-        for priority in PriorityClass:
-            queue = self.waiting[priority]
-            while queue and budget > 0:
-                seq = queue[0]
-                cached = self.block_pool.find_cached_prefix(seq)
-                remaining_output = seq.params.max_tokens - seq.num_output_tokens
-                reserved = min(seq.num_tokens + remaining_output, self.max_model_len)
-                if not self._has_room(cached, reserved, 0, 0):
-                    returned = self._preempt_for(seq, cached, reserved, out)
-                    if returned is None:
-                        return  # head-of-line: later arrivals must not overtake a big request forever
-                    budget += returned
-                self.block_pool.admit(seq, cached)
-                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                if not self.block_pool.can_allocate(seq, num_new):
-                    self.block_pool.free(seq)
-                    return
-                queue.popleft()
-                self.block_pool.allocate(seq, num_new)
-                seq.status = SequenceStatus.RUNNING
-                seq.admitted_order = self._num_admitted
-                self._num_admitted += 1
-                self.running.append(seq)
-                out.scheduled.append((seq, num_new))
-                budget -= num_new
+    def _num_prompt_sequences(self, out: SchedulerOutput, num_decode: int) -> int:
+        """Sequences in prefill or waiting, of a class at least as high as the highest decoding now (up to
+        the running cap): the prompts that may widen the prefill share.
+
+        NOTE: a flood of lower-class prompts must not buy a bigger share at the expense of a higher
+        class's streams; prompts of the decoders' own class or above may."""
+        if num_decode == 0:
+            return 0
+        top = min(seq.priority for seq, _ in out.scheduled)
+        num_waiting = sum(len(self.waiting[p]) for p in PriorityClass if p <= top)
+        num_prefilling = sum(1 for s in self.running if s.in_prefill and s.priority <= top)
+        return max(0, min(num_waiting + num_prefilling, self.running_cap - num_decode))
+
+    def _schedule_running(self, seq: Sequence, budget: _StepBudget, out: SchedulerOutput) -> None:
+        """Schedule running ``seq``'s next chunk (its decode token, or a prefill chunk within the step's
+        prefill share), preempting for memory if it must."""
+        if seq.status is not SequenceStatus.RUNNING:
+            return  # a victim earlier in this step
+        num_new = min(seq.num_tokens - seq.num_computed_tokens, budget.available(seq.in_prefill))
+        if num_new == 0:
+            return
+        self._make_room(seq, num_new, out, budget)
+        if seq.status is not SequenceStatus.RUNNING:
+            return  # seq itself was the victim
+        self.block_pool.allocate(seq, num_new)
+        out.scheduled.append((seq, num_new))
+        budget.take(num_new, seq.in_prefill)
+
+    def _admit(self, queue: deque[Sequence], out: SchedulerOutput, budget: _StepBudget) -> bool:
+        """Admit from the head of ``queue`` while the step's prefill share and the KV pool allow. False
+        when its head cannot be admitted at all: later arrivals (of any class) must not overtake it."""
+        while queue and budget.available(prefill=True) > 0:
+            seq = queue[0]
+            cached = self.block_pool.find_cached_prefix(seq)
+            remaining_output = seq.params.max_tokens - seq.num_output_tokens
+            reserved = min(seq.num_tokens + remaining_output, self.max_model_len)
+            if not self._has_room(cached, reserved, 0, 0) and not self._preempt_for(
+                seq, cached, reserved, out, budget
+            ):
+                return False  # head-of-line: later arrivals must not overtake a big request forever
+            self.block_pool.admit(seq, cached)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget.available(seq.in_prefill))
+            if not self.block_pool.can_allocate(seq, num_new):
+                self.block_pool.free(seq)
+                return False
+            queue.popleft()
+            self.block_pool.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            seq.admitted_order = self._num_admitted
+            self._num_admitted += 1
+            self.running.append(seq)
+            out.scheduled.append((seq, num_new))
+            budget.take(num_new, seq.in_prefill)
+        return True
 
     def _has_room(self, cached: list[int], num_reserved_tokens: int, num_fewer: int, num_freed: int) -> bool:
         """Whether a sequence with prefix hits ``cached`` and ``num_reserved_tokens`` fits under the running
@@ -183,11 +248,16 @@ class Scheduler:
         return pool.num_free_blocks + num_freed - num_revived - num_needed >= self.num_watermark_blocks
 
     def _preempt_for(
-        self, seq: Sequence, cached: list[int], num_reserved_tokens: int, out: SchedulerOutput
-    ) -> int | None:
+        self,
+        seq: Sequence,
+        cached: list[int],
+        num_reserved_tokens: int,
+        out: SchedulerOutput,
+        budget: _StepBudget,
+    ) -> bool:
         """Preempt running sequences of a strictly lower class than waiting ``seq`` (lowest class, then
-        most recently admitted, first) until ``seq`` fits; the budget the victims hand back, or None
-        (nothing preempted) if even every eligible victim would not make room.
+        most recently admitted, first) until ``seq`` fits (True), or nothing (False) if even every
+        eligible victim would not make room. Victims hand their step tokens back to ``budget``.
 
         NOTE: only blocks a victim holds alone count as freed, and blocks of ``seq``'s own prefix hits
         not at all (freeing one revives it), so the estimate never promises room that is not there."""
@@ -206,41 +276,38 @@ class Scheduler:
         num_freed = 0
         while not self._has_room(cached, num_reserved_tokens, len(victims), num_freed):
             if len(victims) == len(eligible):
-                return None
+                return False
             victim = eligible[len(victims)]
             victims.append(victim)
             num_freed += sum(1 for b in victim.block_table if ref_counts[b] == 1 and b not in hits)
-        returned = 0
         for victim in victims:
-            returned += self._unschedule(victim, out)
+            self._unschedule(victim, out, budget)
             self._preempt(victim, out)
             victim.protected_until_num_tokens = victim.num_tokens + PRIORITY_GRACE_TOKENS
             out.num_preempted_for_priority += 1
-        return returned
+        return True
 
-    def _unschedule(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Take ``seq`` out of this step if it was scheduled; the budget it held."""
+    def _unschedule(self, seq: Sequence, out: SchedulerOutput, budget: _StepBudget) -> None:
+        """Take ``seq`` out of this step if it was scheduled, handing its tokens back to ``budget``."""
         for i, (scheduled, num_new) in enumerate(out.scheduled):
             if scheduled is seq:
                 del out.scheduled[i]
-                return num_new
-        return 0
+                budget.give_back(num_new, seq.in_prefill)
+                return
 
-    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> int:
-        """Preempt until ``seq`` can write ``num_new`` tokens; returns the budget handed back by victims.
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput, budget: _StepBudget) -> None:
+        """Preempt until ``seq`` can write ``num_new`` tokens; victims hand their tokens back to ``budget``.
 
         The victim is the lowest-priority, most recently admitted running sequence (``seq`` included), so
         batch work always goes before interactive work. A victim already scheduled this step is taken out
         of the step.
         """
-        returned = 0
         while not self.block_pool.can_allocate(seq, num_new):
             victim = max(self.running, key=lambda s: (s.priority, s.admitted_order))
-            returned += self._unschedule(victim, out)
+            self._unschedule(victim, out, budget)
             self._preempt(victim, out)
             if victim is seq:
                 break
-        return returned
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

@@ -217,6 +217,10 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
     if not checkpoint:
         raise ValueError("model parameter 'checkpoint_dir' is missing")
     target = values.get("target_step_ms", "")
+    # NOTE: a repository rendered before this parameter existed lacks it: the engine's default then.
+    stretch = EngineConfig.prefill_step_stretch
+    if values.get("prefill_step_stretch") is not None:
+        stretch = _parse(values, "prefill_step_stretch", float) if values["prefill_step_stretch"] else None
     dtype = _parse(values, "dtype", str)
     if dtype not in DTYPE_SETTINGS:
         raise ValueError(f"model parameter 'dtype' must be one of {', '.join(DTYPE_SETTINGS)}, got {dtype!r}")
@@ -227,6 +231,7 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
         step_token_budget=_parse(values, "step_token_budget", int),
         max_num_running=_parse(values, "max_num_running", int),
         target_step_ms=_parse(values, "target_step_ms", float) if target else None,
+        prefill_step_stretch=stretch,
     )
     return ModelParameters(
         checkpoint_dir=Path(checkpoint),

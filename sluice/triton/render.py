@@ -69,6 +69,8 @@ class CpuEngineModelSettings:
     # auto: bfloat16 where the CPU has AVX-512 BF16 or AMX-BF16, float32 elsewhere (decided at load).
     dtype: DTypeSetting = EngineConfig.dtype
     target_step_ms: float | None = None
+    # A step with prefill takes at most about this many decode-only steps; None: prefill fills the budget.
+    prefill_step_stretch: float | None = EngineConfig.prefill_step_stretch
     stats_interval_ms: float = 100.0
     # 0: check every live request for cancellation once per engine step.
     cancellation_check_period_ms: float = 0.0
@@ -88,12 +90,15 @@ class CpuEngineModelSettings:
             num_kv_blocks=self.num_kv_blocks,
             step_token_budget=self.step_token_budget,
             max_num_running=self.max_num_running,
+            prefill_step_stretch=self.prefill_step_stretch,
         )
 
     def template_values(self) -> dict[str, str]:
         values = {k: str(v) for k, v in asdict(self).items()}
         values["checkpoint_dir"] = str(Path(self.checkpoint_dir).resolve())
         values["target_step_ms"] = "" if self.target_step_ms is None else str(self.target_step_ms)
+        stretch = self.prefill_step_stretch
+        values["prefill_step_stretch"] = "" if stretch is None else str(stretch)
         return values
 
 
@@ -144,6 +149,11 @@ def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) 
     return target
 
 
+def optional_float(text: str) -> float | None:
+    """A number, or None for 'none' or '' (how the command line turns an optional knob off)."""
+    return None if text.strip().lower() in ("", "none") else float(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Render the Triton model repository: the CPU engine and the safety classifier."
@@ -156,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-token-budget", type=int, default=CpuEngineModelSettings.step_token_budget)
     parser.add_argument("--max-num-running", type=int, default=CpuEngineModelSettings.max_num_running)
     parser.add_argument("--target-step-ms", type=float, default=None)
+    parser.add_argument(
+        "--prefill-step-stretch",
+        type=optional_float,
+        default=CpuEngineModelSettings.prefill_step_stretch,
+        help="a step with prefill takes at most about this many decode-only steps ('none': no limit)",
+    )
     parser.add_argument(
         "--dtype",
         choices=DTYPE_SETTINGS,
@@ -190,6 +206,7 @@ def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
         step_token_budget=args.step_token_budget,
         max_num_running=args.max_num_running,
         target_step_ms=args.target_step_ms,
+        prefill_step_stretch=args.prefill_step_stretch,
         dtype=args.dtype or get_settings().engine_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,
     )

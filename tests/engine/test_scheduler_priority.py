@@ -164,8 +164,8 @@ def test_no_leak_and_no_inversion_under_priority_preemption(ops, num_blocks, max
         else:
             before = {s.request_id: s.priority for s in sched.running}
             out = sched.schedule()
-            for s in sched.waiting.values():
-                for victim in s:
+            for queue in sched.waiting.values():
+                for victim in queue:
                     # A sequence preempted for priority was always of a lower class than one admitted.
                     if victim.request_id in before and out.num_preempted_for_priority:
                         assert any(r.priority < victim.priority for r in sched.running)

@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from cpu_engine.config import EngineConfig
 from cpu_engine.engine_thread import StreamDelta
 from cpu_engine.sampling import PriorityClass
 from cpu_engine.sequence import FinishReason
@@ -158,6 +159,7 @@ def _params(**overrides: str) -> dict[str, dict[str, str]]:
         "step_token_budget": "256",
         "max_num_running": "8",
         "target_step_ms": "",
+        "prefill_step_stretch": "2.0",
         "stats_interval_ms": "100",
         "cancellation_check_period_ms": "0",
         "dtype": "auto",
@@ -175,6 +177,19 @@ def test_parameters_parse_into_an_engine_config() -> None:
         parameters_from_config(_params(num_kv_blocks="lots"))
     with pytest.raises(ValueError, match="'max_num_running' is missing"):
         parameters_from_config({k: v for k, v in _params().items() if k != "max_num_running"})
+
+
+def test_the_prefill_step_stretch_parameter_reaches_the_engine_config() -> None:
+    assert parameters_from_config(_params()).engine.prefill_step_stretch == 2.0
+    assert parameters_from_config(_params(prefill_step_stretch="1.5")).engine.prefill_step_stretch == 1.5
+    assert parameters_from_config(_params(prefill_step_stretch="")).engine.prefill_step_stretch is None
+    # A repository rendered before the parameter existed: the engine's default.
+    older = {k: v for k, v in _params().items() if k != "prefill_step_stretch"}
+    assert parameters_from_config(older).engine.prefill_step_stretch == EngineConfig.prefill_step_stretch
+    with pytest.raises(ValueError, match="'prefill_step_stretch' must be a number"):
+        parameters_from_config(_params(prefill_step_stretch="lots"))
+    with pytest.raises(ValueError, match="prefill_step_stretch must be >= 1"):
+        parameters_from_config(_params(prefill_step_stretch="0.5"))
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float32", "bfloat16"])
@@ -236,6 +251,7 @@ def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
     assert parsed.checkpoint_dir == (tmp_path / "ckpt").resolve()
     assert parsed.engine.num_kv_blocks == 99 and parsed.engine.target_step_ms == 30.0
     assert parsed.engine.dtype == "float32"
+    assert parsed.engine.prefill_step_stretch == EngineConfig.prefill_step_stretch
     assert CpuEngineModelSettings(checkpoint_dir=tmp_path).dtype == "auto"  # the default
     # Rendering again replaces the folder whole.
     (model_dir / "stale.txt").write_text("x")
@@ -250,6 +266,28 @@ def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
         CpuEngineModelSettings(checkpoint_dir=tmp_path, num_kv_blocks=0)
     with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16; got 'fp16'"):
         CpuEngineModelSettings(checkpoint_dir=tmp_path, dtype="fp16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefill_step_stretch must be >= 1"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, prefill_step_stretch=0.9)
+
+
+@pytest.mark.parametrize(
+    ("flag", "rendered", "parsed"),
+    [
+        ([], str(EngineConfig.prefill_step_stretch), EngineConfig.prefill_step_stretch),
+        (["3"], "3.0", 3.0),
+        (["none"], "", None),
+    ],
+)
+def test_the_prefill_step_stretch_renders_and_parses_back(
+    tmp_path: Path, flag: list[str], rendered: str, parsed: float | None
+) -> None:
+    args = ["--prefill-step-stretch", *flag] if flag else []
+    main(["--out", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--safety-classifier", "", *args])
+    text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert config.parameters["prefill_step_stretch"].string_value == rendered
+    raw = json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
+    assert parameters_from_config(raw).engine.prefill_step_stretch == parsed
 
 
 def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
