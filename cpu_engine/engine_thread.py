@@ -84,6 +84,11 @@ class RequestStream:
             )
             return self._take_locked() if ready else None
 
+    def has_ended(self) -> bool:
+        """The request finished or failed: its final delta is ready (or taken)."""
+        with self._cond:
+            return self._error is not None or bool(self._last and self._last.finished)
+
     def take_nowait(self) -> StreamDelta | None:
         with self._cond:
             if self._taken_final or not (

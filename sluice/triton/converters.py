@@ -208,6 +208,8 @@ class ModelParameters:
     stats_interval_ms: float
     # 0: ask Triton whether each live request was cancelled once per engine step.
     cancellation_check_period_ms: float
+    # While higher-priority work is live, a lower-priority stream is sent at most this often; 0: never held.
+    yield_send_interval_ms: float
 
 
 def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParameters:
@@ -238,6 +240,7 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
         engine=engine,
         stats_interval_ms=_parse(values, "stats_interval_ms", float),
         cancellation_check_period_ms=_parse(values, "cancellation_check_period_ms", float),
+        yield_send_interval_ms=_parse(values, "yield_send_interval_ms", float),
     )
 
 

@@ -74,14 +74,16 @@ class CpuEngineModelSettings:
     stats_interval_ms: float = 100.0
     # 0: check every live request for cancellation once per engine step.
     cancellation_check_period_ms: float = 0.0
+    # While higher-priority work is live, a lower-priority stream is sent at most this often; 0: never held.
+    yield_send_interval_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if not _MODEL_NAME_RE.match(self.model_name):
             raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {self.model_name!r}")
         if self.max_batch_size < 1 or self.stats_interval_ms <= 0:
             raise ValueError("max_batch_size and stats_interval_ms must be positive")
-        if self.cancellation_check_period_ms < 0:
-            raise ValueError("cancellation_check_period_ms must be >= 0")
+        if self.cancellation_check_period_ms < 0 or self.yield_send_interval_ms < 0:
+            raise ValueError("cancellation_check_period_ms and yield_send_interval_ms must be >= 0")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise ValueError("target_step_ms must be positive when set")
         EngineConfig(  # the engine's own checks, at render time rather than at model load
@@ -180,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cancellation-check-period-ms", type=float, default=0.0)
     parser.add_argument(
+        "--yield-send-interval-ms",
+        type=float,
+        default=CpuEngineModelSettings.yield_send_interval_ms,
+        help="while higher-priority work is live, send lower-priority streams at most this often (0: never)",
+    )
+    parser.add_argument(
         "--safety-classifier",
         metavar="NAME",
         default="sluice-guard",
@@ -209,6 +217,7 @@ def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
         prefill_step_stretch=args.prefill_step_stretch,
         dtype=args.dtype or get_settings().engine_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,
+        yield_send_interval_ms=args.yield_send_interval_ms,
     )
 
 

@@ -81,3 +81,31 @@ class CancelSweep:
                 due.append(request_id)
                 self._order[request_id] = None  # to the back of the rotation
         return due
+
+
+class YieldPacer:
+    """How often a stream of work that yields is sent while higher-priority work shares the replica.
+
+    Every response costs the whole serving path (this process, Triton, the gateway, the client) the same
+    whatever it carries. While a stream of a higher engine priority is live (a tenant under its share next
+    to one over it, or interactive next to batch), a stream of lower priority is sent at most once per
+    ``interval_s``: its tokens wait in the stream and leave together, so the flood costs a fraction of the
+    messages and the cores go to the interactive stream. Its first token and its end are never held, and
+    alone on the replica every stream is sent as soon as it has tokens.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        if interval_s < 0:
+            raise ValueError("interval_s must be >= 0")
+        self.interval_s = interval_s
+
+    def hold_until(
+        self, priority: int, top_live_priority: int, last_send_s: float | None, now_s: float
+    ) -> float | None:
+        """When a stream of ``priority``, last sent at ``last_send_s`` (None: never), may be sent next, if
+        that is later than ``now_s``; else None (send now). ``top_live_priority``: the highest priority
+        (lowest number) of the live streams."""
+        if self.interval_s == 0 or last_send_s is None or priority <= top_live_priority:
+            return None
+        due_s = last_send_s + self.interval_s
+        return due_s if due_s > now_s else None

@@ -162,6 +162,7 @@ def _params(**overrides: str) -> dict[str, dict[str, str]]:
         "prefill_step_stretch": "2.0",
         "stats_interval_ms": "100",
         "cancellation_check_period_ms": "0",
+        "yield_send_interval_ms": "50",
         "dtype": "auto",
     } | overrides
     return {k: {"string_value": v} for k, v in raw.items()}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import json
 import sys
 import threading
@@ -61,12 +62,14 @@ class FakeSender:
         name: str = "",
     ) -> None:
         self.sent: list[tuple[FakeResponse | None, int]] = []
+        self.sent_at_s: list[float] = []  # time.monotonic() as each send began
         self.delay_s = delay_s
         self.gate, self.log, self.name = gate, log, name
         self.finished = threading.Event()
         self.entered = threading.Event()  # a send has begun
 
     def send(self, response: FakeResponse | None = None, flags: int = 0) -> None:
+        self.sent_at_s.append(time.monotonic())
         self.entered.set()
         time.sleep(self.delay_s)
         if self.gate is not None:
@@ -127,6 +130,9 @@ class FakeMetricFamily:
         return next(m.value for m in self.metrics if labels.items() <= m.labels.items())
 
 
+YIELD_SEND_INTERVAL_MS = 30
+
+
 def fake_pb_utils() -> types.ModuleType:
     module = types.ModuleType("triton_python_backend_utils")
     module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL  # type: ignore[attr-defined]
@@ -164,6 +170,7 @@ def model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
         "stats_interval_ms": "10",
         "cancellation_check_period_ms": "0",
         "dtype": "auto",
+        "yield_send_interval_ms": str(YIELD_SEND_INTERVAL_MS),
     }
     config = {
         "model_transaction_policy": {"decoupled": True},
@@ -239,7 +246,7 @@ def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
 def test_a_higher_priority_first_token_is_sent_before_the_backlog(model: Any) -> None:
     """While the sender is stuck in one flood send, the flood and a quiet request all make tokens; once the
     send returns, the quiet request (priority 0, owed its first token) is sent next."""
-    gate, log = threading.Event(), []
+    gate, log = threading.Event(), list[str]()
     flood = [
         FakeRequest(
             request_tensors([5, 6, 7 + i], 200, priority=1, ignore_eos=True, cache_scope="globex"),
@@ -267,6 +274,30 @@ def test_a_higher_priority_first_token_is_sent_before_the_backlog(model: Any) ->
     for request in flood:
         wait_final(request)
     assert log[1] == "quiet", log[:6]
+
+
+def test_a_flood_next_to_a_quiet_stream_is_sent_in_fuller_responses_at_most_once_per_interval(
+    model: Any,
+) -> None:
+    """While a priority-0 stream is live, a priority-1 stream's sends are at least the interval apart
+    (each carrying what it made meanwhile); its first token and its end are not held."""
+    quiet = FakeRequest(request_tensors([9, 10, 11], 400, priority=0, ignore_eos=True, cache_scope="acme"))
+    model.execute([quiet])
+    wait_until(lambda: bool(quiet.sender.sent))
+    flood = FakeRequest(request_tensors([5, 6, 7], 40, priority=1, ignore_eos=True, cache_scope="globex"))
+    model.execute([flood])
+    wait_final(flood)
+    assert not quiet.sender.finished.is_set(), "the quiet stream must outlive the flood for this test"
+    chunks = flood.sender.token_ids()
+    assert sum(len(c) for c in chunks) == 40
+    token_sends = [t for (r, _), t in zip(flood.sender.sent, flood.sender.sent_at_s, strict=True) if r]
+    held = token_sends[:-1]  # the last one carries the end: sent at once
+    gaps_s = [b - a for a, b in itertools.pairwise(held)]
+    assert gaps_s and min(gaps_s) >= YIELD_SEND_INTERVAL_MS / 1000  # each held since the one before
+    assert max(len(c) for c in chunks) > 1
+    assert len(chunks[0]) == 1  # the first token left at once
+    quiet.cancelled = True
+    wait_final(quiet)
 
 
 def test_a_cancelled_request_is_aborted_within_a_step(model: Any) -> None:

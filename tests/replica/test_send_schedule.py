@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.triton.send_schedule import CancelSweep, SendQueue
+from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer
 
 
 def drain(queue: SendQueue) -> list[str]:
@@ -91,3 +91,21 @@ def test_a_long_pause_does_not_ask_a_request_twice_in_one_pass() -> None:
 def test_a_negative_period_is_refused() -> None:
     with pytest.raises(ValueError, match="period_s"):
         CancelSweep(-1.0)
+
+
+def test_the_pacer_holds_only_work_below_the_top_live_priority() -> None:
+    pacer = YieldPacer(interval_s=0.25)  # binary fractions: the sums below are exact
+    # A flood stream (priority 1) next to a quiet one (0): at most once per interval.
+    assert pacer.hold_until(priority=1, top_live_priority=0, last_send_s=10.0, now_s=10.125) == 10.25
+    assert pacer.hold_until(priority=1, top_live_priority=0, last_send_s=10.0, now_s=10.25) is None
+    assert pacer.hold_until(priority=2, top_live_priority=1, last_send_s=10.0, now_s=10.125) == 10.25
+    # Its first token (never sent) is never held, nor the top priority's streams, nor anyone alone.
+    assert pacer.hold_until(priority=1, top_live_priority=0, last_send_s=None, now_s=10.125) is None
+    assert pacer.hold_until(priority=0, top_live_priority=0, last_send_s=10.0, now_s=10.125) is None
+    assert pacer.hold_until(priority=1, top_live_priority=1, last_send_s=10.0, now_s=10.125) is None
+
+
+def test_a_pacer_of_zero_holds_nothing_and_a_negative_one_is_refused() -> None:
+    assert YieldPacer(0.0).hold_until(priority=2, top_live_priority=0, last_send_s=10.0, now_s=10.0) is None
+    with pytest.raises(ValueError):
+        YieldPacer(-0.001)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import itertools
 import json
 import queue
@@ -44,7 +45,7 @@ from sluice.triton.converters import (
     request_from_tensors,
     response_tensors,
 )
-from sluice.triton.send_schedule import CancelSweep, SendQueue
+from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
@@ -74,6 +75,7 @@ class _Live:
     priority: int  # the engine's PriorityClass: lower is sent first
     tokens: list[int] = field(default_factory=list)  # non-streaming: every token so far
     first_token_sent: bool = False
+    last_send_s: float | None = None  # streaming: when its last response was sent
     cancelled: bool = False
 
 
@@ -92,8 +94,10 @@ class TritonPythonModel:
         self._id_prefix = f"{instance}-"
         self._next_id = itertools.count()
         check_period_s = params.cancellation_check_period_ms / 1000.0
+        yield_interval_s = params.yield_send_interval_ms / 1000.0
         self._senders = [
-            _Sender(self._engine, f"sender{i}-{instance}", check_period_s) for i in range(_NUM_SENDERS)
+            _Sender(self._engine, f"sender{i}-{instance}", check_period_s, yield_interval_s)
+            for i in range(_NUM_SENDERS)
         ]
         info_labels = self._dtype_choice.metric_labels()
         self._metrics = _MetricsExporter(
@@ -155,7 +159,9 @@ class _Sender:
     each about once per ``check_period_s``.
     """
 
-    def __init__(self, engine: EngineThread, name: str, check_period_s: float) -> None:
+    def __init__(
+        self, engine: EngineThread, name: str, check_period_s: float, yield_interval_s: float
+    ) -> None:
         self._engine = engine
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()  # guards _live: Triton's thread adds, this sender removes
@@ -163,6 +169,9 @@ class _Sender:
         # Owned by this sender's thread:
         self._send_queue = SendQueue()
         self._cancel_sweep = CancelSweep(check_period_s)
+        self._pacer = YieldPacer(yield_interval_s)
+        self._held: list[tuple[float, str]] = []  # (due_s, request_id): a heap of streams the pacer holds
+        self._held_ids: set[str] = set()
         self._last_check_step, self._last_check_s = -1, 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -193,25 +202,32 @@ class _Sender:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            timeout_s = _BUSY_POLL_S if self._live else _IDLE_POLL_S
+            if self._held:
+                timeout_s = max(0.0, min(timeout_s, self._held[0][0] - time.monotonic()))
             try:
-                first = self._dirty.get(timeout=_BUSY_POLL_S if self._live else _IDLE_POLL_S)
+                first = self._dirty.get(timeout=timeout_s)
             except queue.Empty:
+                first = None
+            released = self._release_held()
+            if first is None and not released:
                 self._abort_cancelled(idle=True)
                 continue
-            self._queue_dirty(first)
+            self._queue_dirty(released if first is None else [first, *released])
+            top_priority = self._top_live_priority()
             # NOTE: what became dirty during a send is queued before the next pick, so a high-priority
             # stream waits for at most one send, not for the whole batch it arrived behind.
             while (request_id := self._send_queue.pop()) is not None:
-                self._flush(request_id)
+                self._flush(request_id, top_priority)
                 if not self._dirty.empty():
                     self._queue_dirty()
                 if time.monotonic() - self._last_check_s >= _MAX_CHECK_GAP_S:
                     self._abort_cancelled(idle=True)  # a backlog that never empties must not hide a cancel
             self._abort_cancelled(idle=False)  # between batches: the checks never delay a batch's sends
 
-    def _queue_dirty(self, first: str | None = None) -> None:
-        """Move the ids marked dirty (``first``, then all that are waiting) into the send queue."""
-        request_ids = [] if first is None else [first]
+    def _queue_dirty(self, request_ids: list[str] | None = None) -> None:
+        """Move ``request_ids``, then the ids marked dirty that are waiting, into the send queue."""
+        request_ids = [] if request_ids is None else request_ids
         while not self._dirty.empty():  # only this thread takes from the queue
             request_ids.append(self._dirty.get_nowait())
         with self._lock:
@@ -220,11 +236,32 @@ class _Sender:
             if live is not None:
                 self._send_queue.push(request_id, live.priority, live.first_token_sent)
 
-    def _flush(self, request_id: str) -> None:
+    def _top_live_priority(self) -> int:
+        with self._lock:
+            return min((live.priority for live in self._live.values() if not live.cancelled), default=0)
+
+    def _release_held(self) -> list[str]:
+        """The held streams whose time has come, no longer held."""
+        now_s, released = time.monotonic(), []
+        while self._held and self._held[0][0] <= now_s:
+            request_id = heapq.heappop(self._held)[1]
+            self._held_ids.discard(request_id)
+            released.append(request_id)
+        return released
+
+    def _flush(self, request_id: str, top_priority: int) -> None:
         with self._lock:
             live = self._live.get(request_id)
         if live is None:
             return
+        if live.streaming and request_id not in self._held_ids:
+            due_s = self._pacer.hold_until(live.priority, top_priority, live.last_send_s, time.monotonic())
+            if due_s is not None and not live.stream.has_ended():
+                self._held_ids.add(request_id)
+                heapq.heappush(self._held, (due_s, request_id))
+                return
+        elif request_id in self._held_ids:
+            return  # it leaves when its hold ends, with what it makes until then
         delta = live.stream.take_nowait()
         if delta is None:
             return
@@ -259,6 +296,7 @@ class _Sender:
                 tensors = response_tensors(delta.token_ids, delta if delta.finished else None)
                 live.sender.send(_response(tensors))
                 live.first_token_sent = True
+                live.last_send_s = time.monotonic()
         else:
             live.tokens.extend(delta.token_ids)
             if delta.finished:
