@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 
 
 class SendQueue:
@@ -91,7 +91,8 @@ class YieldPacer:
     to one over it, or interactive next to batch), a stream of lower priority is sent at most once per
     ``interval_s``: its tokens wait in the stream and leave together, so the flood costs a fraction of the
     messages and the cores go to the interactive stream. Its first token and its end are never held, and
-    alone on the replica every stream is sent as soon as it has tokens.
+    only another tenant's stream holds it (``top_of_other_tenants``): one tenant's own requests of
+    different priorities, alone on the replica, are all sent as soon as they have tokens.
     """
 
     def __init__(self, interval_s: float) -> None:
@@ -100,12 +101,29 @@ class YieldPacer:
         self.interval_s = interval_s
 
     def hold_until(
-        self, priority: int, top_live_priority: int, last_send_s: float | None, now_s: float
+        self, priority: int, top_other_priority: int | None, last_send_s: float | None, now_s: float
     ) -> float | None:
         """When a stream of ``priority``, last sent at ``last_send_s`` (None: never), may be sent next, if
-        that is later than ``now_s``; else None (send now). ``top_live_priority``: the highest priority
-        (lowest number) of the live streams."""
-        if self.interval_s == 0 or last_send_s is None or priority <= top_live_priority:
+        that is later than ``now_s``; else None (send now). ``top_other_priority``: the highest priority
+        (lowest number) of the other tenants' live streams, None if there are none."""
+        if self.interval_s == 0 or last_send_s is None:
+            return None
+        if top_other_priority is None or priority <= top_other_priority:
             return None
         due_s = last_send_s + self.interval_s
         return due_s if due_s > now_s else None
+
+
+def top_of_other_tenants(streams: Iterable[tuple[str, int]]) -> Callable[[str], int | None]:
+    """From the live streams' (tenant, priority): for a tenant, the highest priority (lowest number) among
+    the other tenants' streams, or None when no other tenant has one."""
+    best: dict[str, int] = {}
+    for tenant, priority in streams:
+        if tenant not in best or priority < best[tenant]:
+            best[tenant] = priority
+    first_two = sorted(best.items(), key=lambda item: item[1])[:2]
+
+    def top(tenant: str) -> int | None:
+        return next((priority for other, priority in first_two if other != tenant), None)
+
+    return top

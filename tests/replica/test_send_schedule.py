@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer
+from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
 
 
 def drain(queue: SendQueue) -> list[str]:
@@ -93,19 +93,32 @@ def test_a_negative_period_is_refused() -> None:
         CancelSweep(-1.0)
 
 
-def test_the_pacer_holds_only_work_below_the_top_live_priority() -> None:
+def test_the_pacer_holds_only_work_below_another_tenants_top_priority() -> None:
     pacer = YieldPacer(interval_s=0.25)  # binary fractions: the sums below are exact
-    # A flood stream (priority 1) next to a quiet one (0): at most once per interval.
-    assert pacer.hold_until(priority=1, top_live_priority=0, last_send_s=10.0, now_s=10.125) == 10.25
-    assert pacer.hold_until(priority=1, top_live_priority=0, last_send_s=10.0, now_s=10.25) is None
-    assert pacer.hold_until(priority=2, top_live_priority=1, last_send_s=10.0, now_s=10.125) == 10.25
-    # Its first token (never sent) is never held, nor the top priority's streams, nor anyone alone.
-    assert pacer.hold_until(priority=1, top_live_priority=0, last_send_s=None, now_s=10.125) is None
-    assert pacer.hold_until(priority=0, top_live_priority=0, last_send_s=10.0, now_s=10.125) is None
-    assert pacer.hold_until(priority=1, top_live_priority=1, last_send_s=10.0, now_s=10.125) is None
+    # A flood stream (priority 1) next to another tenant's quiet one (0): at most once per interval.
+    assert pacer.hold_until(priority=1, top_other_priority=0, last_send_s=10.0, now_s=10.125) == 10.25
+    assert pacer.hold_until(priority=1, top_other_priority=0, last_send_s=10.0, now_s=10.25) is None
+    assert pacer.hold_until(priority=2, top_other_priority=1, last_send_s=10.0, now_s=10.125) == 10.25
+    # Its first token (never sent) is never held, nor a stream at or above the others' top, nor one
+    # whose tenant is alone.
+    assert pacer.hold_until(priority=1, top_other_priority=0, last_send_s=None, now_s=10.125) is None
+    assert pacer.hold_until(priority=0, top_other_priority=0, last_send_s=10.0, now_s=10.125) is None
+    assert pacer.hold_until(priority=1, top_other_priority=1, last_send_s=10.0, now_s=10.125) is None
+    assert pacer.hold_until(priority=2, top_other_priority=None, last_send_s=10.0, now_s=10.125) is None
 
 
 def test_a_pacer_of_zero_holds_nothing_and_a_negative_one_is_refused() -> None:
-    assert YieldPacer(0.0).hold_until(priority=2, top_live_priority=0, last_send_s=10.0, now_s=10.0) is None
+    assert YieldPacer(0.0).hold_until(priority=2, top_other_priority=0, last_send_s=10.0, now_s=10.0) is None
     with pytest.raises(ValueError):
         YieldPacer(-0.001)
+
+
+def test_the_top_priority_of_other_tenants() -> None:
+    top = top_of_other_tenants([("globex", 1), ("globex", 0), ("globex", 2), ("acme", 1), ("initech", 2)])
+    assert top("acme") == 0  # globex has a 0
+    assert top("globex") == 1  # acme's 1 is the best of the others
+    assert top("initech") == 0
+    assert top("nobody-live") == 0
+    alone = top_of_other_tenants([("acme", 0), ("acme", 1)])
+    assert alone("acme") is None  # one tenant's own streams never hold each other
+    assert top_of_other_tenants([])("acme") is None

@@ -27,6 +27,7 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ from sluice.triton.converters import (
     request_from_tensors,
     response_tensors,
 )
-from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer
+from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
@@ -73,6 +74,7 @@ class _Live:
     stream: RequestStream
     streaming: bool
     priority: int  # the engine's PriorityClass: lower is sent first
+    tenant: str  # its cache scope
     tokens: list[int] = field(default_factory=list)  # non-streaming: every token so far
     first_token_sent: bool = False
     last_send_s: float | None = None  # streaming: when its last response was sent
@@ -193,7 +195,12 @@ class _Sender:
                 on_update=functools.partial(self._dirty.put, request_id),
             )
             self._live[request_id] = _Live(
-                request, response_sender, stream, converted.streaming, int(converted.priority)
+                request,
+                response_sender,
+                stream,
+                converted.streaming,
+                int(converted.priority),
+                converted.cache_scope,
             )
 
     def stop(self) -> None:
@@ -214,11 +221,11 @@ class _Sender:
                 self._abort_cancelled(idle=True)
                 continue
             self._queue_dirty(released if first is None else [first, *released])
-            top_priority = self._top_live_priority()
+            top_of_others = self._top_of_other_tenants()
             # NOTE: what became dirty during a send is queued before the next pick, so a high-priority
             # stream waits for at most one send, not for the whole batch it arrived behind.
             while (request_id := self._send_queue.pop()) is not None:
-                self._flush(request_id, top_priority)
+                self._flush(request_id, top_of_others)
                 if not self._dirty.empty():
                     self._queue_dirty()
                 if time.monotonic() - self._last_check_s >= _MAX_CHECK_GAP_S:
@@ -236,9 +243,10 @@ class _Sender:
             if live is not None:
                 self._send_queue.push(request_id, live.priority, live.first_token_sent)
 
-    def _top_live_priority(self) -> int:
+    def _top_of_other_tenants(self) -> Callable[[str], int | None]:
         with self._lock:
-            return min((live.priority for live in self._live.values() if not live.cancelled), default=0)
+            live = [(entry.tenant, entry.priority) for entry in self._live.values() if not entry.cancelled]
+        return top_of_other_tenants(live)
 
     def _release_held(self) -> list[str]:
         """The held streams whose time has come, no longer held."""
@@ -249,13 +257,14 @@ class _Sender:
             released.append(request_id)
         return released
 
-    def _flush(self, request_id: str, top_priority: int) -> None:
+    def _flush(self, request_id: str, top_of_others: Callable[[str], int | None]) -> None:
         with self._lock:
             live = self._live.get(request_id)
         if live is None:
             return
         if live.streaming and request_id not in self._held_ids:
-            due_s = self._pacer.hold_until(live.priority, top_priority, live.last_send_s, time.monotonic())
+            top = top_of_others(live.tenant)
+            due_s = self._pacer.hold_until(live.priority, top, live.last_send_s, time.monotonic())
             if due_s is not None and not live.stream.has_ended():
                 self._held_ids.add(request_id)
                 heapq.heappush(self._held, (due_s, request_id))
