@@ -74,6 +74,18 @@ def _post(
     return client.stream("POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
 
 
+def _refused(resp: httpx.Response, tally: Tally) -> float | None:
+    """None for a 200; else counts the refusal (429) or failure in ``tally`` and returns the seconds to
+    wait before the next try (the 429's Retry-After; 0 after a failure)."""
+    if resp.status_code == 200:
+        return None
+    if resp.status_code == 429:
+        tally.num_refused += 1
+        return float(resp.headers.get("retry-after", "1"))
+    tally.num_failed += 1
+    return 0.0
+
+
 async def quiet_stream(
     client: httpx.AsyncClient, model: str, key: str, prompt: str, num_tokens: int, tally: Tally
 ) -> float:
@@ -82,12 +94,8 @@ async def quiet_stream(
     sent = time.perf_counter()
     last: float | None = None
     async with _post(client, model, key, prompt, num_tokens) as resp:
-        if resp.status_code == 429:
-            tally.num_refused += 1
-            return float(resp.headers.get("retry-after", "1"))
-        if resp.status_code != 200:
-            tally.num_failed += 1
-            return 0.0
+        if (retry_after_s := _refused(resp, tally)) is not None:
+            return retry_after_s
         if request_id := resp.headers.get("x-request-id"):
             tally.request_ids.append(request_id)
         async for line in resp.aiter_lines():
@@ -130,12 +138,8 @@ async def flood_stream(
     """One streamed completion read as cheaply as the client can: the body as raw bytes, only its last
     bytes kept and searched once at the end. Returns the Retry-After of a 429 (else 0)."""
     async with _post(client, model, key, prompt, num_tokens) as resp:
-        if resp.status_code == 429:
-            tally.num_refused += 1
-            return float(resp.headers.get("retry-after", "1"))
-        if resp.status_code != 200:
-            tally.num_failed += 1
-            return 0.0
+        if (retry_after_s := _refused(resp, tally)) is not None:
+            return retry_after_s
         tail = b""
         async for piece in resp.aiter_raw():
             tail = (tail + piece)[-_TAIL_BYTES:]
