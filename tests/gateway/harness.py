@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,14 @@ class RunningGateway:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(15)
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    """Poll ``cond`` every ``poll_s`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
 
 
 def start_gateway(

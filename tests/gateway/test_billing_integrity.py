@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fakes import ScriptedFakeEngine
-from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
+from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 
 from sluice.domain import Tenant
 from sluice.idempotency.inprocess import InProcessIdempotencyStore
@@ -68,20 +68,13 @@ def stream_then_leave(gateway: RunningGateway, key: str, max_tokens: int, num_ev
     return str(events[0]["id"])
 
 
-def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def ended(gateway: RunningGateway, request_id: str) -> dict[str, object]:
     """The telemetry record of ``request_id``, once its ``finally`` ran."""
 
     def record() -> dict[str, object] | None:
         return next((r for r in gateway.telemetry() if r["request_id"] == request_id), None)
 
-    wait_until(lambda: record() is not None, f"the end of {request_id}")
+    wait_until(lambda: record() is not None, 5.0, f"the end of {request_id}", poll_s=0.02)
     found = record()
     assert found is not None
     return found
@@ -103,7 +96,12 @@ def create_tenant(state_dir: Path, tenant: Tenant) -> str:
 
 def usage_rows(gateway: RunningGateway, num_rows: int) -> list[dict[str, object]]:
     """The tenant's ledger rows, once there are ``num_rows`` (written in each request's ``finally``)."""
-    wait_until(lambda: gateway.usage()["totals"]["num_requests"] >= num_rows, f"{num_rows} usage rows")
+    wait_until(
+        lambda: gateway.usage()["totals"]["num_requests"] >= num_rows,
+        5.0,
+        f"{num_rows} usage rows",
+        poll_s=0.02,
+    )
     rows: list[dict[str, object]] = gateway.usage(limit="1000")["data"]
     return rows
 

@@ -7,22 +7,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from fakes import ScriptedFakeEngine
-from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
+from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from tcp_proxy import ProxyThread
 
 from sluice.text import TextCodec
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def complete(gateway: RunningGateway) -> httpx.Response:

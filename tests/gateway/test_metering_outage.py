@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
 from fakes import ScriptedFakeEngine
-from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
+from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from pg import ADMIN_URL
 from tcp_proxy import ProxyThread
 
@@ -36,13 +34,6 @@ def ledger_rows(database: str) -> dict[str, tuple[int, str]]:
 
 def telemetry_rows(gateway: RunningGateway) -> dict[str, tuple[int, str]]:
     return {t["request_id"]: (t["output_tokens"], t["outcome"]) for t in gateway.telemetry()}
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def complete(gateway: RunningGateway, max_tokens: int) -> str:

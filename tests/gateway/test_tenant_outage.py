@@ -9,13 +9,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fakes import ScriptedFakeEngine
-from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
+from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from tcp_proxy import ProxyThread
 
 from sluice.text import TextCodec
@@ -42,13 +42,6 @@ def outage_log() -> Iterator[RecordingHandler]:
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def stream(gateway: RunningGateway, api_key: str) -> int:
