@@ -41,7 +41,7 @@ from pathlib import Path
 from bench import engine_bench
 from bench.e2e_bench import plain_prompt_ids, run_load
 from bench.report import cpu_description, cpu_flags, write_section
-from bench.servers import REPO_ROOT, SluiceStack, VllmServer, http_text, log, port_is_free
+from bench.servers import REPO_ROOT, SluiceStack, VllmServer, http_text, log
 from bench.side_by_side import (
     ENGINE,
     SLUICE,
@@ -56,6 +56,7 @@ from bench.side_by_side import (
 from cpu_engine.config import EngineConfig, check_dtype_setting
 from cpu_engine.cpu_features import detect_dtype
 from sluice.tenants.base import dev_tenant
+from sluice.triton.launcher import port_is_free
 
 SLUICE_PORTS = (8080, 8000, 8001, 8002)
 BENCH_LOG = Path(".sluice/bench/devstack.log")

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -105,16 +104,6 @@ def stop_tree(root: ProcId, sig: signal.Signals, grace_s: float, reap: Callable[
     reap()
     wait_gone(killed, 5.0)
     return killed
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

@@ -235,7 +235,7 @@ class TritonServer:
             raise TritonLaunchError(f"model repository {c.model_repository} is not a directory")
         for port in (c.http_port, c.grpc_port, c.metrics_port):
             # Checked first: with a port taken, readiness could be answered by the other server.
-            if not _port_is_free(c.host, port):
+            if not port_is_free(port, c.host):
                 raise TritonLaunchError(f"port {c.host}:{port} is already in use")
         install = TritonInstall.from_wheel()
         backends_dir = prepare_backends(install, Path(c.state_dir))
@@ -342,7 +342,8 @@ def _remove_shm_regions(prefix: str) -> None:
             path.unlink()
 
 
-def _port_is_free(host: str, port: int) -> bool:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on ``host:port`` (it can be bound now)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
