@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import engine_bench
+from bench.cpu_split import CpuMeter, CpuSplit, machine_cores
 from bench.e2e_bench import plain_prompt_ids, run_load
 from bench.report import cpu_description, cpu_flags, write_section
-from bench.servers import REPO_ROOT, SluiceStack, VllmServer, http_text, log
+from bench.servers import REPO_ROOT, ProcId, SluiceStack, VllmServer, http_text, log
 from bench.side_by_side import (
     ENGINE,
     SLUICE,
@@ -50,7 +51,9 @@ from bench.side_by_side import (
     RunResult,
     alternation,
     comparison_table,
+    cpu_table,
     run_seed,
+    share_bound_lines,
     target_lines,
 )
 from cpu_engine.config import EngineConfig, check_dtype_setting
@@ -78,6 +81,7 @@ class Setup:
     engine_dtype: str  # the replica's chosen dtype: the engine alone runs the same
     engine_step_token_budget: int
     descriptions: dict[str, str]
+    process_roots: dict[str, ProcId]  # the served targets whose process trees' CPU is measured
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -142,7 +146,11 @@ def git_version() -> str:
 
 
 def describe_setup(
-    args: argparse.Namespace, sluice_url: str, vllm: VllmServer | None, vllm_url: str
+    args: argparse.Namespace,
+    sluice_url: str,
+    stack: SluiceStack | None,
+    vllm: VllmServer | None,
+    vllm_url: str,
 ) -> Setup:
     """Read what each target runs: the replica's dtype choice from its metrics, its repository's engine
     parameters, both versions."""
@@ -173,6 +181,15 @@ def describe_setup(
     api_keys = {SLUICE_DEFAULT: args.api_key, VLLM: args.api_key}
     if none_key is not None:
         api_keys[SLUICE] = none_key
+    roots = {
+        target: root
+        for target, root in (
+            (SLUICE, stack and stack.root),
+            (SLUICE_DEFAULT, stack and stack.root),
+            (VLLM, vllm and vllm.root),
+        )
+        if root
+    }
     return Setup(
         sluice_url=sluice_url,
         vllm_url=vllm_url,
@@ -194,6 +211,7 @@ def describe_setup(
             VLLM: f"vLLM {version} CPU build ({how})",
             ENGINE: f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, budget {budget}",
         },
+        process_roots=roots,
     )
 
 
@@ -203,6 +221,8 @@ def measure(
     """One closed-loop run of ``target`` at ``concurrency``; round -1 is a warm-up (fewer requests)."""
     num_requests = max(8, args.requests_per_slot * concurrency) if round_index >= 0 else max(4, concurrency)
     seed = run_seed(args.seed, round_index, concurrency)
+    # The client's process (for the engine alone: the engine) and the target's server processes, if this
+    # run started them: a reused server's CPU is not measured.
     if target == ENGINE:
         r = engine_bench.run(
             str(args.model),
@@ -214,10 +234,17 @@ def measure(
             seed,
             check_dtype_setting(setup.engine_dtype),
         )
-        return RunResult.from_samples(
-            target, concurrency, round_index, r.output_tokens_per_s, r.ttft_ms, r.itl_ms
+        return dataclasses.replace(
+            RunResult.from_samples(
+                target, concurrency, round_index, r.output_tokens_per_s, r.ttft_ms, r.itl_ms
+            ),
+            cpu=CpuSplit(r.elapsed_s, {"engine (this process)": r.cpu_s}, r.output_tokens),
         )
     base_url = setup.vllm_url if target == VLLM else setup.sluice_url
+    # The client's process and the target's server processes, if this run started them (a reused
+    # server's CPU is not measured).
+    meter = CpuMeter({target: setup.process_roots[target]} if target in setup.process_roots else {})
+    meter.start()
     s = asyncio.run(
         run_load(
             f"{base_url}/v1",
@@ -233,8 +260,11 @@ def measure(
             setup.prompt_ids,
         )
     )
-    return RunResult.from_samples(
-        target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms, s.tpot_ms
+    return dataclasses.replace(
+        RunResult.from_samples(
+            target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms, s.tpot_ms
+        ),
+        cpu=meter.stop(s.output_tokens),
     )
 
 
@@ -294,6 +324,13 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             comparison_table(results, args.concurrency),
             "",
             *target_lines(results),
+            *share_bound_lines(results, 32, machine_cores()),
+            "",
+            f"Where the {machine_cores()} cores went at {max(args.concurrency)} streams (medians over the "
+            "rounds; the client is the bench's own load generator, on the same cores; a server's parts are "
+            "its processes, read from /proc before and after each run):",
+            "",
+            cpu_table(results, max(args.concurrency)),
         ]
     )
 
@@ -346,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     vllm = None if args.vllm_url else VllmServer(args.vllm_dir, args.model, args.vllm_port)
     try:
         start_servers(stack, vllm)
-        setup = describe_setup(args, sluice_url, vllm, vllm_url)
+        setup = describe_setup(args, sluice_url, stack, vllm, vllm_url)
         for line in setup.descriptions.values():
             log(line)
         log(f"base seed {args.seed}")
@@ -363,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ports still in use after stopping: {busy}" if busy else "every server stopped; ports free")
     print(f"\nCPU: {cpu_description()}; flags: {cpu_flags()}\n")
     print(comparison_table(results, args.concurrency))
-    print("\n".join(["", *target_lines(results)]))
+    print("\n".join(["", *target_lines(results), *share_bound_lines(results, 32, machine_cores())]))
+    print("\n" + cpu_table(results, max(args.concurrency)))
     if args.write_docs:
         write_section(section_name(args), report(setup, args, results, command))
         log(f"wrote section {section_name(args)!r} of docs/benchmarks.md")

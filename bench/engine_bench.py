@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.cpu_split import self_cpu_s
 from bench.report import cpu_description, pct, write_section
 from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
 from cpu_engine.cpu_features import detect_dtype
@@ -44,6 +45,9 @@ class Result:
     itl_ms: list[float]
     num_preemptions: int
     median_step_ms: float
+    cpu_s: float = 0.0  # this process's CPU (every thread) over the timed run, model loading excluded
+    elapsed_s: float = 0.0
+    output_tokens: int = 0
 
 
 def run(
@@ -82,7 +86,7 @@ def run(
         engine.add_request(rid, rng.integers(0, vocab, prompt_len).tolist(), params)
         num_started += 1
 
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), self_cpu_s()
     for _ in range(min(concurrency, num_requests)):
         start_one()
     step_ms: list[float] = []
@@ -95,7 +99,7 @@ def run(
             timelines[out.request_id].token_times_s.extend([now] * len(out.new_token_ids))
             if out.finished and num_started < num_requests:
                 start_one()
-    elapsed = time.perf_counter() - began
+    elapsed, cpu_s = time.perf_counter() - began, self_cpu_s() - cpu_began
     ttft = [(t.token_times_s[0] - t.added_s) * 1000 for t in timelines.values()]
     itl = [float(d) * 1000 for t in timelines.values() for d in np.diff(t.token_times_s)]
     total = sum(len(t.token_times_s) for t in timelines.values())
@@ -107,6 +111,9 @@ def run(
         itl,
         engine.stats().num_preemptions_total,
         float(np.median(step_ms)),
+        cpu_s,
+        elapsed,
+        total,
     )
 
 

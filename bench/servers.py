@@ -201,6 +201,11 @@ class SluiceStack:
             time.sleep(0.5)
         log(f"Sluice ready on {self.base_url}/v1")
 
+    @property
+    def root(self) -> ProcId | None:
+        """The devstack process (gateway; tritonserver and its models are in its tree) while it runs."""
+        return proc_id(self._proc.pid) if self._proc is not None and self._proc.poll() is None else None
+
     def log_tail(self, num_lines: int = 30) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
@@ -285,6 +290,11 @@ class VllmServer:
             with contextlib.suppress(OSError, ValueError):
                 self._root = proc_id(int(self.pid_file.read_text().strip()))
         log(f"vLLM ready in {time.monotonic() - began:.0f} s")
+
+    @property
+    def root(self) -> ProcId | None:
+        """serve.sh's server process (its engine core is in its tree) while started."""
+        return self._root
 
     def version(self) -> str:
         import json

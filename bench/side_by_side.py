@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench.cpu_split import CpuSplit, share_bound_us_per_token, share_ceiling
 from bench.report import pct
 
 SLUICE, SLUICE_DEFAULT, VLLM, ENGINE = "sluice", "sluice-default", "vllm", "engine"
@@ -55,6 +56,7 @@ class RunResult:
     # A burst of chunks does not skew it, so its p95 is the tail of a stream's pace that bursts hide.
     tpot_p50_ms: float = math.nan
     tpot_p95_ms: float = math.nan
+    cpu: CpuSplit | None = None  # where the cores went during the run, where it was measured
 
     @classmethod
     def from_samples(
@@ -235,4 +237,67 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
         "- the default safety policy's cost (default / none): tok/s "
         + f"{_ratio_cell(screen['tokens_per_s'])}, TTFT p95 {_ratio_cell(screen['ttft_p95_ms'])}, ITL p95 "
         + f"{_ratio_cell(screen['itl_p95_ms'])}, TPOT p95 {_ratio_cell(screen['tpot_p95_ms'])}",
+    ]
+
+
+TARGET_LABELS = {
+    SLUICE: "Sluice (safety none)",
+    SLUICE_DEFAULT: "Sluice (safety default)",
+    VLLM: "vLLM",
+    ENGINE: "engine alone",
+}
+
+
+def _cpu_splits(results: Sequence[RunResult], target: str, concurrency: int) -> list[CpuSplit]:
+    return [r.cpu for r in results if r.target == target and r.concurrency == concurrency and r.cpu]
+
+
+def _median_us_per_token(splits: Sequence[CpuSplit], part: str | None) -> float:
+    """The median over runs of one part's CPU microseconds per output token (``None``: all parts)."""
+    return statistics.median(s.total_us_per_token if part is None else s.us_per_token(part) for s in splits)
+
+
+def cpu_table(results: Sequence[RunResult], concurrency: int) -> str:
+    """Where the cores went at ``concurrency`` streams: per target measured, per part of its processes,
+    the median over runs of the cores it kept busy and its CPU microseconds per output token. Empty if
+    no run measured its CPU."""
+    targets = [t for t in (SLUICE, SLUICE_DEFAULT, VLLM, ENGINE) if _cpu_splits(results, t, concurrency)]
+    if not targets:
+        return ""
+    rows = [
+        "| target | part | cores busy | CPU µs per output token |",
+        "|---|---|---|---|",
+    ]
+    for target in targets:
+        splits = _cpu_splits(results, target, concurrency)
+        parts = sorted({p for s in splits for p in s.cpu_s}, key=lambda p: -_median_us_per_token(splits, p))
+        # A part that was idle through the run (a model no request used) is left out; "all" counts it.
+        for part in (p for p in parts if _median_us_per_token(splits, p) >= 0.5):
+            cores = statistics.median(s.cores(part) for s in splits)
+            us = _median_us_per_token(splits, part)
+            rows.append(f"| {TARGET_LABELS[target]} | {part} | {cores:.2f} | {us:,.0f} |")
+        total_cores = statistics.median(sum(s.cores(p) for p in s.cpu_s) for s in splits)
+        us = _median_us_per_token(splits, None)
+        rows.append(f"| {TARGET_LABELS[target]} | **all** | {total_cores:.2f} | {us:,.0f} |")
+    return "\n".join(rows)
+
+
+def share_bound_lines(results: Sequence[RunResult], concurrency: int, num_cores: int) -> list[str]:
+    """What the served-share target asks of the CPU per token on this machine, beside what Sluice (safety
+    none) spent: every process shares the same ``num_cores``, so the share cannot exceed what those cores
+    buy at Sluice's CPU per token. Empty unless both Sluice's CPU and the engine alone were measured."""
+    engine = medians(results, ENGINE, concurrency)
+    sluice, alone = _cpu_splits(results, SLUICE, concurrency), _cpu_splits(results, ENGINE, concurrency)
+    if engine is None or not sluice or not engine["tokens_per_s"] > 0:
+        return []
+    engine_tps = engine["tokens_per_s"]
+    allowed_us = share_bound_us_per_token(num_cores, engine_tps, 0.75)
+    spent_us = _median_us_per_token(sluice, None)
+    engine_us = f"{_median_us_per_token(alone, None):,.0f}" if alone else "-"
+    return [
+        f"- what the 75% share asks of the CPU at {concurrency} streams on these {num_cores} cores: the "
+        f"engine alone made {engine_tps:,.0f} tok/s, so 75% of it leaves {allowed_us:,.0f} µs of CPU per "
+        "output token for every process together, the load generator included; Sluice (safety none) "
+        f"spent {spent_us:,.0f} (the engine alone, by itself, {engine_us}), at which the cores, fully busy, "
+        f"serve at most {share_ceiling(num_cores, spent_us, engine_tps):.0%} of the engine-alone tokens/s",
     ]

@@ -1,0 +1,142 @@
+"""Where the machine's cores go during a run: CPU seconds of each part of a server's process tree, and of
+this process (the load generator, or the engine itself when it runs alone), read from /proc and
+getrusage before and after.
+
+On a 2-core machine the client, the gateway, tritonserver and the engine share the same cores, so the
+share of the engine-alone tokens/s a served stack can deliver is bounded by what its other parts cost
+per token: ``share_bound`` says how much CPU per output token a given share leaves for everything, which
+the benchmark sets beside what each part used.
+
+    meter = CpuMeter({"sluice": stack_root})
+    meter.start()
+    ...  # the run
+    split = meter.stop(output_tokens)   # CpuSplit: per part, CPU seconds, cores and microseconds per token
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.servers import ProcId, process_tree
+
+CLIENT = "client (this process)"
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def part_of(cmdline: str) -> str:
+    """The part of a served stack a process is, by its command line: Sluice's gateway (``gateway.devstack``
+    runs the gateway in its own process), tritonserver, a Triton Python-backend model (by model name:
+    the engine's, the safety classifier's), vLLM's processes; anything else by its program name."""
+    argv = cmdline.split()
+    if not argv:
+        return "?"
+    if "triton_python_backend_stub" in argv[0] and len(argv) > 1:
+        model_dir = Path(argv[1]).parent.parent.name  # .../<model>/1/model.py
+        return f"Python backend: {model_dir}"
+    if argv[0].endswith("tritonserver"):
+        return "tritonserver"
+    if "gateway.devstack" in argv or "gateway" in argv:
+        return "gateway"
+    if "vllm" in cmdline:
+        return "vLLM server" if " serve " in f" {cmdline} " else "vLLM engine core"
+    return Path(argv[0]).name
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of every thread of ``pid`` so far (None if it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # state is [0]; utime [11], stime [12]
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+
+
+def cmdline_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """One run's CPU by part: seconds over ``wall_s``, and the ``output_tokens`` it made."""
+
+    wall_s: float
+    cpu_s: Mapping[str, float]
+    output_tokens: int
+
+    def cores(self, part: str) -> float:
+        return self.cpu_s.get(part, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def us_per_token(self, part: str) -> float:
+        return self.cpu_s.get(part, 0.0) * 1e6 / self.output_tokens if self.output_tokens else 0.0
+
+    @property
+    def total_us_per_token(self) -> float:
+        return sum(self.us_per_token(p) for p in self.cpu_s)
+
+
+def share_bound_us_per_token(num_cores: int, engine_alone_tokens_per_s: float, share: float) -> float:
+    """The CPU per output token, all parts together (client included), at which ``num_cores`` fully
+    busy serve ``share`` of the engine-alone tokens/s: spend more per token and that share cannot be
+    reached on this machine, whatever the scheduling."""
+    if engine_alone_tokens_per_s <= 0 or share <= 0:
+        raise ValueError("engine_alone_tokens_per_s and share must be positive")
+    return num_cores * 1e6 / (share * engine_alone_tokens_per_s)
+
+
+def share_ceiling(num_cores: int, us_per_token: float, engine_alone_tokens_per_s: float) -> float:
+    """The largest share of the engine-alone tokens/s that ``num_cores`` fully busy can serve when the
+    whole served path (client included) costs ``us_per_token`` of CPU per output token."""
+    if us_per_token <= 0 or engine_alone_tokens_per_s <= 0:
+        raise ValueError("us_per_token and engine_alone_tokens_per_s must be positive")
+    return num_cores * 1e6 / us_per_token / engine_alone_tokens_per_s
+
+
+def machine_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+class CpuMeter:
+    """CPU seconds per part of the given servers' process trees (each root with its descendants and
+    session) and of this process, between ``start`` and ``stop``. A process that starts during the run is
+    counted from zero; one that ends during it is not counted (the servers keep theirs)."""
+
+    def __init__(self, roots: Mapping[str, ProcId]):
+        self.roots = dict(roots)
+        self._began: tuple[float, float, dict[int, tuple[str, float]]] | None = None
+
+    def _sample(self) -> dict[int, tuple[str, float]]:
+        sample: dict[int, tuple[str, float]] = {}
+        for root in self.roots.values():
+            for pid, _ in process_tree(root):
+                cpu = process_cpu_s(pid)
+                if cpu is not None and pid != os.getpid():
+                    sample[pid] = (part_of(cmdline_of(pid)), cpu)
+        return sample
+
+    def start(self) -> None:
+        self._began = (time.monotonic(), self_cpu_s(), self._sample())
+
+    def stop(self, output_tokens: int) -> CpuSplit:
+        if self._began is None:
+            raise RuntimeError("CpuMeter.stop before start")
+        began_s, self_before, before = self._began
+        after, self_after, wall_s = self._sample(), self_cpu_s(), time.monotonic() - began_s
+        cpu_s: dict[str, float] = {CLIENT: self_after - self_before}
+        for pid, (part, cpu) in after.items():
+            cpu_s[part] = cpu_s.get(part, 0.0) + cpu - before.get(pid, (part, 0.0))[1]
+        self._began = None
+        return CpuSplit(wall_s, cpu_s, output_tokens)

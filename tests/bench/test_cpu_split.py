@@ -1,0 +1,120 @@
+"""The CPU split the side-by-side benchmark reports: naming a stack's processes, the per-token arithmetic,
+the bound a served share puts on CPU per token, and the meter on a real process that burns CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.cpu_split import (
+    CLIENT,
+    CpuMeter,
+    CpuSplit,
+    part_of,
+    share_bound_us_per_token,
+    share_ceiling,
+)
+from bench.servers import proc_id
+from bench.side_by_side import ENGINE, SLUICE, RunResult, cpu_table, share_bound_lines
+
+STUB = "/w/.sluice/triton/backends/python/triton_python_backend_stub"
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "part"),
+    [
+        (
+            f"{STUB} /w/.sluice/model_repository/sluice-tiny/1/model.py sluice_1_8000 1048576",
+            "Python backend: sluice-tiny",
+        ),
+        (f"{STUB} /w/.sluice/model_repository/sluice-guard/1/model.py x", "Python backend: sluice-guard"),
+        (
+            "/w/site-packages/pytriton/tritonserver/bin/tritonserver --model-repository x",
+            "tritonserver",
+        ),
+        ("/w/.venv/bin/python -m gateway.devstack --model-repository x", "gateway"),
+        (
+            "/tmp/vllm-anchor/venv/bin/python /tmp/vllm-anchor/venv/bin/vllm serve /m --port 8011",
+            "vLLM server",
+        ),
+        ("/usr/bin/redis-server *:6379", "redis-server"),
+        ("", "?"),
+    ],
+)
+def test_a_stacks_processes_are_named_by_the_part_they_play(cmdline: str, part: str) -> None:
+    assert part_of(cmdline) == part
+
+
+def test_a_split_reads_cores_and_microseconds_per_token() -> None:
+    split = CpuSplit(wall_s=2.0, cpu_s={"gateway": 1.0, CLIENT: 0.5}, output_tokens=5_000)
+    assert split.cores("gateway") == pytest.approx(0.5)
+    assert split.us_per_token("gateway") == pytest.approx(200.0)
+    assert split.us_per_token("absent") == 0.0
+    assert split.total_us_per_token == pytest.approx(300.0)
+
+
+def test_the_share_bound_and_the_ceiling_are_each_others_inverse() -> None:
+    # 2 cores, an engine alone at 8,000 tok/s: 75% is 6,000 tok/s, i.e. 333 us of CPU per token at most.
+    allowed = share_bound_us_per_token(2, 8_000, 0.75)
+    assert allowed == pytest.approx(1e6 * 2 / 6_000)
+    assert share_ceiling(2, allowed, 8_000) == pytest.approx(0.75)
+    assert share_ceiling(2, 2 * allowed, 8_000) == pytest.approx(0.375)
+    with pytest.raises(ValueError):
+        share_bound_us_per_token(2, 0, 0.75)
+    with pytest.raises(ValueError):
+        share_ceiling(2, 0, 8_000)
+
+
+def _run(target: str, tokens_per_s: float, cpu: CpuSplit) -> RunResult:
+    return RunResult(target, 32, 0, tokens_per_s, *([1.0] * 7), cpu=cpu)
+
+
+def test_the_cpu_table_and_the_bound_line_read_the_medians_of_the_runs() -> None:
+    results = [
+        _run(SLUICE, 2_000, CpuSplit(10.0, {"gateway": 4.0, CLIENT: 2.0, "engine": 8.0}, 20_000)),
+        _run(SLUICE, 2_000, CpuSplit(10.0, {"gateway": 6.0, CLIENT: 2.0, "engine": 8.0}, 20_000)),
+        _run(ENGINE, 8_000, CpuSplit(2.0, {"engine (this process)": 3.2}, 16_000)),
+    ]
+    table = cpu_table(results, 32)
+    assert "| Sluice (safety none) | gateway | 0.50 | 250 |" in table  # median of 200 and 300 us
+    assert "| Sluice (safety none) | **all** | 1.50 | 750 |" in table
+    assert "| engine alone | engine (this process) | 1.60 | 200 |" in table
+    assert cpu_table(results, 1) == ""
+    (line,) = share_bound_lines(results, 32, num_cores=2)
+    # 75% of 8,000 tok/s on 2 cores leaves 333 us a token; 750 us a token buys at most 2e6/750/8000 = 33%.
+    assert "leaves 333 µs" in line and "spent 750" in line and "by itself, 200" in line
+    assert "at most 33% of the engine-alone" in line
+    assert share_bound_lines(results[:2], 32, num_cores=2) == []  # no engine-alone run: nothing to bound
+
+
+def test_the_meter_counts_a_servers_descendants_and_this_process() -> None:
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"]
+    )
+    try:
+        root = proc_id(parent.pid)
+        assert root is not None
+        meter = CpuMeter({"server": root})
+        meter.start()
+        began = time.process_time()
+        while time.process_time() - began < 0.2:  # this process: the client
+            pass
+        time.sleep(1.5)  # the grandchild's 0.4 s of CPU falls inside the window
+        split = meter.stop(output_tokens=1_000)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert split.cpu_s[CLIENT] >= 0.19
+    python_part = part_of(sys.executable)
+    assert split.cpu_s[python_part] >= 0.3  # the grandchild's burn (less its start-up before the window)
+    assert split.wall_s >= 1.5
+
+
+def test_a_part_idle_through_the_runs_is_left_out_of_the_table() -> None:
+    split = CpuSplit(10.0, {"gateway": 2.0, "Python backend: sluice-guard": 0.0, CLIENT: 1.0}, 10_000)
+    table = cpu_table([_run(SLUICE, 1_000, split)], 32)
+    assert "sluice-guard" not in table and "| Sluice (safety none) | gateway | 0.20 | 200 |" in table
