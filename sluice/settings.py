@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     # (each metered as cancelled by its own ending), so a restart never waits out a long batch request.
     shutdown_grace_s: int = Field(30, ge=0, le=3600)
 
+    # Control plane: the admin API (``python -m control_plane.service``), on a port of its own.
+    control_plane_host: str = "127.0.0.1"
+    control_plane_port: int = Field(8090, ge=1, le=65535)
+
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
     batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"
     itl_target_ms: float = Field(50.0, gt=0, le=10_000)  # a replica above it takes nothing new
@@ -185,6 +189,16 @@ class Settings(BaseSettings):
         if not _MODEL_NAME.match(v):
             raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-'")
         return v
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> Settings:
+        # NOTE: compared whatever the hosts: 0.0.0.0 and 127.0.0.1 collide on one machine too.
+        if self.control_plane_port == self.gateway_port:
+            raise ValueError(
+                f"control_plane_port ({self.control_plane_port}) must differ from gateway_port "
+                f"({self.gateway_port}): the admin API has a port of its own"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:

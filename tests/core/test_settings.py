@@ -163,3 +163,24 @@ def test_a_model_level_error_redacts_the_urls_among_the_values_it_shows(
     message = str(exc.value)
     assert "default_max_tokens" in message and "hunter2" not in message
     assert "postgresql://sluice:***@db/sluice" in message and "redis://:***@cache:6379/0" in message
+
+
+def test_the_control_plane_has_a_host_and_port_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = get_settings()
+    assert (s.control_plane_host, s.control_plane_port) == ("127.0.0.1", 8090)
+    monkeypatch.setenv("SLUICE_CONTROL_PLANE_HOST", "0.0.0.0")
+    monkeypatch.setenv("SLUICE_CONTROL_PLANE_PORT", "9191")
+    s = load_settings()
+    assert (s.control_plane_host, s.control_plane_port) == ("0.0.0.0", 9191)
+    assert {"SLUICE_CONTROL_PLANE_HOST", "SLUICE_CONTROL_PLANE_PORT"} <= set(env_names())
+    for value, fragment in [("0", "greater than or equal to 1"), ("65536", "less than or equal to 65535")]:
+        monkeypatch.setenv("SLUICE_CONTROL_PLANE_PORT", value)
+        with pytest.raises(SettingsError) as exc:
+            load_settings()
+        assert "SLUICE_CONTROL_PLANE_PORT" in str(exc.value) and fragment in str(exc.value)
+    # The gateway's port is the client API's: the admin API never shares it.
+    monkeypatch.setenv("SLUICE_CONTROL_PLANE_PORT", "8080")
+    with pytest.raises(SettingsError, match="control_plane_port \\(8080\\) must differ from gateway_port"):
+        load_settings()
+    monkeypatch.setenv("SLUICE_GATEWAY_PORT", "8081")
+    assert load_settings().control_plane_port == 8080
