@@ -30,8 +30,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 from bench.report import pct, write_measured
-from sluice.triton.client import GenerateStream
-from sluice.triton.converters import request_tensors
+from sluice.triton.client import GenerateStream, request_tensors
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 from bench.report import pct
-from sluice.triton.client import GenerateStream
-from sluice.triton.converters import request_tensors
+from sluice.triton.client import GenerateStream, request_tensors
 from sluice.triton.launcher import TritonServer, TritonServerConfig
 from sluice.triton.render import CpuEngineModelSettings, optional_float, render_model_repository
 

@@ -30,7 +30,14 @@ from gateway.scheduling.quota_gate import acquire_quota
 from gateway.scheduling.scheduler import Admission, Slot
 from gateway.state import GatewayState
 from sluice.domain import Outcome
-from sluice.engine_client import Delta, EngineError, EngineErrorKind, FinishReason, GenerateRequest
+from sluice.engine_client import (
+    Delta,
+    EngineError,
+    EngineErrorKind,
+    EnginePriority,
+    FinishReason,
+    GenerateRequest,
+)
 from sluice.metering.pipeline import OpenUsage
 from sluice.quota.base import QuotaGrant
 from sluice.safety.base import ClassifierUnavailableError, Verdict
@@ -232,7 +239,7 @@ async def _num_unread_tokens(deltas: AsyncGenerator[Delta, None]) -> int:
     return num_tokens
 
 
-def _engine_request(job: Job, priority: int) -> GenerateRequest:
+def _engine_request(job: Job, priority: EnginePriority) -> GenerateRequest:
     """``priority``: the engine priority the scheduler gave the request at dispatch (``Slot.priority``)."""
     return GenerateRequest(
         request_id=job.request_id,

@@ -12,30 +12,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 # A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
 # dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
 MIN_SAMPLED_TEMPERATURE = 1e-5
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"  # an end-of-sequence or stop token
-    LENGTH = "length"  # max_tokens, or the model's context
-    ABORT = "abort"  # cancelled
-
-
-class EngineErrorKind(StrEnum):
-    INVALID_REQUEST = "invalid_request"  # the replica refused the request (the caller's fault)
-    UNAVAILABLE = "unavailable"  # the replica cannot be reached or is not ready
-    ENGINE_ERROR = "engine_error"  # the replica failed mid-request
-
-
-class EngineError(Exception):
-    def __init__(self, kind: EngineErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -51,17 +33,20 @@ class GenerateRequest:
     top_p: float | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
-    # The engine's priority class (sluice.policy.dispatch.EnginePriority): 0 interactive within its
-    # tenant's share, 1 interactive beyond it, 2 batch; a class preempts lower ones to be admitted.
-    priority: int = 0
+    # A class preempts lower ones to be admitted (an int is taken as the EnginePriority of that value).
+    priority: EnginePriority = EnginePriority.UNDER_SHARE
     ignore_eos: bool = False
     cache_scope: str = field(kw_only=True)  # the tenant
 
     def __post_init__(self) -> None:
         if not self.cache_scope:
             raise ValueError("cache_scope must be the tenant: there is no shared default scope")
-        if self.priority not in (0, 1, 2):
-            raise ValueError(f"priority must be 0, 1 or 2, got {self.priority}")
+        try:
+            priority = EnginePriority(self.priority)
+        except ValueError:
+            allowed = ", ".join(str(int(p)) for p in EnginePriority)
+            raise ValueError(f"priority must be one of {allowed}, got {self.priority!r}") from None
+        object.__setattr__(self, "priority", priority)  # NOTE: frozen; the same value, as the enum
 
     @property
     def greedy(self) -> bool:

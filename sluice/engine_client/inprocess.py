@@ -14,15 +14,8 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamError
 from cpu_engine.sampling import PriorityClass, SamplingParams
-from sluice.engine_client.base import (
-    Delta,
-    EngineClient,
-    EngineError,
-    EngineErrorKind,
-    FinishReason,
-    GenerateRequest,
-    ReplicaStats,
-)
+from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
+from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +82,7 @@ class InProcessEngineClient(EngineClient):
             request.request_id,
             request.prompt_token_ids,
             params,
-            PriorityClass(request.priority),
+            PriorityClass(int(request.priority)),  # the engine's own enum, of the same values
             request.cache_scope,
             on_update,
         )

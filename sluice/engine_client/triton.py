@@ -3,6 +3,15 @@
 One gRPC stream per request. Leaving the ``async for`` over the call does not end it, so closing the
 generator cancels the call explicitly (``GenerateStream.__aexit__``); Triton marks the request
 cancelled and the model aborts it in the engine within a step.
+
+How a failure becomes an ``EngineErrorKind``, one rule for every backend behind Triton:
+- A response carrying the ``error_kind`` output (the CPU engine's model refusing or failing a request)
+  is that kind, with its ``error_message``.
+- Any other error (Triton's own, another backend's such as TensorRT-LLM's, the transport's) is
+  classified by its gRPC status alone, never by its text: UNAVAILABLE and DEADLINE_EXCEEDED are
+  ``UNAVAILABLE``, INVALID_ARGUMENT is ``INVALID_REQUEST``, anything else, including an error without
+  a status (Triton reports an error response inside a stream as text only), is ``ENGINE_ERROR``: the
+  gateway built the tensors, so what the replica refuses without saying why is not the caller's fault.
 """
 
 from __future__ import annotations
@@ -15,17 +24,9 @@ import httpx
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from sluice.engine_client.base import (
-    Delta,
-    EngineClient,
-    EngineError,
-    EngineErrorKind,
-    FinishReason,
-    GenerateRequest,
-    ReplicaStats,
-)
-from sluice.triton.client import GenerateStream
-from sluice.triton.converters import request_tensors
+from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
+from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
+from sluice.triton.client import GenerateStream, request_tensors
 from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger(__name__)
@@ -133,32 +134,34 @@ class TritonEngineClient(EngineClient):
                     yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
                     if reason is not None:
                         return
-            except InferenceServerException as exc:
+            except InferenceServerException as exc:  # EngineError from the model's own response passes
                 raise _engine_error(exc) from None
             except grpc.RpcError as exc:  # the aio stream raises gRPC's own errors for transport failures
                 raise _rpc_error(exc) from None
         raise EngineError(EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing")
 
 
+# The gRPC statuses that say whose fault it is; every other status, and none, is ENGINE_ERROR.
+_KIND_BY_STATUS = {
+    "UNAVAILABLE": EngineErrorKind.UNAVAILABLE,
+    "DEADLINE_EXCEEDED": EngineErrorKind.UNAVAILABLE,
+    "INVALID_ARGUMENT": EngineErrorKind.INVALID_REQUEST,
+}
+
+
+def kind_from_status(status: str | None) -> EngineErrorKind:
+    """The kind of an error without the model's ``error_kind`` (the module's rule). ``status`` as gRPC or
+    tritonclient spell it ("UNAVAILABLE", "StatusCode.UNAVAILABLE"); None: the error came without one."""
+    name = (status or "").rsplit(".", 1)[-1].upper()
+    return _KIND_BY_STATUS.get(name, EngineErrorKind.ENGINE_ERROR)
+
+
 def _engine_error(exc: InferenceServerException) -> EngineError:
-    message = exc.message() or str(exc)
-    status = (exc.status() or "").upper()
-    if "UNAVAILABLE" in status or "DEADLINE" in status:
-        return EngineError(EngineErrorKind.UNAVAILABLE, message)
-    # NOTE: an error response on a gRPC stream arrives without its Triton error code, only the text. The
-    # model's engine failures say "engine error: ..." / "engine stopped" (cpu_engine.engine_thread);
-    # everything else it refuses is a request the converters rejected.
-    if status or message.startswith("engine "):
-        return EngineError(EngineErrorKind.ENGINE_ERROR, message)
-    return EngineError(EngineErrorKind.INVALID_REQUEST, message)
+    # NOTE: tritonclient leaves the status None for an error response inside a stream.
+    return EngineError(kind_from_status(exc.status()), exc.message() or str(exc))
 
 
 def _rpc_error(exc: grpc.RpcError) -> EngineError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    message = f"{code}: {details}"
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return EngineError(EngineErrorKind.UNAVAILABLE, message)
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        return EngineError(EngineErrorKind.INVALID_REQUEST, message)
-    return EngineError(EngineErrorKind.ENGINE_ERROR, message)
+    return EngineError(kind_from_status(code.name if code is not None else None), f"{code}: {details}")

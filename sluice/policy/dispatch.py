@@ -14,10 +14,11 @@ the same fields).
   of the target; a tenant over its fair share (``share.over_fair_share``), under the stricter
   ``over_share_itl_fraction``; both leave ``yield_kv_reserve_fraction`` of the KV free and may fill
   only ``1 - yield_waiting_reserve_fraction`` of the waiting places (at least one).
-- Engine priority (``EnginePriority``, sent with the request): the engine admits a request ahead of
-  work of a lower priority and preempts that work to make room. So a request finds a replica that runs
-  lower-priority work open to it: that work's KV counts as free, and neither the latency gate nor
-  waiting work of lower priority holds it back (only waiting work of its priority or above counts).
+- Engine priority (``EnginePriority``, the wire type of ``sluice.engine_client.wire``, sent with the
+  request): the engine admits a request ahead of work of a lower priority and preempts it to make room.
+  So a request finds a replica that runs lower-priority work open to it: that work's KV counts as
+  free, and neither the latency gate nor waiting work of lower priority holds it back (only waiting
+  work of its priority or above counts).
 Among replicas that pass, the one with the most free KV tokens (then the fewest running) wins.
 """
 
@@ -25,18 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 
 from sluice.domain import RequestClass
-
-
-class EnginePriority(IntEnum):
-    """The engine's priority class of a request (lower first; the CPU engine's ``PriorityClass`` has the
-    same values): the engine admits a request ahead of lower classes and preempts them to make room."""
-
-    UNDER_SHARE = 0  # interactive, its tenant well within its share (``engine_priority``)
-    OVER_SHARE = 1  # interactive, its tenant holding its share or more: preemptible by the one above
-    BATCH = 2
+from sluice.engine_client.wire import EnginePriority
 
 
 def engine_priority(request_class: RequestClass, holds_share: bool) -> EnginePriority:

@@ -1,4 +1,5 @@
-"""One generation over Triton's gRPC streaming API, with cancellation that actually reaches the model.
+"""One generation over Triton's gRPC streaming API, with cancellation that actually reaches the model:
+the client's side of the tensor contract in ``sluice.engine_client.wire``.
 
     async with GenerateStream(client, "sluice-tiny", request_tensors(ids, 64)) as stream:
         async for chunk in stream:
@@ -14,12 +15,17 @@ A consumer that stops at the chunk carrying the finish reason has not seen the s
 model's empty final response is still on its way. Cancelling then races that final send, and Triton
 2.51 was seen to crash on it (SIGSEGV in tritonserver under load). So after a finished request the
 exit waits, briefly, for the stream to end by itself, and cancels only if it does not.
+
+Errors: a response that carries ``error_kind`` (the CPU engine's model sends one for a request it
+refused or failed) is raised as ``EngineError`` of that kind. Everything else that goes wrong (Triton's
+own errors, another backend's errors, transport failures) is raised as tritonclient and gRPC raise it;
+``sluice.engine_client.triton`` classifies those by gRPC status.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -27,6 +33,8 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import np_to_triton_dtype
+
+from sluice.engine_client.wire import EngineError, EngineErrorKind
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,50 @@ class TokenChunk:
     num_cached_tokens: int | None = None
 
 
+def request_tensors(
+    prompt_token_ids: Sequence[int],
+    max_tokens: int,
+    *,
+    streaming: bool = True,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    end_id: int | None = None,
+    stop_token_ids: Sequence[int] = (),
+    priority: int | None = None,
+    cache_scope: str,
+    ignore_eos: bool | None = None,
+) -> dict[str, np.ndarray]:
+    """A request's input tensors (``sluice.engine_client.wire``), each with its batch dimension of 1.
+
+    ``cache_scope`` (the tenant) is always sent; other arguments left as None are not, so the model's
+    defaults apply. Values are not checked here: the model refuses what it cannot serve.
+    """
+    out = {
+        "input_ids": np.asarray(prompt_token_ids, dtype=np.int32).reshape(1, -1),
+        "input_lengths": np.array([[len(prompt_token_ids)]], dtype=np.int32),
+        "request_output_len": np.array([[max_tokens]], dtype=np.int32),
+        "streaming": np.array([[streaming]], dtype=np.bool_),
+    }
+    scalars: dict[str, tuple[object, type]] = {
+        "temperature": (temperature, np.float32),
+        "runtime_top_k": (top_k, np.int32),
+        "runtime_top_p": (top_p, np.float32),
+        "random_seed": (seed, np.uint64),
+        "end_id": (end_id, np.int32),
+        "priority": (priority, np.int32),
+        "ignore_eos": (ignore_eos, np.bool_),
+    }
+    for name, (value, dtype) in scalars.items():
+        if value is not None:
+            out[name] = np.array([[value]], dtype=dtype)
+    if stop_token_ids:
+        out["stop_token_ids"] = np.asarray(stop_token_ids, dtype=np.int32).reshape(1, -1)
+    out["cache_scope"] = np.array([[cache_scope.encode()]], dtype=np.object_)
+    return out
+
+
 def to_infer_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
     inputs = []
     for name, array in tensors.items():
@@ -49,7 +101,11 @@ def to_infer_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferI
 
 
 def chunk_from_result(result: Any) -> TokenChunk:
-    """Decode one ``InferResult`` of the model's outputs (see sluice.triton.converters)."""
+    """Decode one ``InferResult`` of the model's outputs (``sluice.engine_client.wire``). Raises
+    ``EngineError`` for a response that carries ``error_kind``."""
+    error_kind = result.as_numpy("error_kind")
+    if error_kind is not None:
+        raise _replica_error(error_kind, result.as_numpy("error_message"))
     output_ids = result.as_numpy("output_ids")
     reason = result.as_numpy("finish_reason")
     if reason is None:
@@ -62,10 +118,28 @@ def chunk_from_result(result: Any) -> TokenChunk:
     )
 
 
+def _replica_error(kind_tensor: np.ndarray, message_tensor: np.ndarray | None) -> EngineError:
+    text = _text(kind_tensor)
+    message = "" if message_tensor is None else _text(message_tensor)
+    try:
+        kind = EngineErrorKind(text)
+    except ValueError:  # NOTE: a replica newer or other than this client: its failure, said as such
+        return EngineError(
+            EngineErrorKind.ENGINE_ERROR, f"unknown error kind {text!r} from the replica: {message}"
+        )
+    return EngineError(kind, message)
+
+
+def _text(tensor: np.ndarray) -> str:
+    value = tensor.reshape(-1)[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 class GenerateStream:
     """An async context manager over one streamed request; iterate it for ``TokenChunk``s.
 
-    Errors from the model (bad input, engine failure) are raised as ``InferenceServerException``.
+    A request the model refused or failed raises ``EngineError`` of the kind it sent; Triton's own errors
+    are raised as ``InferenceServerException`` (transport failures as ``grpc.RpcError``).
     """
 
     def __init__(

@@ -2,13 +2,18 @@
 
     render_model_repository(Path(".sluice/model_repository"), CpuEngineModelSettings(checkpoint_dir=...))
 
-writes ``<out>/<model_name>/config.pbtxt`` (the template with every ``${placeholder}`` filled) and
-``<out>/<model_name>/1/model.py``, replacing whatever that model folder held before.
+writes ``<out>/<model_name>/config.pbtxt`` (the template with every ``${placeholder}`` filled) and a copy
+of every file of the source's version folder ``1/`` (model.py and the modules beside it), replacing
+whatever that model folder held before.
 ``python -m sluice.triton.render --out DIR --checkpoint-dir DIR`` does the same from a shell.
 
 ``render_safety_classifier(repo, config_path)`` adds the safety classifier model
 (``model_repository/safety_classifier/``, the development stand-in for a Llama Guard model) to a
 repository the same way.
+
+This runs in the gateway's process (``make run``), so it imports nothing of the CPU engine: the engine's
+defaults and checks that the settings need are restated here, and tests/replica/test_render.py fails
+if they drift from ``cpu_engine.config.EngineConfig``'s.
 """
 
 from __future__ import annotations
@@ -22,14 +27,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from string import Template
+from typing import Literal
 
-from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
 from sluice.settings import get_settings
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
 SAFETY_SOURCE_DIR = SOURCE_DIR.parent / "safety_classifier"
 TEMPLATE_NAME = "config.pbtxt.template"
 _MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The engine's number formats (cpu_engine.config.DTypeSetting): auto picks bfloat16 where the CPU has
+# AVX-512 BF16 or AMX-BF16, float32 elsewhere, when the model loads.
+DTypeSetting = Literal["auto", "float32", "bfloat16"]
+DTYPE_SETTINGS: tuple[DTypeSetting, ...] = ("auto", "float32", "bfloat16")
 
 
 def fill_template(template: str, values: Mapping[str, object]) -> str:
@@ -56,21 +65,20 @@ def fill_template(template: str, values: Mapping[str, object]) -> str:
 
 @dataclass(frozen=True)
 class CpuEngineModelSettings:
-    """Everything the template asks for. Engine defaults are ``EngineConfig``'s."""
+    """Everything the template asks for. The engine's knobs default to ``EngineConfig``'s values."""
 
     checkpoint_dir: Path
     model_name: str = "sluice-tiny"
     # Requests Triton may hand to one execute() call (not a token batch: the engine batches by itself).
     max_batch_size: int = 64
-    num_kv_blocks: int = EngineConfig.num_kv_blocks
-    block_size_tokens: int = EngineConfig.block_size_tokens
-    step_token_budget: int = EngineConfig.step_token_budget
-    max_num_running: int = EngineConfig.max_num_running
-    # auto: bfloat16 where the CPU has AVX-512 BF16 or AMX-BF16, float32 elsewhere (decided at load).
-    dtype: DTypeSetting = EngineConfig.dtype
+    num_kv_blocks: int = 2048
+    block_size_tokens: int = 16
+    step_token_budget: int = 512
+    max_num_running: int = 256
+    dtype: DTypeSetting = "auto"
     target_step_ms: float | None = None
     # A step with prefill takes at most about this many decode-only steps; None: prefill fills the budget.
-    prefill_step_stretch: float | None = EngineConfig.prefill_step_stretch
+    prefill_step_stretch: float | None = 2.0
     stats_interval_ms: float = 100.0
     # Each live request is asked about once per this period (a rotating slice per pass: each ask is an IPC
     # round trip); 0: every request once per engine step. 40 measured less send-path delay under a flood.
@@ -87,14 +95,20 @@ class CpuEngineModelSettings:
             raise ValueError("cancellation_check_period_ms and yield_send_interval_ms must be >= 0")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise ValueError("target_step_ms must be positive when set")
-        EngineConfig(  # the engine's own checks, at render time rather than at model load
-            dtype=self.dtype,
-            block_size_tokens=self.block_size_tokens,
-            num_kv_blocks=self.num_kv_blocks,
-            step_token_budget=self.step_token_budget,
-            max_num_running=self.max_num_running,
-            prefill_step_stretch=self.prefill_step_stretch,
-        )
+        self._check_engine_knobs()
+
+    def _check_engine_knobs(self) -> None:
+        """``EngineConfig``'s checks of the knobs rendered here, with its messages: a bad value fails at
+        render time rather than when the model loads."""
+        if self.dtype not in DTYPE_SETTINGS:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_SETTINGS)}; got {self.dtype!r}")
+        if self.block_size_tokens <= 0 or self.num_kv_blocks <= 0:
+            raise ValueError("block_size_tokens and num_kv_blocks must be positive")
+        if self.step_token_budget < 1 or self.max_num_running < 1:
+            raise ValueError("step_token_budget and max_num_running must be at least 1")
+        stretch = self.prefill_step_stretch
+        if stretch is not None and not stretch >= 1.0:
+            raise ValueError(f"prefill_step_stretch must be >= 1 or None; got {stretch!r}")
 
     def template_values(self) -> dict[str, str]:
         values = {k: str(v) for k, v in asdict(self).items()}
@@ -134,14 +148,15 @@ def render_safety_classifier(
 
 
 def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) -> Path:
-    """Swap in ``out_dir/model_name`` holding ``config.pbtxt`` and ``1/model.py`` from ``source_dir``."""
+    """Swap in ``out_dir/model_name`` holding ``config.pbtxt`` and a copy of ``source_dir/1``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / model_name
     staging = Path(tempfile.mkdtemp(prefix=f".{model_name}.", dir=out_dir))
     try:
         (staging / "config.pbtxt").write_text(config)
-        (staging / "1").mkdir()
-        shutil.copy2(source_dir / "1" / "model.py", staging / "1" / "model.py")
+        # Everything: model.py imports the modules beside it. Not bytecode or tool caches (this machine's).
+        caches = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+        shutil.copytree(source_dir / "1", staging / "1", ignore=caches)
         staging.chmod(0o755)  # mkdtemp makes it 0700
         if target.exists():
             shutil.rmtree(target)

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from sluice.triton import client as client_module
-from sluice.triton.client import GenerateStream, TokenChunk
-from sluice.triton.converters import request_tensors
+from sluice.triton.client import GenerateStream, TokenChunk, request_tensors
 
 
 class FakeCall:

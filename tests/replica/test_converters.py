@@ -1,4 +1,5 @@
-"""The pure converters and the renderer, without a server."""
+"""The replica's pure converters (replica_converters.py beside the CPU engine's model.py), without a
+server; tests/replica/conftest.py puts that folder on sys.path as Triton's Python backend does."""
 
 from __future__ import annotations
 
@@ -7,28 +8,27 @@ from typing import Any
 
 import numpy as np
 import pytest
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
-
-from cpu_engine.config import EngineConfig
-from cpu_engine.engine_thread import StreamDelta
-from cpu_engine.sampling import PriorityClass
-from cpu_engine.sequence import FinishReason
-from cpu_engine.stats import EngineStats
-from sluice.settings import get_settings
-from sluice.triton.converters import (
+from replica_converters import (
     COUNTER_FAMILIES,
-    INPUT_NAMES,
-    OUTPUT_NAMES,
     EngineRequest,
     counter_totals,
+    error_kind,
+    error_tensors,
     gauge_values,
     parameters_from_config,
     request_from_tensors,
-    request_tensors,
     response_tensors,
 )
-from sluice.triton.render import CpuEngineModelSettings, fill_template, main, render_model_repository
+
+from cpu_engine.config import EngineConfig
+from cpu_engine.engine_thread import StreamDelta, StreamError
+from cpu_engine.sampling import PriorityClass
+from cpu_engine.sequence import FinishReason
+from cpu_engine.stats import EngineStats
+from sluice.engine_client import EngineErrorKind, EnginePriority
+from sluice.engine_client import FinishReason as WireFinishReason
+from sluice.engine_client.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, TOKEN_OUTPUTS
+from sluice.triton.client import request_tensors
 
 VOCAB = 8192
 
@@ -145,10 +145,35 @@ def test_response_tensors_mirror_tensorrt_llm_shapes() -> None:
     assert out["sequence_length"].tolist() == [[3]]
     final = StreamDelta([9], True, FinishReason.STOP, 12, 5, 4)
     out = response_tensors([9], final)
-    assert set(out) == set(OUTPUT_NAMES)
+    assert set(out) == {*TOKEN_OUTPUTS, *FINAL_OUTPUTS}
     assert out["finish_reason"].tolist() == [[b"stop"]]
     assert out["num_prompt_tokens"].tolist() == [[12]] and out["num_cached_tokens"].tolist() == [[4]]
     assert response_tensors([], final)["output_ids"].shape == (1, 1, 0)
+
+
+def test_the_engines_enums_carry_the_wires_values() -> None:
+    """cpu_engine keeps its own enums (it imports no Sluice code); the converters map them by value."""
+    assert [(p.name, int(p)) for p in EnginePriority] == [
+        ("UNDER_SHARE", int(PriorityClass.INTERACTIVE)), ("OVER_SHARE", int(PriorityClass.OVER_SHARE)),
+        ("BATCH", int(PriorityClass.BATCH)),
+    ]  # fmt: skip
+    assert {r.value for r in FinishReason} == {r.value for r in WireFinishReason}
+    for reason in FinishReason:
+        final = StreamDelta([], True, reason, 3, 0, 0)
+        assert WireFinishReason(response_tensors([], final)["finish_reason"].item().decode()) == reason.value
+
+
+def test_errors_travel_as_a_kind_field_and_a_message() -> None:
+    out = error_tensors(EngineErrorKind.INVALID_REQUEST, "input_ids[1] = -2 is outside the vocabulary")
+    assert tuple(out) == ERROR_OUTPUTS
+    assert out["error_kind"].tolist() == [[b"invalid_request"]] and out["error_kind"].dtype == np.object_
+    assert out["error_message"].item() == b"input_ids[1] = -2 is outside the vocabulary"
+    assert error_tensors(EngineErrorKind.ENGINE_ERROR, "caf\u00e9")["error_message"].item() == "café".encode()
+    # Only a refusal is the caller's fault; the engine stopping or failing a step is the engine's.
+    assert error_kind(StreamError.INVALID_REQUEST) is EngineErrorKind.INVALID_REQUEST
+    assert error_kind(StreamError.ENGINE_ERROR) is EngineErrorKind.ENGINE_ERROR
+    assert error_kind(StreamError.ENGINE_STOPPED) is EngineErrorKind.ENGINE_ERROR
+    assert error_kind(None) is EngineErrorKind.ENGINE_ERROR
 
 
 def _params(**overrides: str) -> dict[str, dict[str, str]]:
@@ -219,97 +244,3 @@ def test_stats_become_trt_llm_gauges_and_sluice_counters() -> None:
     totals = counter_totals(stats)
     assert set(totals) == set(COUNTER_FAMILIES)
     assert totals["sluice_engine_preemptions_total"] == 4 and totals["sluice_engine_step_ms_total"] == 123.0
-
-
-def test_fill_template_refuses_unknown_and_missing_keys() -> None:
-    assert fill_template('a: "${x}" b: ${y}', {"x": "1", "y": 2}) == 'a: "1" b: 2'
-    with pytest.raises(ValueError, match="keys not in the template: z"):
-        fill_template("${x}", {"x": 1, "z": 2})
-    with pytest.raises(ValueError, match="placeholders without a value: y"):
-        fill_template("${x} ${y}", {"x": 1})
-    with pytest.raises(ValueError, match="must not contain quotes"):
-        fill_template('"${x}"', {"x": 'a"b'})
-
-
-def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
-    settings = CpuEngineModelSettings(
-        checkpoint_dir=tmp_path / "ckpt", num_kv_blocks=99, target_step_ms=30, dtype="float32"
-    )
-    model_dir = render_model_repository(tmp_path / "repo", settings)
-    assert model_dir == tmp_path / "repo" / "sluice-tiny"
-    assert (model_dir / "1" / "model.py").is_file()
-    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    assert config.name == "sluice-tiny" and config.backend == "python"
-    assert config.model_transaction_policy.decoupled and config.max_batch_size == 64
-    assert [i.name for i in config.input] == list(INPUT_NAMES)
-    assert [o.name for o in config.output] == list(OUTPUT_NAMES)
-    assert {i.name for i in config.input if not i.optional} == {
-        "input_ids", "input_lengths", "request_output_len"
-    }  # fmt: skip
-    parsed = parameters_from_config(
-        json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
-    )
-    assert parsed.checkpoint_dir == (tmp_path / "ckpt").resolve()
-    assert parsed.engine.num_kv_blocks == 99 and parsed.engine.target_step_ms == 30.0
-    assert parsed.engine.dtype == "float32"
-    assert parsed.engine.prefill_step_stretch == EngineConfig.prefill_step_stretch
-    assert CpuEngineModelSettings(checkpoint_dir=tmp_path).dtype == "auto"  # the default
-    # Rendering again replaces the folder whole.
-    (model_dir / "stale.txt").write_text("x")
-    render_model_repository(tmp_path / "repo", settings)
-    assert not (model_dir / "stale.txt").exists()
-
-
-def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="model name"):
-        CpuEngineModelSettings(checkpoint_dir=tmp_path, model_name="bad name")
-    with pytest.raises(ValueError, match="num_kv_blocks"):
-        CpuEngineModelSettings(checkpoint_dir=tmp_path, num_kv_blocks=0)
-    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16; got 'fp16'"):
-        CpuEngineModelSettings(checkpoint_dir=tmp_path, dtype="fp16")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="prefill_step_stretch must be >= 1"):
-        CpuEngineModelSettings(checkpoint_dir=tmp_path, prefill_step_stretch=0.9)
-
-
-@pytest.mark.parametrize(
-    ("flag", "rendered", "parsed"),
-    [
-        ([], str(EngineConfig.prefill_step_stretch), EngineConfig.prefill_step_stretch),
-        (["3"], "3.0", 3.0),
-        (["none"], "", None),
-    ],
-)
-def test_the_prefill_step_stretch_renders_and_parses_back(
-    tmp_path: Path, flag: list[str], rendered: str, parsed: float | None
-) -> None:
-    args = ["--prefill-step-stretch", *flag] if flag else []
-    main(["--out", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--safety-classifier", "", *args])
-    text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
-    config = text_format.Parse(text, model_config_pb2.ModelConfig())
-    assert config.parameters["prefill_step_stretch"].string_value == rendered
-    raw = json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
-    assert parameters_from_config(raw).engine.prefill_step_stretch == parsed
-
-
-def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def rendered_dtype(*extra: str) -> str:
-        get_settings.cache_clear()
-        main(["--out", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--safety-classifier", "", *extra])
-        text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
-        config = text_format.Parse(text, model_config_pb2.ModelConfig())
-        return config.parameters["dtype"].string_value
-
-    monkeypatch.delenv("SLUICE_ENGINE_DTYPE", raising=False)
-    try:
-        assert rendered_dtype() == "auto"
-        monkeypatch.setenv("SLUICE_ENGINE_DTYPE", "float32")
-        assert rendered_dtype() == "float32"
-        assert rendered_dtype("--dtype", "bfloat16") == "bfloat16"  # the command line wins
-        monkeypatch.setenv("SLUICE_ENGINE_DTYPE", "fp16")
-        with pytest.raises(SystemExit):
-            rendered_dtype()
-        assert "SLUICE_ENGINE_DTYPE='fp16'" in capsys.readouterr().err
-    finally:
-        get_settings.cache_clear()

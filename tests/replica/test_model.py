@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from replica_converters import gauge_values
 
-from sluice.triton.converters import gauge_values, request_tensors
+from sluice.triton.client import request_tensors
 from sluice.triton.render import SOURCE_DIR
 
 FINAL = 1
@@ -232,8 +233,10 @@ def test_bad_input_gets_one_final_error_response(model: Any) -> None:
     model.execute([request])
     wait_final(request, 1.0)
     [(response, flags)] = request.sender.sent
-    assert flags == FINAL and response is not None
-    assert response.error.code == "INVALID_ARG" and "outside the vocabulary" in response.error.message
+    assert flags == FINAL and response is not None and response.error is None
+    assert set(response.tensors) == {"error_kind", "error_message"}  # the kind is a field, not text
+    assert response.tensors["error_kind"].tolist() == [[b"invalid_request"]]
+    assert b"outside the vocabulary" in response.tensors["error_message"].item()
 
 
 def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
@@ -384,4 +387,6 @@ def test_finalize_ends_live_requests_with_an_error(model: Any) -> None:
     model.finalize()
     wait_final(request, 1.0)
     response, flags = request.sender.sent[-1]
-    assert flags == FINAL and response is not None and "engine stopped" in response.error.message
+    assert flags == FINAL and response is not None
+    assert response.tensors["error_kind"].tolist() == [[b"engine_error"]]
+    assert response.tensors["error_message"].tolist() == [[b"engine stopped"]]

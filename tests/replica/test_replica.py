@@ -19,8 +19,8 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
-from sluice.triton.client import GenerateStream, TokenChunk, to_infer_inputs
-from sluice.triton.converters import request_tensors
+from sluice.engine_client import EngineError, EngineErrorKind
+from sluice.triton.client import GenerateStream, TokenChunk, request_tensors, to_infer_inputs
 from sluice.triton.launcher import TritonServer
 from sluice.triton.render import CpuEngineModelSettings
 
@@ -147,23 +147,40 @@ def test_every_request_ends_with_an_empty_final_response(replica: TritonServer) 
     ],
 )
 def test_bad_input_gets_a_clear_error(aio: Aio, replica: TritonServer, tensors: dict, message: str) -> None:
-    with pytest.raises(InferenceServerException) as info:
+    """The model's refusal arrives as a response whose error_kind field says it is the caller's fault."""
+    with pytest.raises(EngineError) as info:
         generate(aio, replica, tensors)
-    assert message in str(info.value)
+    assert info.value.kind is EngineErrorKind.INVALID_REQUEST and message in info.value.message
 
 
 def test_missing_input_ids_is_refused(aio: Aio, replica: TritonServer) -> None:
     tensors = request_tensors([5, 6], 4, cache_scope="acme")
     del tensors["input_ids"]
-    with pytest.raises(InferenceServerException, match="input 'input_ids' is required"):
+    with pytest.raises(EngineError) as info:
         generate(aio, replica, tensors)
+    assert info.value.kind is EngineErrorKind.INVALID_REQUEST
+    assert "input 'input_ids' is required" in info.value.message
 
 
 def test_a_request_without_a_cache_scope_is_refused(aio: Aio, replica: TritonServer) -> None:
     tensors = request_tensors([5, 6], 4, cache_scope="acme")
     del tensors["cache_scope"]
-    with pytest.raises(InferenceServerException, match="'cache_scope' is required"):
+    with pytest.raises(EngineError) as info:
         generate(aio, replica, tensors)
+    assert (
+        info.value.kind is EngineErrorKind.INVALID_REQUEST
+        and "'cache_scope' is required" in info.value.message
+    )
+
+
+def test_tritons_own_errors_come_without_the_field(aio: Aio, replica: TritonServer) -> None:
+    """What Triton refuses before the model (a tensor of the wrong type here) has no error_kind: the
+    client raises Triton's error as is, and the engine client classifies it by status alone."""
+    tensors = request_tensors([5, 6], 4, cache_scope="acme")
+    tensors["request_output_len"] = tensors["request_output_len"].astype(np.float32)
+    with pytest.raises(InferenceServerException) as info:
+        generate(aio, replica, tensors)
+    assert "request_output_len" in str(info.value)
 
 
 def test_cancelling_the_call_frees_the_kv_blocks_within_a_second(aio: Aio, replica: TritonServer) -> None:

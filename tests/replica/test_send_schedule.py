@@ -1,10 +1,10 @@
-"""The replica's send path decisions (sluice/triton/send_schedule.py): no Triton, no threads, no clock."""
+"""The replica's send path decisions (send_schedule.py beside the CPU engine's model.py): no Triton, no
+threads, no clock."""
 
 from __future__ import annotations
 
 import pytest
-
-from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
+from send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
 
 
 def drain(queue: SendQueue) -> list[str]:

@@ -1,4 +1,6 @@
-"""The CPU engine as a decoupled Triton Python-backend model: a thin shell around sluice.triton.converters.
+"""The CPU engine as a decoupled Triton Python-backend model: a thin shell around the converters beside
+it (replica_converters.py, send_schedule.py; the renderer copies this whole folder, and the Python
+backend puts it on sys.path).
 
 Threads and what they own:
 - Triton's thread calls ``execute``: it converts each request and submits it to the engine, never waits.
@@ -13,7 +15,8 @@ Threads and what they own:
   when its value changed: each set is an IPC to the server).
 
 Every request ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: an empty one after
-its tokens, or an error response. Clients see the empty one only if they ask for it
+its tokens, or, for a request refused or failed, one carrying ``error_kind`` and ``error_message`` (the
+kind as a field, so clients never parse the text). Clients see the empty one only if they ask for it
 (``enable_empty_final_response``); either way it is what ends a one-request gRPC stream.
 """
 
@@ -33,20 +36,24 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from cpu_engine.engine import LLMEngine
-from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, StreamError
-from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
-from sluice.triton.converters import (
+# Beside this file: Triton's Python backend puts the model's version folder on sys.path.
+from replica_converters import (
     COUNTER_FAMILIES,
-    INPUT_NAMES,
     EngineRequest,
     counter_totals,
+    error_kind,
+    error_tensors,
     gauge_values,
     parameters_from_config,
     request_from_tensors,
     response_tensors,
 )
-from sluice.triton.send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
+from send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
+
+from cpu_engine.engine import LLMEngine
+from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
+from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
+from sluice.engine_client.wire import INPUT_NAMES, EngineErrorKind
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
@@ -141,7 +148,7 @@ class TritonPythonModel:
                     tensors[name] = tensor.as_numpy()
             converted = request_from_tensors(tensors, self._vocab_size, self._max_context_tokens)
         except ValueError as exc:
-            _send_error(response_sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            _send_error(response_sender, EngineErrorKind.INVALID_REQUEST, str(exc))
             return
         number = next(self._next_id)
         sender = self._senders[number % len(self._senders)]
@@ -277,12 +284,7 @@ class _Sender:
         done = delta.finished  # an error delta is finished too
         try:
             if delta.error is not None:
-                code = (
-                    pb_utils.TritonError.INVALID_ARG
-                    if delta.error_kind is StreamError.INVALID_REQUEST
-                    else pb_utils.TritonError.INTERNAL
-                )
-                _send_error(live.sender, delta.error, code)
+                _send_error(live.sender, error_kind(delta.error_kind), delta.error)
             else:
                 self._send_tokens(live, delta)
                 if done:
@@ -380,5 +382,7 @@ def _response(tensors: dict[str, Any]) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
 
 
-def _send_error(sender: Any, message: str, code: Any) -> None:
-    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=_FINAL)
+def _send_error(sender: Any, kind: EngineErrorKind, message: str) -> None:
+    # NOTE: a response with outputs, not a Triton error: a stream's error response reaches the client as
+    # text only, without its code, and the kind must not be guessed from the text.
+    sender.send(_response(error_tensors(kind, message)), flags=_FINAL)

@@ -1,41 +1,11 @@
-"""Pure converters between Triton tensors and the CPU engine (no Triton import, no threads, no I/O).
+"""The replica's converters between the wire (``sluice.engine_client.wire``: tensor names, finish
+reasons, priorities, error kinds) and the CPU engine's own types: pure functions, no Triton import, no
+threads, no I/O. They live beside model.py, the one user, and travel with it into the rendered model
+repository; the gateway never imports them (nor the engine).
 
-The tensor names mirror the TensorRT-LLM backend's ``tensorrt_llm`` model, so one client serves both
-engines. The model has ``max_batch_size > 0``, so every tensor carries a leading batch dimension of 1
-(``input_ids`` arrives as [1, N], ``output_ids`` leaves as [1, 1, T]: batch, beam, tokens).
-
-Inputs (all optional but the first three and ``cache_scope``):
-
-=====================  ======  ==================================================================
-``input_ids``          INT32   prompt token ids
-``input_lengths``      INT32   prompt length; ``input_ids[:input_lengths]`` is the prompt
-``request_output_len`` INT32   maximum output tokens
-``streaming``          BOOL    one response per step (coalesced) when true; one in all when false
-``end_id``             INT32   one more end-of-sequence id (the model's own EOS ids always apply)
-``pad_id``             INT32   accepted and ignored (one beam, no padding)
-``temperature``        FP32    0 is greedy
-``runtime_top_k``      INT32   0 is no top-k cut
-``runtime_top_p``      FP32    0 or 1 is no top-p cut
-``random_seed``        UINT64  seed for sampling
-``stop_token_ids``     INT32   [-1] ids that end the sequence (Sluice's simple ``stop_words_list``)
-``priority``           INT32   0 interactive within its tenant's share (default), 1 interactive over it,
-                               2 batch; a class preempts lower ones to be admitted
-``cache_scope``        BYTES   required: the tenant; prefix-cache blocks are shared only within one scope
-``ignore_eos``         BOOL    keep generating past the EOS ids (and ``end_id``)
-=====================  ======  ==================================================================
-
-As in TensorRT-LLM, a request that gives none of ``temperature``, ``runtime_top_k``, ``runtime_top_p``
-is decoded greedily; once any is given, a missing temperature is 1.0. A temperature below 1e-5
-(``cpu_engine.sampling.MIN_SAMPLED_TEMPERATURE``) is greedy too.
-
-``cache_scope`` must be given and non-empty: there is no shared default scope. config.pbtxt declares it
-optional only so that a request without it gets this module's clear error, not Triton's generic one.
-
-Outputs: ``output_ids`` INT32 [1, 1, T] and ``sequence_length`` INT32 [1, 1] (T, the tokens in *this*
-response: the prompt is never echoed, i.e. TensorRT-LLM's ``exclude_input_in_output=true``). The
-response that carries a request's last tokens also has ``finish_reason`` BYTES [1, 1] (stop, length or
-abort), ``num_prompt_tokens`` and ``num_cached_tokens`` INT32 [1, 1] (prompt tokens served from the
-prefix cache). An empty response flagged final ends every request.
+The tensors and their meaning are documented in ``sluice.engine_client.wire``. Here: how the CPU engine
+reads them. A temperature below ``cpu_engine.sampling.MIN_SAMPLED_TEMPERATURE`` (1e-5) is greedy, as is
+a request with none of the sampling inputs; TensorRT-LLM's top-p of 0 is no cut.
 """
 
 from __future__ import annotations
@@ -48,21 +18,26 @@ from typing import TypeVar
 import numpy as np
 
 from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
-from cpu_engine.engine_thread import StreamDelta
+from cpu_engine.engine_thread import StreamDelta, StreamError
 from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sequence import FinishReason as EngineFinishReason
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
+from sluice.engine_client.wire import (
+    ERROR_OUTPUTS,
+    INPUT_NAMES,
+    REQUIRED_INPUTS,
+    EngineErrorKind,
+    EnginePriority,
+    FinishReason,
+)
 
 T = TypeVar("T")
 
 MAX_CACHE_SCOPE_BYTES = 256
 
-REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
-OPTIONAL_INPUTS = (
-    "streaming", "end_id", "pad_id", "temperature", "runtime_top_k", "runtime_top_p", "random_seed",
-    "stop_token_ids", "priority", "cache_scope", "ignore_eos",
-)  # fmt: skip
-INPUT_NAMES = REQUIRED_INPUTS + OPTIONAL_INPUTS
-OUTPUT_NAMES = ("output_ids", "sequence_length", "finish_reason", "num_prompt_tokens", "num_cached_tokens")
+# The engine's enums against the wire's (the same values: a mismatch fails when this module loads).
+_PRIORITY_CLASS = {wire: PriorityClass(int(wire)) for wire in EnginePriority}
+_FINISH_REASON = {engine: FinishReason(engine.value) for engine in EngineFinishReason}
 
 
 @dataclass(frozen=True)
@@ -119,9 +94,9 @@ def request_from_tensors(
     seed = _int_scalar(tensors, "random_seed") if "random_seed" in tensors else None
     if seed is not None and seed < 0:
         raise ValueError("random_seed must be >= 0")
-    priority = _int_scalar(tensors, "priority") if "priority" in tensors else int(PriorityClass.INTERACTIVE)
-    if priority not in tuple(PriorityClass):
-        raise ValueError(f"priority must be one of {[int(p) for p in PriorityClass]}, got {priority}")
+    priority = _int_scalar(tensors, "priority") if "priority" in tensors else int(EnginePriority.UNDER_SHARE)
+    if priority not in {int(p) for p in EnginePriority}:
+        raise ValueError(f"priority must be one of {[int(p) for p in EnginePriority]}, got {priority}")
     params = SamplingParams(  # raises ValueError on out-of-range values
         max_tokens=_int_scalar(tensors, "request_output_len"),
         temperature=temperature,
@@ -134,7 +109,7 @@ def request_from_tensors(
     return EngineRequest(
         prompt_token_ids=[int(t) for t in prompt],
         params=params,
-        priority=PriorityClass(priority),
+        priority=_PRIORITY_CLASS[EnginePriority(priority)],
         cache_scope=_cache_scope(tensors),
         streaming=_bool_scalar(tensors, "streaming", False),
     )
@@ -147,55 +122,28 @@ def response_tensors(token_ids: Sequence[int], final: StreamDelta | None = None)
         "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
     }
     if final is not None:
-        reason = final.finish_reason.value if final.finish_reason is not None else ""
+        reason = _FINISH_REASON[final.finish_reason].value if final.finish_reason is not None else ""
         out["finish_reason"] = np.array([[reason.encode()]], dtype=np.object_)
         out["num_prompt_tokens"] = np.array([[final.num_prompt_tokens]], dtype=np.int32)
         out["num_cached_tokens"] = np.array([[final.num_cached_prompt_tokens]], dtype=np.int32)
     return out
 
 
-def request_tensors(
-    prompt_token_ids: Sequence[int],
-    max_tokens: int,
-    *,
-    streaming: bool = True,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    end_id: int | None = None,
-    stop_token_ids: Sequence[int] = (),
-    priority: int | None = None,
-    cache_scope: str,
-    ignore_eos: bool | None = None,
-) -> dict[str, np.ndarray]:
-    """The client's side of ``request_from_tensors``: input tensors with their batch dimension of 1.
+def error_kind(stream_error: StreamError | None) -> EngineErrorKind:
+    """The wire's kind of an engine stream's error: only a request the engine refused is the caller's
+    fault; a failed step, the engine stopping, or an error it did not classify is the engine's."""
+    if stream_error is StreamError.INVALID_REQUEST:
+        return EngineErrorKind.INVALID_REQUEST
+    return EngineErrorKind.ENGINE_ERROR
 
-    ``cache_scope`` (the tenant) is always sent; other arguments left as None are not, so the model's
-    defaults apply.
-    """
-    out = {
-        "input_ids": np.asarray(prompt_token_ids, dtype=np.int32).reshape(1, -1),
-        "input_lengths": np.array([[len(prompt_token_ids)]], dtype=np.int32),
-        "request_output_len": np.array([[max_tokens]], dtype=np.int32),
-        "streaming": np.array([[streaming]], dtype=np.bool_),
+
+def error_tensors(kind: EngineErrorKind, message: str) -> dict[str, np.ndarray]:
+    """Output tensors of the one final response that ends a refused or failed request."""
+    kind_tensor, message_tensor = ERROR_OUTPUTS
+    return {
+        kind_tensor: np.array([[kind.value.encode()]], dtype=np.object_),
+        message_tensor: np.array([[message.encode("utf-8", "replace")]], dtype=np.object_),
     }
-    scalars: dict[str, tuple[object, type]] = {
-        "temperature": (temperature, np.float32),
-        "runtime_top_k": (top_k, np.int32),
-        "runtime_top_p": (top_p, np.float32),
-        "random_seed": (seed, np.uint64),
-        "end_id": (end_id, np.int32),
-        "priority": (priority, np.int32),
-        "ignore_eos": (ignore_eos, np.bool_),
-    }
-    for name, (value, dtype) in scalars.items():
-        if value is not None:
-            out[name] = np.array([[value]], dtype=dtype)
-    if stop_token_ids:
-        out["stop_token_ids"] = np.asarray(stop_token_ids, dtype=np.int32).reshape(1, -1)
-    out["cache_scope"] = np.array([[cache_scope.encode()]], dtype=np.object_)
-    return out
 
 
 # ----- model parameters (config.pbtxt) -----

@@ -1,7 +1,8 @@
 """The replica's send path, decided without Triton: which dirty stream to send next, and which live
 requests to ask about cancellation now. Pure bookkeeping (no threads, no I/O, no clock: ``now_s`` in).
 
-Both are owned by the one sender thread in model_repository/cpu_engine/1/model.py.
+Both are owned by the one sender thread of model.py, beside this file (replica-side code: the gateway
+never imports it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""The wire types between the gateway and a replica, defined once: what a request's class and priority
+are, how a generation ends, how it fails, and the tensor names of the Triton model that carries them.
+
+Imports nothing from Sluice: the gateway, the policies, the engine clients and the replica's model
+(model_repository/cpu_engine/1/) all read these. The CPU engine keeps its own types (it is the engine and
+imports no Sluice code); the replica's converters map between the two.
+
+Tensors (the TensorRT-LLM backend's ``tensorrt_llm`` model's names, so one client serves both engines;
+every tensor has a leading batch dimension of 1: ``input_ids`` [1, N], ``output_ids`` [1, 1, T]):
+
+=====================  ======  ==================================================================
+``input_ids``          INT32   prompt token ids
+``input_lengths``      INT32   prompt length; ``input_ids[:input_lengths]`` is the prompt
+``request_output_len`` INT32   maximum output tokens
+``streaming``          BOOL    one response per step (coalesced) when true; one in all when false
+``end_id``             INT32   one more end-of-sequence id (the model's own EOS ids always apply)
+``pad_id``             INT32   accepted and ignored (one beam, no padding)
+``temperature``        FP32    0 is greedy
+``runtime_top_k``      INT32   0 is no top-k cut
+``runtime_top_p``      FP32    0 or 1 is no top-p cut
+``random_seed``        UINT64  seed for sampling
+``stop_token_ids``     INT32   [-1] ids that end the sequence (Sluice's simple ``stop_words_list``)
+``priority``           INT32   an ``EnginePriority`` (default 0)
+``cache_scope``        BYTES   required: the tenant; prefix-cache blocks are shared only within one scope
+``ignore_eos``         BOOL    keep generating past the EOS ids (and ``end_id``)
+=====================  ======  ==================================================================
+
+All inputs are optional but the first three and ``cache_scope`` (config.pbtxt declares it optional only so
+that a request without it gets the model's clear error, not Triton's generic one). A request that gives
+none of ``temperature``, ``runtime_top_k``, ``runtime_top_p`` is greedy; once any is given, a missing
+temperature is 1.0.
+
+Outputs: ``output_ids`` INT32 [1, 1, T] and ``sequence_length`` INT32 [1, 1] (T, the tokens in *this*
+response; the prompt is never echoed). The response with a request's last tokens also has
+``finish_reason`` BYTES [1, 1] (a ``FinishReason``), ``num_prompt_tokens`` and ``num_cached_tokens``
+INT32 [1, 1] (prompt tokens served from the prefix cache). A request the model refuses or fails ends
+with one response carrying ``error_kind`` BYTES [1, 1] (an ``EngineErrorKind``) and ``error_message``
+BYTES [1, 1] instead. An empty response flagged final ends every other request.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an end-of-sequence or stop token
+    LENGTH = "length"  # max_tokens, or the model's context
+    ABORT = "abort"  # cancelled
+
+
+class EnginePriority(IntEnum):
+    """The engine's priority class of a request, lower first: the engine admits a request ahead of
+    lower classes and preempts them to make room (the gateway picks it: ``sluice.policy.dispatch``)."""
+
+    UNDER_SHARE = 0  # interactive, its tenant well within its share
+    OVER_SHARE = 1  # interactive, its tenant holding its share or more: preemptible by the one above
+    BATCH = 2
+
+
+class EngineErrorKind(StrEnum):
+    INVALID_REQUEST = "invalid_request"  # the replica refused the request (the caller's fault)
+    UNAVAILABLE = "unavailable"  # the replica cannot be reached or is not ready
+    ENGINE_ERROR = "engine_error"  # the replica failed mid-request
+
+
+class EngineError(Exception):
+    """A generation that failed; ``kind`` says whose fault, ``message`` says what happened."""
+
+    def __init__(self, kind: EngineErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
+OPTIONAL_INPUTS = (
+    "streaming", "end_id", "pad_id", "temperature", "runtime_top_k", "runtime_top_p", "random_seed",
+    "stop_token_ids", "priority", "cache_scope", "ignore_eos",
+)  # fmt: skip
+INPUT_NAMES = REQUIRED_INPUTS + OPTIONAL_INPUTS
+TOKEN_OUTPUTS = ("output_ids", "sequence_length")
+FINAL_OUTPUTS = ("finish_reason", "num_prompt_tokens", "num_cached_tokens")
+ERROR_OUTPUTS = ("error_kind", "error_message")
+OUTPUT_NAMES = TOKEN_OUTPUTS + FINAL_OUTPUTS + ERROR_OUTPUTS

@@ -1,0 +1,125 @@
+"""The client's side of the wire (sluice.engine_client.wire), without a server: a replica's error kind is
+read from its field, never from its text; an error without the field is classified by gRPC status only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sluice.engine_client import EngineError, EngineErrorKind, EnginePriority, GenerateRequest
+from sluice.engine_client.triton import kind_from_status
+from sluice.triton.client import GenerateStream, chunk_from_result, request_tensors
+
+
+class FakeResult:
+    """An ``InferResult`` (named as one): ``as_numpy`` of an output the response lacks is None."""
+
+    def __init__(self, **outputs: Any) -> None:
+        self.outputs = {
+            k: np.array([[v]], dtype=np.object_ if isinstance(v, bytes) else np.int32)
+            for k, v in outputs.items()
+        }
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        return self.outputs.get(name)
+
+
+def tokens(*ids: int) -> FakeResult:
+    result = FakeResult()
+    result.outputs["output_ids"] = np.array([[list(ids)]], dtype=np.int32)
+    return result
+
+
+@pytest.mark.parametrize("kind", [EngineErrorKind.INVALID_REQUEST, EngineErrorKind.ENGINE_ERROR])
+def test_a_response_with_an_error_kind_raises_that_kind(kind: EngineErrorKind) -> None:
+    # NOTE: the message says "engine ..." for both: the text must not decide the kind.
+    result = FakeResult(error_kind=kind.value.encode(), error_message=b"engine refused: input_ids[1]")
+    with pytest.raises(EngineError) as err:
+        chunk_from_result(result)
+    assert err.value.kind is kind and err.value.message == "engine refused: input_ids[1]"
+
+
+def test_an_unknown_error_kind_is_the_replicas_failure_and_says_so() -> None:
+    with pytest.raises(EngineError) as err:
+        chunk_from_result(FakeResult(error_kind=b"overloaded", error_message=b"busy"))
+    assert err.value.kind is EngineErrorKind.ENGINE_ERROR
+    assert err.value.message == "unknown error kind 'overloaded' from the replica: busy"
+
+
+def test_token_responses_decode_as_before() -> None:
+    assert chunk_from_result(tokens(5, 6)).token_ids == [5, 6]
+    final = tokens(7)
+    final.outputs |= FakeResult(finish_reason=b"stop", num_prompt_tokens=3, num_cached_tokens=0).outputs
+    chunk = chunk_from_result(final)
+    assert (chunk.finish_reason, chunk.num_prompt_tokens, chunk.num_cached_tokens) == ("stop", 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        ("StatusCode.UNAVAILABLE", EngineErrorKind.UNAVAILABLE),  # tritonclient's spelling
+        ("DEADLINE_EXCEEDED", EngineErrorKind.UNAVAILABLE),  # grpc.StatusCode.name
+        ("StatusCode.INVALID_ARGUMENT", EngineErrorKind.INVALID_REQUEST),
+        ("StatusCode.INTERNAL", EngineErrorKind.ENGINE_ERROR),
+        ("StatusCode.CANCELLED", EngineErrorKind.ENGINE_ERROR),
+        (None, EngineErrorKind.ENGINE_ERROR),  # an error response inside a stream: text only
+    ],
+)
+def test_an_error_without_the_field_is_classified_by_status_only(
+    status: str | None, kind: EngineErrorKind
+) -> None:
+    assert kind_from_status(status) is kind
+
+
+class OneResponseCall:
+    """tritonclient's aio stream (named as one), yielding one (result, error) pair and ending."""
+
+    def __init__(self, result: FakeResult) -> None:
+        self.pairs = [(result, None)]
+
+    def __aiter__(self) -> OneResponseCall:
+        return self
+
+    async def __anext__(self) -> tuple[FakeResult, None]:
+        if not self.pairs:
+            raise StopAsyncIteration
+        return self.pairs.pop()
+
+    def cancel(self) -> bool:
+        return True
+
+
+class FakeClient:
+    def __init__(self, call: OneResponseCall) -> None:
+        self.call = call
+
+    def stream_infer(self, inputs: AsyncIterator[dict[str, Any]], stream_timeout: Any = None) -> Any:
+        return self.call
+
+
+def test_the_stream_raises_the_replicas_error_kind() -> None:
+    refusal = FakeResult(error_kind=b"invalid_request", error_message=b"max_tokens must be at least 1")
+    tensors = request_tensors([1, 2], 0, cache_scope="acme")
+
+    async def run() -> None:
+        async with GenerateStream(FakeClient(OneResponseCall(refusal)), "m", tensors) as stream:  # type: ignore[arg-type]
+            async for _ in stream:
+                pass
+
+    with pytest.raises(EngineError) as err:
+        asyncio.run(run())
+    assert err.value.kind is EngineErrorKind.INVALID_REQUEST
+
+
+def test_a_request_carries_its_priority_as_the_wire_enum() -> None:
+    assert GenerateRequest("r", [1], 4, priority=EnginePriority.BATCH, cache_scope="a").priority == 2
+    coerced = GenerateRequest("r", [1], 4, priority=1, cache_scope="a")  # type: ignore[arg-type]
+    assert coerced.priority is EnginePriority.OVER_SHARE
+    assert GenerateRequest("r", [1], 4, cache_scope="a").priority is EnginePriority.UNDER_SHARE
+    with pytest.raises(ValueError, match="priority must be one of 0, 1, 2, got 3"):
+        GenerateRequest("r", [1], 4, priority=3, cache_scope="a")  # type: ignore[arg-type]
