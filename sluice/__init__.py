@@ -1,1 +1,1 @@
-"""Sluice's shared core: the pieces every application uses (the Triton launcher and converters first)."""
+"""Sluice's shared core: the pieces every application uses (the Triton launcher first)."""

@@ -3,8 +3,11 @@
     render_model_repository(Path(".sluice/model_repository"), CpuEngineModelSettings(checkpoint_dir=...))
 
 writes ``<out>/<model_name>/config.pbtxt`` (the template with every ``${placeholder}`` filled) and a copy
-of every file of the source's version folder ``1/`` (model.py and the modules beside it), replacing
-whatever that model folder held before.
+of every file of the source's version folder ``1/`` (model.py and the modules beside it) as the version
+folder ``<model_version>/``, replacing whatever that model folder held before. The config names that one
+version (Triton serves no other) and carries the checkpoint's weights digest (``sluice.weights_digest``)
+as the parameter ``weights_digest``: a health check reads it back through Triton's model configuration
+API, so a replica serving other weights than the registry's version is never routed to.
 ``python -m sluice.triton.render --out DIR --checkpoint-dir DIR`` does the same from a shell.
 
 ``render_safety_classifier(repo, config_path)`` adds the safety classifier model
@@ -30,6 +33,7 @@ from string import Template
 from typing import Literal
 
 from sluice.settings import get_settings
+from sluice.weights_digest import check_digest, weights_digest
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
 SAFETY_SOURCE_DIR = SOURCE_DIR.parent / "safety_classifier"
@@ -69,6 +73,10 @@ class CpuEngineModelSettings:
 
     checkpoint_dir: Path
     model_name: str = "sluice-tiny"
+    # Triton's version folder: a positive integer (the registry's version name for a Triton-served model).
+    model_version: int = 1
+    # "sha256:<hex>" of the checkpoint; None: computed from checkpoint_dir when rendered.
+    weights_digest: str | None = None
     # Requests Triton may hand to one execute() call (not a token batch: the engine batches by itself).
     max_batch_size: int = 64
     num_kv_blocks: int = 2048
@@ -89,6 +97,17 @@ class CpuEngineModelSettings:
     def __post_init__(self) -> None:
         if not _MODEL_NAME_RE.match(self.model_name):
             raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {self.model_name!r}")
+        if (
+            isinstance(self.model_version, bool)
+            or not isinstance(self.model_version, int)
+            or self.model_version < 1
+        ):
+            raise ValueError(
+                f"model_version must be a positive integer (Triton's version folder), "
+                f"got {self.model_version!r}"
+            )
+        if self.weights_digest is not None:
+            check_digest(self.weights_digest)
         if self.max_batch_size < 1 or self.stats_interval_ms <= 0:
             raise ValueError("max_batch_size and stats_interval_ms must be positive")
         if self.cancellation_check_period_ms < 0 or self.yield_send_interval_ms < 0:
@@ -113,6 +132,7 @@ class CpuEngineModelSettings:
     def template_values(self) -> dict[str, str]:
         values = {k: str(v) for k, v in asdict(self).items()}
         values["checkpoint_dir"] = str(Path(self.checkpoint_dir).resolve())
+        values["weights_digest"] = self.weights_digest or weights_digest(Path(self.checkpoint_dir))
         values["target_step_ms"] = "" if self.target_step_ms is None else str(self.target_step_ms)
         stretch = self.prefill_step_stretch
         values["prefill_step_stretch"] = "" if stretch is None else str(stretch)
@@ -124,7 +144,7 @@ def render_model_repository(
 ) -> Path:
     """Write the model folder under ``out_dir`` and return it. The folder is swapped in whole."""
     config = fill_template((source_dir / TEMPLATE_NAME).read_text(), settings.template_values())
-    return _write_model(out_dir, settings.model_name, config, source_dir)
+    return _write_model(out_dir, settings.model_name, config, source_dir, settings.model_version)
 
 
 def render_safety_classifier(
@@ -147,8 +167,9 @@ def render_safety_classifier(
     return _write_model(repo_dir, model_name, config, source_dir)
 
 
-def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) -> Path:
-    """Swap in ``out_dir/model_name`` holding ``config.pbtxt`` and a copy of ``source_dir/1``."""
+def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path, version: int = 1) -> Path:
+    """Swap in ``out_dir/model_name`` holding ``config.pbtxt`` and a copy of ``source_dir/1`` as the version
+    folder ``version``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / model_name
     staging = Path(tempfile.mkdtemp(prefix=f".{model_name}.", dir=out_dir))
@@ -156,7 +177,7 @@ def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path) 
         (staging / "config.pbtxt").write_text(config)
         # Everything: model.py imports the modules beside it. Not bytecode or tool caches (this machine's).
         caches = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
-        shutil.copytree(source_dir / "1", staging / "1", ignore=caches)
+        shutil.copytree(source_dir / "1", staging / str(version), ignore=caches)
         staging.chmod(0o755)  # mkdtemp makes it 0700
         if target.exists():
             shutil.rmtree(target)
@@ -179,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="model repository folder to write into")
     parser.add_argument("--checkpoint-dir", required=True, type=Path)
     parser.add_argument("--model-name", default=CpuEngineModelSettings.model_name)
+    parser.add_argument(
+        "--model-version",
+        type=int,
+        default=CpuEngineModelSettings.model_version,
+        help="Triton's version folder",
+    )
     parser.add_argument("--num-kv-blocks", type=int, default=CpuEngineModelSettings.num_kv_blocks)
     parser.add_argument("--block-size-tokens", type=int, default=CpuEngineModelSettings.block_size_tokens)
     parser.add_argument("--step-token-budget", type=int, default=CpuEngineModelSettings.step_token_budget)
@@ -230,6 +257,7 @@ def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
     return CpuEngineModelSettings(
         checkpoint_dir=args.checkpoint_dir,
         model_name=args.model_name,
+        model_version=args.model_version,
         num_kv_blocks=args.num_kv_blocks,
         block_size_tokens=args.block_size_tokens,
         step_token_budget=args.step_token_budget,

@@ -64,7 +64,10 @@ def test_stop_leaves_no_process_behind(start_replica: Callable[[str], TritonServ
 
 def test_a_model_that_fails_to_load_surfaces_the_log(tmp_path: Path, three_free_ports: list[int]) -> None:
     repo = tmp_path / "repo"
-    render_model_repository(repo, CpuEngineModelSettings(checkpoint_dir=tmp_path / "no-such-checkpoint"))
+    absent = tmp_path / "no-such-checkpoint"  # with a digest given, rendering does not read the checkpoint
+    render_model_repository(
+        repo, CpuEngineModelSettings(checkpoint_dir=absent, weights_digest="sha256:" + "0" * 64)
+    )
     http, grpc, metrics = three_free_ports
     prefix = f"sluice_fail_{os.getpid()}_"
     config = TritonServerConfig(
@@ -80,6 +83,25 @@ def test_a_model_that_fails_to_load_surfaces_the_log(tmp_path: Path, three_free_
         server.start()
     assert "no-such-checkpoint" in str(info.value)  # the model's own error, from Triton's log
     assert not server.is_running() and processes_mentioning(prefix) == []
+
+
+def test_a_model_whose_weights_are_not_the_configured_digest_does_not_load(
+    tmp_path: Path, three_free_ports: list[int], dev_checkpoint: Path
+) -> None:
+    repo = tmp_path / "repo"
+    other = "sha256:" + "1" * 64  # what the registry says, not what the checkpoint holds
+    render_model_repository(repo, CpuEngineModelSettings(checkpoint_dir=dev_checkpoint, weights_digest=other))
+    http, grpc, metrics = three_free_ports
+    config = TritonServerConfig(
+        model_repository=repo,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        state_dir=tmp_path / "state",
+        shm_prefix=f"sluice_digest_{os.getpid()}_",
+    )
+    with pytest.raises(TritonLaunchError, match="refusing to load"):
+        TritonServer(config).start()
 
 
 def test_a_taken_port_is_refused_before_launch(tmp_path: Path) -> None:

@@ -23,6 +23,14 @@ from sluice.triton.render import (
     main,
     render_model_repository,
 )
+from sluice.weights_digest import weights_digest
+
+
+def _checkpoint(root: Path) -> Path:
+    """A stand-in checkpoint folder: the renderer only digests its files."""
+    (root / "ckpt").mkdir(exist_ok=True)
+    (root / "ckpt" / "model.safetensors").write_bytes(b"weights")
+    return root / "ckpt"
 
 
 def test_fill_template_refuses_unknown_and_missing_keys() -> None:
@@ -37,7 +45,7 @@ def test_fill_template_refuses_unknown_and_missing_keys() -> None:
 
 def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
     settings = CpuEngineModelSettings(
-        checkpoint_dir=tmp_path / "ckpt", num_kv_blocks=99, target_step_ms=30, dtype="float32"
+        checkpoint_dir=_checkpoint(tmp_path), num_kv_blocks=99, target_step_ms=30, dtype="float32"
     )
     model_dir = render_model_repository(tmp_path / "repo", settings)
     assert model_dir == tmp_path / "repo" / "sluice-tiny"
@@ -60,6 +68,9 @@ def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
     assert parsed.engine.num_kv_blocks == 99 and parsed.engine.target_step_ms == 30.0
     assert parsed.engine.dtype == "float32"
     assert parsed.engine.prefill_step_stretch == EngineConfig.prefill_step_stretch
+    # The checkpoint's digest travels in the config, for health checks to read back; version 1 by default.
+    assert parsed.weights_digest == weights_digest(tmp_path / "ckpt")
+    assert list(config.version_policy.specific.versions) == [1]
     assert CpuEngineModelSettings(checkpoint_dir=tmp_path).dtype == "auto"  # the default
     # Rendering again replaces the folder whole.
     (model_dir / "stale.txt").write_text("x")
@@ -67,7 +78,28 @@ def test_rendered_repository_is_a_valid_triton_config(tmp_path: Path) -> None:
     assert not (model_dir / "stale.txt").exists()
 
 
+def test_a_version_renders_as_its_folder_and_policy_with_a_given_digest(tmp_path: Path) -> None:
+    digest = "sha256:" + "ab" * 32
+    settings = CpuEngineModelSettings(
+        checkpoint_dir=tmp_path / "absent", model_version=3, weights_digest=digest
+    )
+    model_dir = render_model_repository(tmp_path / "repo", settings)
+    assert (model_dir / "3" / "model.py").is_file() and not (model_dir / "1").exists()
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert list(config.version_policy.specific.versions) == [3]
+    assert config.parameters["weights_digest"].string_value == digest
+    with pytest.raises(FileNotFoundError):  # no digest given, no checkpoint to compute it from
+        render_model_repository(
+            tmp_path / "repo2", CpuEngineModelSettings(checkpoint_dir=tmp_path / "absent")
+        )
+
+
 def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
+    for version in (0, -1, True, "2"):
+        with pytest.raises(ValueError, match="model_version must be a positive integer"):
+            CpuEngineModelSettings(checkpoint_dir=tmp_path, model_version=version)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="weights digest"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, weights_digest="sha256:short")
     with pytest.raises(ValueError, match="model name"):
         CpuEngineModelSettings(checkpoint_dir=tmp_path, model_name="bad name")
     with pytest.raises(ValueError, match="num_kv_blocks"):
@@ -130,7 +162,17 @@ def test_the_prefill_step_stretch_renders_and_parses_back(
     tmp_path: Path, flag: list[str], rendered: str, parsed: float | None
 ) -> None:
     args = ["--prefill-step-stretch", *flag] if flag else []
-    main(["--out", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--safety-classifier", "", *args])
+    main(
+        [
+            "--out",
+            str(tmp_path),
+            "--checkpoint-dir",
+            str(_checkpoint(tmp_path)),
+            "--safety-classifier",
+            "",
+            *args,
+        ]
+    )
     text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
     assert config.parameters["prefill_step_stretch"].string_value == rendered
@@ -143,7 +185,8 @@ def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
 ) -> None:
     def rendered_dtype(*extra: str) -> str:
         get_settings.cache_clear()
-        main(["--out", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--safety-classifier", "", *extra])
+        checkpoint = str(_checkpoint(tmp_path))
+        main(["--out", str(tmp_path), "--checkpoint-dir", checkpoint, "--safety-classifier", "", *extra])
         text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
         config = text_format.Parse(text, model_config_pb2.ModelConfig())
         return config.parameters["dtype"].string_value

@@ -54,6 +54,7 @@ from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
 from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.engine_client.wire import INPUT_NAMES, EngineErrorKind
+from sluice.weights_digest import weights_digest
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
@@ -94,6 +95,15 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise pb_utils.TritonModelException("the CPU engine model must be decoupled")
         params = parameters_from_config(config.get("parameters", {}))
+        if params.weights_digest is not None:
+            # NOTE: what the config says it serves is what it loads, or it does not load: health checks
+            # read this parameter back and route by it.
+            found = weights_digest(params.checkpoint_dir)
+            if found != params.weights_digest:
+                raise pb_utils.TritonModelException(
+                    f"weights at {params.checkpoint_dir} digest to {found}, not the configured "
+                    f"{params.weights_digest}: refusing to load"
+                )
         engine = LLMEngine.from_checkpoint(params.checkpoint_dir, params.engine)
         self._dtype_choice = engine.dtype_choice
         self._vocab_size = engine.model_config.vocab_size

@@ -30,6 +30,7 @@ from sluice.engine_client.wire import (
     EnginePriority,
     FinishReason,
 )
+from sluice.weights_digest import check_digest
 
 T = TypeVar("T")
 
@@ -158,6 +159,8 @@ class ModelParameters:
     cancellation_check_period_ms: float
     # While higher-priority work is live, a lower-priority stream is sent at most this often; 0: never held.
     yield_send_interval_ms: float
+    # What the checkpoint must digest to (sluice.weights_digest) before the model loads; None: not given.
+    weights_digest: str | None = None
 
 
 def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParameters:
@@ -189,6 +192,7 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
         stats_interval_ms=_parse(values, "stats_interval_ms", float),
         cancellation_check_period_ms=_parse(values, "cancellation_check_period_ms", float),
         yield_send_interval_ms=_parse(values, "yield_send_interval_ms", float),
+        weights_digest=check_digest(values["weights_digest"]) if values.get("weights_digest") else None,
     )
 
 
