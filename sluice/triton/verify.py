@@ -1,0 +1,66 @@
+"""Is a replica serving the registry's version? Asked by the control plane's health checks before a
+replica is marked ready (and on every check after), and by a gateway before its first request to one.
+
+A replica passes only if its Triton reports that model version ready AND the model configuration it
+serves carries the registry's weights digest (the ``weights_digest`` parameter the renderer writes and
+the CPU engine's model checks against its checkpoint at load). Anything else, an unreachable server
+included, fails with the reason in words; nothing here raises for a replica's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+DIGEST_PARAMETER = "weights_digest"
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    detail: str  # why not, in words ("" when ok)
+
+
+def grpc_target(endpoint: str) -> str:
+    """host:port from an endpoint that may carry a grpc:// or http:// scheme."""
+    for scheme in ("grpc://", "http://"):
+        if endpoint.startswith(scheme):
+            return endpoint[len(scheme) :]
+    return endpoint
+
+
+async def verify_replica(
+    endpoint: str, model: str, version: str, expected_digest: str, timeout_s: float = 2.0
+) -> Verification:
+    """Check the replica at ``endpoint`` (its Triton gRPC address) serves ``model`` at ``version`` with
+    weights digesting to ``expected_digest``."""
+    client = grpcclient.InferenceServerClient(grpc_target(endpoint))
+    try:
+        return await asyncio.wait_for(_verify(client, model, version, expected_digest), timeout_s)
+    except TimeoutError:
+        return Verification(False, f"no answer from {endpoint} within {timeout_s:.1f} s")
+    except InferenceServerException as exc:
+        return Verification(False, f"{endpoint}: {exc.message() or exc}")
+    finally:
+        await client.close()
+
+
+async def _verify(
+    client: grpcclient.InferenceServerClient, model: str, version: str, expected_digest: str
+) -> Verification:
+    if not await client.is_model_ready(model, version):
+        return Verification(False, f"model {model} version {version} is not ready")
+    config = await client.get_model_config(model, version, as_json=True)
+    parameters = config.get("config", {}).get("parameters", {})
+    served = parameters.get(DIGEST_PARAMETER, {}).get("string_value", "")
+    if not served:
+        return Verification(False, f"model {model} version {version} declares no {DIGEST_PARAMETER}")
+    if served != expected_digest:
+        return Verification(
+            False,
+            f"model {model} version {version} serves weights {served}, the registry says {expected_digest}",
+        )
+    return Verification(True, "")
