@@ -1,0 +1,25 @@
+"""What every handler shares: settings, the admin token store and the metrics. Built
+once in ``control_plane.service.app``; handlers reach it as ``app.state.cp`` (``state_of``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from litestar.connection import ASGIConnection
+
+from control_plane.service.metrics import ControlPlaneMetrics
+from sluice.admin_tokens.base import AdminTokenStore
+from sluice.settings import Settings
+
+
+@dataclass
+class ControlPlaneState:
+    settings: Settings
+    tokens: AdminTokenStore
+    metrics: ControlPlaneMetrics
+
+
+def state_of(connection: ASGIConnection[Any, Any, Any, Any]) -> ControlPlaneState:
+    cp: ControlPlaneState = connection.app.state.cp
+    return cp
