@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from control_plane.cli import tenants
+from control_plane.cli import admin_tokens, tenants
 from control_plane.sim import cli as sim
 
 EXIT_FAILED = 1
@@ -27,6 +27,7 @@ Register = Callable[[argparse.ArgumentParser], None]
 # (name, one-line help, register): the registration point for every command group.
 COMMAND_GROUPS: list[tuple[str, str, Register]] = [
     ("tenants", "create, list, change tenants and rotate their API keys", tenants.register),
+    ("admin-tokens", "create, list and revoke the control plane's admin tokens", admin_tokens.register),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]
 
