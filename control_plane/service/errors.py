@@ -44,9 +44,13 @@ class AdminError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+        """``Retry-After`` (whole seconds, rounded up) when set; a 401 says which scheme to use (RFC 6750)."""
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        if self.status_code == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="sluice-admin"'
+        return headers
 
 
 def invalid_admin_token(sent: str) -> AdminError:
@@ -76,7 +80,7 @@ def unavailable(what: str, code: str) -> AdminError:
     )
 
 
-def from_http_exception(exc: HTTPException) -> AdminError:
+def from_http_exception(exc: HTTPException, path: str) -> AdminError:
     status = exc.status_code
     if isinstance(exc, ValidationException) or status == 400:
         errors = [e for e in (exc.extra or []) if isinstance(e, dict)]
@@ -85,7 +89,7 @@ def from_http_exception(exc: HTTPException) -> AdminError:
         message = f"Invalid request: {details}" if details else f"Invalid request: {exc.detail}"
         return AdminError(400, message, param=keys[0] if keys else None)
     if status == 404:
-        return AdminError(404, f"Not found: {exc.detail}", code="not_found")
+        return AdminError(404, f"No route {path}: see /schema/openapi.json.", code="not_found")
     if status == 405:
         return AdminError(405, str(exc.detail), code="method_not_allowed")
     if status == 413:
@@ -109,7 +113,7 @@ def exception_handlers(metrics: ControlPlaneMetrics) -> dict[Any, Any]:
         return error_response(exc)
 
     def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
-        return on_admin(request, from_http_exception(exc))
+        return on_admin(request, from_http_exception(exc, request.url.path))
 
     def on_other(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
         log.exception("unhandled error in %s %s", request.method, request.url.path)

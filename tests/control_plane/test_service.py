@@ -110,9 +110,22 @@ def test_missing_and_unknown_tokens_get_401(
     client: TestClient[Any], headers: dict[str, str], hint: str
 ) -> None:
     resp = client.get("/admin/v1/whoami", headers=headers)
-    assert resp.status_code == 401
+    assert resp.status_code == 401 and resp.headers["WWW-Authenticate"] == 'Bearer realm="sluice-admin"'
     error = error_of(resp)
     assert error["code"] == "invalid_admin_token" and hint in error["message"]
+
+
+def test_an_unknown_route_gets_the_same_error_shape(client: TestClient[Any]) -> None:
+    resp = client.get("/admin/v2/whoami")
+    assert resp.status_code == 404
+    assert error_of(resp) == {
+        "message": "No route /admin/v2/whoami: see /schema/openapi.json.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+    }
+    wrong_method = client.put("/admin/v1/whoami")
+    assert wrong_method.status_code == 405 and error_of(wrong_method)["code"] == "method_not_allowed"
 
 
 def test_a_tenant_key_is_refused_on_the_admin_api(settings: Settings, tokens: dict[Role, str]) -> None:
