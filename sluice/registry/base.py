@@ -303,6 +303,13 @@ def weights_bp_from_pct(split_pct: Mapping[str, float]) -> dict[str, int]:
     return weights
 
 
+def check_limit(limit: object) -> int:
+    """How many rows a read may return: a whole number >= 1."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidChange(f"limit must be a whole number >= 1, got {limit!r}")
+    return limit
+
+
 def check_transition(current: VersionState, new: VersionState, subject: str) -> None:
     if new not in VERSION_TRANSITIONS[current]:
         allowed = ", ".join(sorted(VERSION_TRANSITIONS[current])) or "none (terminal)"
