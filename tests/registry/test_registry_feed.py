@@ -182,7 +182,7 @@ async def test_snapshots_are_consistent_under_concurrent_writes(backend: Registr
 
         async def write() -> None:
             try:
-                for i in range(25):
+                for i in range(40):
                     await add(writer, f"v{i:02d}")
             finally:
                 done.set()
@@ -195,7 +195,7 @@ async def test_snapshots_are_consistent_under_concurrent_writes(backend: Registr
             num_snapshots += 1
         await task
         assert num_snapshots > 1
-        assert len((await reader.snapshot()).versions) == 25
+        assert len((await reader.snapshot()).versions) == 40
 
 
 async def test_postgres_outage_raises_registry_unavailable(pg_url: str) -> None:
