@@ -1,10 +1,10 @@
 """The control plane service's application core: the one place that wires settings, the admin token store,
-metrics, controllers, the auth guard's role check and the error handlers.
+the model registry, metrics, controllers, the auth guard's role check and the error handlers.
 
 ``create_app(settings)`` opens what settings name (PostgreSQL when ``SLUICE_DATABASE_URL`` is set, else
 the SQLite file under ``SLUICE_STATE_DIR``: the same database the gateway's tenant store uses, tables of
 its own). A PostgreSQL down at start does not stop it: the stores open in the background and the admin
-API answers 503 until they do. Tests may pass their own ``token_store``; the app opens and
+API answers 503 until they do. Tests may pass their own ``token_store`` / ``registry``; the app opens and
 closes them the same way.
 """
 
@@ -22,6 +22,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from control_plane.service.auth import SECURITY_SCHEME, check_roles_declared
 from control_plane.service.errors import exception_handlers
 from control_plane.service.metrics import ControlPlaneMetrics, observe_requests
+from control_plane.service.models import RegistryController
 from control_plane.service.serving import LOG_FORMAT
 from control_plane.service.state import ControlPlaneState
 from control_plane.service.system import SYSTEM_HANDLERS
@@ -29,6 +30,8 @@ from control_plane.service.tokens import AdminController
 from sluice.admin_tokens.base import AdminTokenStore
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
 from sluice.admin_tokens.factory import open_admin_token_store
+from sluice.registry.base import Registry
+from sluice.registry.factory import open_registry
 from sluice.settings import Settings, redact_secrets
 
 log = logging.getLogger("sluice.control_plane")
@@ -36,7 +39,9 @@ log = logging.getLogger("sluice.control_plane")
 MAX_BODY_BYTES = 64 * 1024  # admin bodies are small: a token name, later a route or a version
 
 
-def create_app(settings: Settings, *, token_store: AdminTokenStore | None = None) -> Litestar:
+def create_app(
+    settings: Settings, *, token_store: AdminTokenStore | None = None, registry: Registry | None = None
+) -> Litestar:
     metrics = ControlPlaneMetrics()
 
     @asynccontextmanager
@@ -44,14 +49,18 @@ def create_app(settings: Settings, *, token_store: AdminTokenStore | None = None
         async with AsyncExitStack() as stack:
             tokens = await _open_token_store(settings, token_store)
             stack.push_async_callback(tokens.close)
-            app.state.cp = ControlPlaneState(settings=settings, tokens=tokens, metrics=metrics)
+            opened_registry = await _open_registry(settings, registry)
+            stack.push_async_callback(opened_registry.close)
+            app.state.cp = ControlPlaneState(
+                settings=settings, tokens=tokens, registry=opened_registry, metrics=metrics
+            )
             _log_start(settings)
             yield
-            log.info("control plane stopping: closing the admin token store")
+            log.info("control plane stopping: closing the admin token store and the registry")
         log.info("control plane stopped")
 
     app = Litestar(
-        route_handlers=[AdminController, *SYSTEM_HANDLERS],
+        route_handlers=[AdminController, RegistryController, *SYSTEM_HANDLERS],
         exception_handlers=exception_handlers(metrics),
         middleware=[observe_requests(metrics)],
         lifespan=[lifespan],
@@ -60,7 +69,8 @@ def create_app(settings: Settings, *, token_store: AdminTokenStore | None = None
             title="Sluice control plane",
             version="0.1.0",
             path="/schema",
-            description="The admin API: admin tokens with roles viewer < release-manager < platform-admin.",
+            description="The admin API: admin tokens with roles viewer < release-manager < platform-admin; "
+            "the model registry.",
             components=Components(
                 security_schemes={
                     SECURITY_SCHEME: SecurityScheme(
@@ -90,6 +100,13 @@ async def _open_token_store(settings: Settings, store: AdminTokenStore | None) -
     return store
 
 
+async def _open_registry(settings: Settings, registry: Registry | None) -> Registry:
+    if registry is None:
+        return await open_registry(settings, keep_trying=True)
+    await registry.open()
+    return registry
+
+
 def _log_start(settings: Settings) -> None:
     """One line an operator can read the configuration from, and a warning while the dev token works."""
     storage = (
@@ -98,7 +115,7 @@ def _log_start(settings: Settings) -> None:
         else f"SQLite {settings.sqlite_path}"
     )
     log.info(
-        "control plane up on http://%s:%d: admin tokens in %s; dev admin token %s",
+        "control plane up on http://%s:%d: admin tokens and registry in %s; dev admin token %s",
         settings.control_plane_host,
         settings.control_plane_port,
         storage,

@@ -140,7 +140,7 @@ _MEANINGS = {
     403: "`insufficient_role`: the token's role ranks below the one this operation needs.",
     404: "`admin_token_not_found` or `not_found`.",
     409: "`admin_token_exists`: an active token already has this name.",
-    503: "`admin_token_store_unavailable`; with `Retry-After`.",
+    503: "`admin_token_store_unavailable` or `registry_unavailable`; with `Retry-After`.",
 }
 
 

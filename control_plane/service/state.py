@@ -1,4 +1,4 @@
-"""What every handler shares: settings, the admin token store and the metrics. Built
+"""What every handler shares: settings, the admin token store, the model registry and the metrics. Built
 once in ``control_plane.service.app``; handlers reach it as ``app.state.cp`` (``state_of``)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from litestar.connection import ASGIConnection
 
 from control_plane.service.metrics import ControlPlaneMetrics
 from sluice.admin_tokens.base import AdminTokenStore
+from sluice.registry.base import Registry
 from sluice.settings import Settings
 
 
@@ -17,6 +18,7 @@ from sluice.settings import Settings
 class ControlPlaneState:
     settings: Settings
     tokens: AdminTokenStore
+    registry: Registry
     metrics: ControlPlaneMetrics
 
 

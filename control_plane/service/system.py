@@ -1,4 +1,4 @@
-"""GET /healthz (the process is alive), GET /readyz (the admin token store answers),
+"""GET /healthz (the process is alive), GET /readyz (the admin token store and the registry answer),
 GET /metrics (Prometheus). No auth: probes and scrapers call these, and they reveal no state."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from control_plane.service.state import state_of
 from sluice.admin_tokens.base import AdminTokenStoreUnavailable
+from sluice.registry.base import RegistryUnavailable
 
 log = logging.getLogger("sluice.control_plane")
 
@@ -28,7 +29,7 @@ async def healthz() -> dict[str, str]:
 async def _answers(what: str, call: Awaitable[Any]) -> bool:
     try:
         await asyncio.wait_for(call, READY_CHECK_TIMEOUT_S)
-    except (AdminTokenStoreUnavailable, TimeoutError) as exc:
+    except (AdminTokenStoreUnavailable, RegistryUnavailable, TimeoutError) as exc:
         log.warning("readyz: the %s does not answer: %s", what, exc or type(exc).__name__)
         return False
     return True
@@ -39,10 +40,12 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """200 when every store the admin API needs answers, else 503 naming which do not."""
     cp = state_of(request)
     tokens_ok = await _answers("admin token store", cp.tokens.ping())
-    ready = tokens_ok
+    registry_ok = await _answers("model registry", cp.registry.generation())
+    ready = tokens_ok and registry_ok
     body = {
         "status": "ready" if ready else "not_ready",
         "admin_token_store": "ok" if tokens_ok else "unavailable",
+        "registry": "ok" if registry_ok else "unavailable",
     }
     return Response(body, status_code=200 if ready else 503)
 

@@ -24,6 +24,8 @@ from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
 from sluice.admin_tokens.roles import Role
 from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
 from sluice.domain import Tenant
+from sluice.registry.base import ReplicaState, VersionState
+from sluice.registry.factory import open_registry
 from sluice.settings import Settings, load_settings
 from sluice.tenants.sqlite import SqliteTenantStore
 
@@ -92,7 +94,7 @@ def test_probes_answer_without_auth(client: TestClient[Any]) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "admin_token_store": "ok"}
+    assert ready.json() == {"status": "ready", "admin_token_store": "ok", "registry": "ok"}
 
 
 @pytest.mark.parametrize(
@@ -142,6 +144,7 @@ def test_a_tenant_key_is_refused_on_the_admin_api(settings: Settings, tokens: di
     ("method", "path", "needed"),
     [
         ("GET", "/admin/v1/whoami", Role.VIEWER),
+        ("GET", "/admin/v1/models", Role.VIEWER),
         ("GET", "/admin/v1/tokens", Role.PLATFORM_ADMIN),
         ("POST", "/admin/v1/tokens", Role.PLATFORM_ADMIN),
         ("DELETE", "/admin/v1/tokens/nobody", Role.PLATFORM_ADMIN),
@@ -236,6 +239,60 @@ def test_bad_bodies_get_400_naming_the_field(
     assert len(client.get("/admin/v1/tokens", headers=bearer(tokens[Role.PLATFORM_ADMIN])).json()) == 3
 
 
+def fill_registry(settings: Settings) -> None:
+    """One model with a serving v1 (one ready replica, all the traffic) and a staged v2; a second model
+    never routed."""
+
+    async def run() -> None:
+        registry = await open_registry(settings)
+        try:
+            await registry.create_model("sluice-tiny", actor="test", description="the dev model")
+            for version in ["v1", "v2"]:
+                await registry.add_version(
+                    "sluice-tiny",
+                    version,
+                    artifact_uri=f"s3://models/sluice-tiny/{version}",
+                    weights_digest="sha256:" + "ab" * 32,
+                    build_config={"dtype": "float32"},
+                    actor="test",
+                )
+            for state in [VersionState.WARMING, VersionState.SERVING]:
+                await registry.set_version_state("sluice-tiny", "v1", state, actor="test")
+            await registry.set_route("sluice-tiny", {"v1": 10_000}, actor="test")
+            await registry.register_replica(
+                "r-1",
+                endpoint="127.0.0.1:8001",
+                model="sluice-tiny",
+                version="v1",
+                actor="test",
+                state=ReplicaState.READY,
+            )
+            await registry.create_model("other", actor="test")
+        finally:
+            await registry.close()
+
+    asyncio.run(run())
+
+
+def test_models_lists_the_registry(settings: Settings, tokens: dict[Role, str]) -> None:
+    with TestClient(create_app(settings)) as client:
+        resp = client.get("/admin/v1/models", headers=bearer(tokens[Role.VIEWER]))
+        assert resp.status_code == 200 and resp.json() == {"generation": 0, "models": []}
+    fill_registry(settings)
+    with TestClient(create_app(settings)) as client:
+        body = client.get("/admin/v1/models", headers=bearer(tokens[Role.VIEWER])).json()
+    assert body["generation"] == 8  # 2 models, 2 versions, 2 state changes, a route, a replica
+    other, tiny = body["models"]
+    assert (other["name"], other["versions"], other["route"]) == ("other", [], None)
+    assert (tiny["name"], tiny["description"]) == ("sluice-tiny", "the dev model")
+    assert tiny["route"] == [{"version": "v1", "weight_bp": 10_000}]
+    v1, v2 = tiny["versions"]
+    assert (v1["version"], v1["state"], v1["num_ready_replicas"]) == ("v1", "serving", 1)
+    assert (v2["version"], v2["state"], v2["num_ready_replicas"]) == ("v2", "staged", 0)
+    assert v2["artifact_uri"] == "s3://models/sluice-tiny/v2" and v2["build_config"] == {"dtype": "float32"}
+    assert v2["weights_digest"] == "sha256:" + "ab" * 32
+
+
 def test_the_openapi_schema_documents_the_admin_api(client: TestClient[Any]) -> None:
     resp = client.get("/schema/openapi.json")
     assert resp.status_code == 200
@@ -247,7 +304,9 @@ def test_the_openapi_schema_documents_the_admin_api(client: TestClient[Any]) -> 
         "description": schema["components"]["securitySchemes"]["AdminToken"]["description"],
     }
     paths = schema["paths"]
-    assert {"/admin/v1/whoami", "/admin/v1/tokens", "/admin/v1/tokens/{name}"} <= set(paths)
+    assert {"/admin/v1/whoami", "/admin/v1/tokens", "/admin/v1/tokens/{name}", "/admin/v1/models"} <= set(
+        paths
+    )
     assert {"/healthz", "/readyz"} <= set(paths) and "/metrics" not in paths
     for path, operations in paths.items():
         for method, operation in operations.items():
