@@ -25,7 +25,10 @@ from gateway.errors import exception_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
 from gateway.openapi_links import add_links
-from gateway.scheduling.scheduler import ModelScheduler
+from gateway.routing.follower import RegistryFollower
+from gateway.routing.pools import ReplicaPools
+from gateway.routing.router import Router
+from gateway.routing.table import ReplicaTarget
 from gateway.serving import LOG_FORMAT
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
@@ -33,12 +36,15 @@ from gateway.telemetry import TelemetryWriter
 from gateway.usage.controller import UsageController
 from sluice.engine_client import EngineClient
 from sluice.engine_client.factory import open_engine_client
+from sluice.engine_client.triton import TritonEngineClient
 from sluice.idempotency.factory import open_idempotency_store
 from sluice.ledger.base import UsageLedger
 from sluice.metering.outbox import Outbox
 from sluice.metering.pipeline import UsageMeter
 from sluice.quota.base import QuotaStore
 from sluice.quota.factory import open_quota_store
+from sluice.registry.base import Registry
+from sluice.registry.factory import open_registry
 from sluice.safety.config import load_safety_config
 from sluice.safety.policy import build_policies
 from sluice.safety.triton import TritonClassifier
@@ -46,6 +52,7 @@ from sluice.settings import Settings, redact_secrets
 from sluice.storage import open_ledger, open_tenant_store
 from sluice.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
+from sluice.triton.verify import Verification, grpc_target, verify_replica
 
 log = logging.getLogger("sluice.gateway")
 
@@ -58,23 +65,26 @@ def create_app(
     tenant_store: TenantStore | None = None,
     codec: TextCodec | None = None,
     quota: QuotaStore | None = None,
+    registry: Registry | None = None,
 ) -> Litestar:
-    engine = engine or open_engine_client(
-        settings.engine_client,
-        model_name=settings.model_name,
-        triton_grpc_url=settings.triton_grpc_url,
-        triton_metrics_url=settings.triton_metrics_url,
-        checkpoint_dir=settings.checkpoint_dir,
-        engine_dtype=settings.engine_dtype,
-    )
+    """``engine`` (static routing) or ``registry`` (registry routing), when given, replace what settings
+    name; either is opened and closed with the app."""
+    if settings.routing == "static" and engine is None:
+        engine = open_engine_client(
+            settings.engine_client,
+            model_name=settings.model_name,
+            triton_grpc_url=settings.triton_grpc_url,
+            triton_metrics_url=settings.triton_metrics_url,
+            checkpoint_dir=settings.checkpoint_dir,
+            engine_dtype=settings.engine_dtype,
+        )
     codec = codec or TextCodec.from_checkpoint(settings.checkpoint_dir)
     metrics = GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            await engine.start()
-            stack.push_async_callback(engine.close)
+            router, follower = await _open_routing(settings, metrics, stack, engine, codec, registry)
             opened_ledger = await _open_ledger(settings, ledger)
             stack.push_async_callback(opened_ledger.close)
             meter = UsageMeter(
@@ -92,9 +102,6 @@ def create_app(
             if quota is not None:
                 await quota.open()
             stack.push_async_callback(opened_quota.close)
-            scheduler = ModelScheduler(settings.model_name, engine, settings, metrics)
-            await scheduler.start()
-            stack.push_async_callback(scheduler.close)
             idempotency = await open_idempotency_store(settings)
             stack.push_async_callback(idempotency.close)
             # The Triton classifier (policy "strict") is another model on the replica's Triton server.
@@ -115,12 +122,13 @@ def create_app(
                 settings=settings,
                 codec=codec,
                 engine=engine,
+                router=router,
+                follower=follower,
                 ledger=opened_ledger,
                 tenants=tenant_resolver(store, settings, metrics),
                 telemetry=telemetry,
                 metrics=metrics,
                 quota=opened_quota,
-                scheduler=scheduler,
                 meter=meter,
                 safety=safety,
                 idempotency=idempotency,
@@ -149,7 +157,48 @@ def create_app(
     return app
 
 
-def _log_start(settings: Settings, engine: EngineClient) -> None:
+async def _open_routing(
+    settings: Settings,
+    metrics: GatewayMetrics,
+    stack: AsyncExitStack,
+    engine: EngineClient | None,
+    codec: TextCodec,
+    registry: Registry | None,
+) -> tuple[Router, RegistryFollower | None]:
+    """The router, static (one replica: ``engine``) or following the registry; closed by ``stack``."""
+    pools = ReplicaPools(settings, metrics, _replica_client, _verify)
+    router = Router(pools, metrics)
+    stack.push_async_callback(pools.close)
+    if settings.routing == "static":
+        assert engine is not None
+        await engine.start()
+        stack.push_async_callback(engine.close)
+        await router.add_static(settings.model_name, engine.model_version, engine, codec)
+        return router, None
+    if registry is None:  # a PostgreSQL down at start: start anyway, route once it answers
+        registry = await open_registry(settings, keep_trying=True)
+    else:
+        await registry.open()
+    stack.push_async_callback(registry.close)
+    follower = RegistryFollower(registry, router, metrics, settings.registry_poll_interval_s)
+    await follower.start()
+    stack.push_async_callback(follower.close)
+    return router, follower
+
+
+def _replica_client(target: ReplicaTarget) -> EngineClient:
+    # NOTE: no metrics URL: the registry names a replica's gRPC endpoint only, so the scheduler's KV gate
+    # stays open for it and the replica's own admission applies (per-replica load reads: issue 12).
+    client = TritonEngineClient(grpc_target(target.endpoint), target.model)
+    client.model_version = target.version
+    return client
+
+
+async def _verify(target: ReplicaTarget) -> Verification:
+    return await verify_replica(target.endpoint, target.model, target.version, target.weights_digest)
+
+
+def _log_start(settings: Settings, engine: EngineClient | None) -> None:
     """One line an operator can read the configuration from, and a warning while dev keys work."""
     storage = (
         f"PostgreSQL {redact_secrets(settings.database_url)}"
@@ -161,12 +210,15 @@ def _log_start(settings: Settings, engine: EngineClient) -> None:
         if settings.redis_url is not None
         else "in process (this gateway only)"
     )
+    routing = (
+        f"static: model {settings.model_name} on {engine.kind} replica {engine.replica}"
+        if engine is not None
+        else "following the model registry"
+    )
     log.info(
-        "gateway up: model %s, engine client %s (replica %s); ledger and tenants: %s; quotas and "
-        "idempotency: %s; telemetry %s; dev tenants %s",
-        settings.model_name,
-        engine.kind,
-        engine.replica,
+        "gateway up: routing %s; ledger and tenants: %s; quotas and idempotency: %s; telemetry %s; dev "
+        "tenants %s",
+        routing,
         storage,
         shared,
         settings.telemetry_path,

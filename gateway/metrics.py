@@ -46,8 +46,8 @@ class GatewayMetrics:
         )
         self.queue_depth = Gauge(
             "sluice_gateway_queue_depth",
-            "Requests waiting for dispatch, by class",
-            ["request_class"],
+            "Requests waiting for dispatch, by model, version and class",
+            ["model", "version", "request_class"],
             registry=self.registry,
         )
         self.queue_wait_s = Histogram(
@@ -60,6 +60,23 @@ class GatewayMetrics:
         self.replica_kv_free_tokens = Gauge(
             "sluice_gateway_replica_kv_free_tokens",
             "Free KV tokens the replica reported at the last read",
+            ["model", "version", "replica"],
+            registry=self.registry,
+        )
+        self.registry_generation = Gauge(
+            "sluice_gateway_registry_generation",
+            "The registry generation this gateway routes by (-1: none read yet; static routing: not set)",
+            registry=self.registry,
+        )
+        self.registry_read_failures = Counter(
+            "sluice_gateway_registry_read_failures",
+            "Registry reads that failed (the gateway kept routing by its last snapshot)",
+            registry=self.registry,
+        )
+        self.version_fallbacks = Counter(
+            "sluice_gateway_version_fallbacks",
+            "Requests whose conversation's version had no replica in rotation, served by another version",
+            ["model", "version"],
             registry=self.registry,
         )
         self.quota_fail_open = Counter(

@@ -1,7 +1,7 @@
-"""What every request handler shares: settings, the tokenizer, the engine client, the ledger (read) and the
-usage meter (its only writer), the tenant resolver, telemetry, metrics, the quota store, the model's
-scheduler, the safety policies and the idempotency store. Built once in ``gateway.app``; handlers reach
-it as ``app.state.gw``."""
+"""What every request handler shares: settings, the router (which model version serves a request: its
+scheduler, replicas and tokenizer), the ledger (read) and the usage meter (its only writer), the tenant
+resolver, telemetry, metrics, the quota store, the safety policies and the idempotency store. Built once
+in ``gateway.app``; handlers reach it as ``app.state.gw``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import ModelScheduler
+from gateway.routing.follower import RegistryFollower
+from gateway.routing.router import Router
 from gateway.telemetry import TelemetryWriter
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
@@ -29,14 +30,15 @@ class TenantResolver(Protocol):
 @dataclass
 class GatewayState:
     settings: Settings
-    codec: TextCodec
-    engine: EngineClient
+    codec: TextCodec  # the settings' checkpoint's (static routing's); a registry's versions bring their own
+    engine: EngineClient | None  # static routing's one replica; None when routing follows the registry
+    router: Router
+    follower: RegistryFollower | None  # registry routing's; None for static routing
     ledger: UsageLedger
     tenants: TenantResolver
     telemetry: TelemetryWriter
     metrics: GatewayMetrics
     quota: QuotaStore
-    scheduler: ModelScheduler
     safety: dict[str, SafetyPolicy]  # by name; a tenant names one (Tenant.safety_policy)
     idempotency: IdempotencyStore
     meter: UsageMeter  # usage records go through it (durable outbox), never straight to the ledger

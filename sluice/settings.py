@@ -115,6 +115,13 @@ class Settings(BaseSettings):
     replica_poll_interval_ms: float = Field(250.0, ge=10, le=10_000)  # replica metrics read period
 
     # Engine and model.
+    # How the gateway knows its replicas: "static" = one replica (triton_grpc_url, or the in-process
+    # engine) serving model_name; "registry" = every model, version and replica the registry routes
+    # (followed as it changes; needs engine_client "triton").
+    routing: Literal["static", "registry"] = "static"
+    # How often a gateway following the registry re-reads it when no change notice came (and retries the
+    # replicas it could not verify).
+    registry_poll_interval_s: float = Field(5.0, gt=0, le=300)
     engine_client: Literal["triton", "inprocess"] = "triton"
     triton_grpc_url: str = "127.0.0.1:8001"
     triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
@@ -197,6 +204,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"control_plane_port ({self.control_plane_port}) must differ from gateway_port "
                 f"({self.gateway_port}): the admin API has a port of its own"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_routing(self) -> Settings:
+        if self.routing == "registry" and self.engine_client != "triton":
+            raise ValueError(
+                "routing 'registry' routes to the registry's Triton replicas: it needs engine_client "
+                "'triton' "
+                f"(got {self.engine_client!r})"
             )
         return self
 

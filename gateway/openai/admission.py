@@ -16,12 +16,14 @@ from typing import Any
 
 import anyio.to_thread
 
-from gateway.errors import OpenAIError, context_length_exceeded, invalid_request, model_not_found
+from gateway.errors import OpenAIError, context_length_exceeded, invalid_request
 from gateway.openai.idempotency import check_key, fingerprint
 from gateway.openai.job import Job
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, unsupported_params
+from gateway.routing.router import Target
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
+from sluice.policy.rollout import conversation_key
 from sluice.text import ChatTemplateError
 
 MAX_STOP_STRINGS = 4
@@ -43,8 +45,9 @@ async def admit_chat(
     gw: GatewayState,
     arrival_s: float,
     idempotency_key: str | None = None,
+    conversation_id: str | None = None,
 ) -> Job:
-    _check_common(req, tenant, gw)
+    target, request_id = _check_common(req, tenant, gw, "chatcmpl", conversation_id)
     if not req.messages:
         raise invalid_request("'messages' must hold at least one message.", param="messages")
     messages: list[dict[str, Any]] = []
@@ -57,14 +60,14 @@ async def admit_chat(
     screened = "\n".join(f"{m['name']}\n{m['content']}" if "name" in m else m["content"] for m in messages)
     _check_prompt_chars(len(screened), gw, "messages")
     try:
-        token_ids = await _prepare(len(screened), gw.codec.encode_chat, messages)
+        token_ids = await _prepare(len(screened), target.codec.encode_chat, messages)
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), param="messages") from None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     prompt = _Prompt(token_ids, screened, "messages")
-    return _job("chatcmpl", "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param), arrival_s,
-                idempotency_key)  # fmt: skip
+    return _job(request_id, target, "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param),
+                arrival_s, idempotency_key)  # fmt: skip
 
 
 async def admit_completion(
@@ -73,16 +76,17 @@ async def admit_completion(
     gw: GatewayState,
     arrival_s: float,
     idempotency_key: str | None = None,
+    conversation_id: str | None = None,
 ) -> Job:
-    _check_common(req, tenant, gw)
+    target, request_id = _check_common(req, tenant, gw, "cmpl", conversation_id)
     given = req.prompt
     if isinstance(given, list) and given and all(isinstance(p, int) for p in given):
         token_ids = [int(t) for t in given]
-        vocab = gw.codec.vocab_size
+        vocab = target.codec.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise invalid_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
         _check_prompt_tokens(len(token_ids), gw)  # before decoding them for the screen
-        text = await _prepare(len(token_ids), gw.codec.decode, token_ids)
+        text = await _prepare(len(token_ids), target.codec.decode, token_ids)
         prompt = _Prompt(token_ids, text, "prompt")  # screened as the text it stands for
     else:
         if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str):
@@ -94,8 +98,9 @@ async def admit_completion(
                 param="prompt",
             )
         _check_prompt_chars(len(given), gw, "prompt")
-        prompt = _Prompt(await _prepare(len(given), gw.codec.encode, given), given, "prompt")
-    return _job("cmpl", "/v1/completions", req, tenant, gw, prompt, (req.max_tokens, "max_tokens"), arrival_s,
+        prompt = _Prompt(await _prepare(len(given), target.codec.encode, given), given, "prompt")
+    limit = (req.max_tokens, "max_tokens")
+    return _job(request_id, target, "/v1/completions", req, tenant, gw, prompt, limit, arrival_s,
                 idempotency_key)  # fmt: skip
 
 
@@ -133,14 +138,24 @@ def _check_prompt_tokens(num_prompt: int, gw: GatewayState, param: str = "prompt
         )
 
 
-def _check_common(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant, gw: GatewayState) -> None:
+def _check_common(
+    req: ChatCompletionRequest | CompletionRequest,
+    tenant: Tenant,
+    gw: GatewayState,
+    id_prefix: str,
+    conversation_id: str | None,
+) -> tuple[Target, str]:
+    """The request's checks that need no prompt, and its target: the model version that serves it (404 for
+    a model the tenant may not use or routing does not know, 503 when none of its versions has a replica),
+    chosen by its conversation (``X-Conversation-Id``, else ``user``, else the request alone). Returns the
+    target and the request's id."""
     bad = unsupported_params(req)
     if bad is not None:
         raise invalid_request(bad[1], param=bad[0], code="unsupported_parameter")
-    if req.model != gw.settings.model_name or (
-        tenant.allowed_models and req.model not in tenant.allowed_models
-    ):
-        raise model_not_found(req.model)
+    # NOTE: every attempt has its own id, with or without an Idempotency-Key: each is billed on its own
+    # ledger row (a replay answers with the stored result's id instead).
+    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    target = gw.router.route(req.model, tenant, conversation_key(conversation_id, req.user, request_id))
     if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
         raise invalid_request("temperature must be in [0, 2].", param="temperature")
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
@@ -152,6 +167,7 @@ def _check_common(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
     if any(len(stop) > MAX_STOP_CHARS for stop in stops):
         raise invalid_request(f"A stop string may be at most {MAX_STOP_CHARS} characters.", param="stop")
+    return target, request_id
 
 
 def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant) -> RequestClass:
@@ -175,7 +191,8 @@ def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
 
 
 def _job(
-    id_prefix: str,
+    request_id: str,
+    target: Target,
     route: str,
     req: ChatCompletionRequest | CompletionRequest,
     tenant: Tenant,
@@ -192,7 +209,7 @@ def _job(
     if num_prompt == 0:
         raise invalid_request("The prompt is empty.", param=prompt.param)
     _check_prompt_tokens(num_prompt, gw, prompt.param)
-    context = gw.codec.max_context_tokens or (settings.max_prompt_tokens + settings.max_output_tokens)
+    context = target.codec.max_context_tokens or (settings.max_prompt_tokens + settings.max_output_tokens)
     if max_tokens is not None:
         if max_tokens < 1:
             raise invalid_request(f"{max_tokens_param} must be at least 1.", param=max_tokens_param)
@@ -225,14 +242,12 @@ def _job(
     )
     if idempotency_key is not None:
         check_key(idempotency_key)
-    # NOTE: every attempt has its own id, with or without a key: each is billed on its own ledger row (a
-    # replay answers with the stored result's id instead).
-    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     return Job(
         request_id=request_id,
         route=route,
         tenant=tenant,
         model=req.model,
+        target=target,
         prompt_token_ids=token_ids,
         max_tokens=max_tokens,
         temperature=req.temperature,

@@ -80,7 +80,11 @@ class _ChatShape:
     def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
         job = self.job
         return ChatCompletionChunk(
-            job.request_id, job.created, job.model, [ChatChunkChoice(0, delta, finish_reason)]
+            job.request_id,
+            job.created,
+            job.model,
+            [ChatChunkChoice(0, delta, finish_reason)],
+            system_fingerprint=job.system_fingerprint,
         )
 
     def opening(self) -> Any:
@@ -94,12 +98,26 @@ class _ChatShape:
 
     def usage(self, finish: FinishEvent) -> Any:
         job = self.job
-        return ChatCompletionChunk(job.request_id, job.created, job.model, [], usage=_usage(finish))
+        return ChatCompletionChunk(
+            job.request_id,
+            job.created,
+            job.model,
+            [],
+            usage=_usage(finish),
+            system_fingerprint=job.system_fingerprint,
+        )
 
     def whole(self, text: str, finish: FinishEvent) -> Any:
         job = self.job
         choice = ChatChoice(0, ResponseMessage("assistant", text), finish.finish_reason)
-        return ChatCompletion(job.request_id, job.created, job.model, [choice], _usage(finish))
+        return ChatCompletion(
+            job.request_id,
+            job.created,
+            job.model,
+            [choice],
+            _usage(finish),
+            system_fingerprint=job.system_fingerprint,
+        )
 
 
 class _CompletionShape:
@@ -108,7 +126,13 @@ class _CompletionShape:
 
     def _chunk(self, text: str, finish_reason: str | None = None) -> Completion:
         job = self.job
-        return Completion(job.request_id, job.created, job.model, [CompletionChoice(0, text, finish_reason)])
+        return Completion(
+            job.request_id,
+            job.created,
+            job.model,
+            [CompletionChoice(0, text, finish_reason)],
+            system_fingerprint=job.system_fingerprint,
+        )
 
     def opening(self) -> Any:
         return None
@@ -121,7 +145,14 @@ class _CompletionShape:
 
     def usage(self, finish: FinishEvent) -> Any:
         job = self.job
-        return Completion(job.request_id, job.created, job.model, [], usage=_usage(finish))
+        return Completion(
+            job.request_id,
+            job.created,
+            job.model,
+            [],
+            usage=_usage(finish),
+            system_fingerprint=job.system_fingerprint,
+        )
 
     def whole(self, text: str, finish: FinishEvent) -> Any:
         job = self.job
@@ -131,6 +162,7 @@ class _CompletionShape:
             job.model,
             [CompletionChoice(0, text, finish.finish_reason)],
             usage=_usage(finish),
+            system_fingerprint=job.system_fingerprint,
         )
 
 
@@ -231,7 +263,11 @@ async def _whole(
 
 def _request_headers(job: Job, timing: Timing) -> dict[str, str]:
     # Server-Timing splits the time to the first token into the gateway's part and the replica's.
-    return {"X-Request-Id": job.request_id, "Server-Timing": timing.server_timing()}
+    return {
+        "X-Request-Id": job.request_id,
+        "Server-Timing": timing.server_timing(),
+        "Sluice-Model-Version": job.model_version,
+    }
 
 
 async def _until_disconnect(request: Request[Any, Any, Any], work: Callable[[], Awaitable[Any]]) -> bool:
@@ -262,6 +298,17 @@ async def _until_disconnect(request: Request[Any, Any, Any], work: Callable[[], 
         raise error
     return completed
 
+
+ConversationId = Annotated[
+    str | None,
+    HeaderParameter(
+        name="X-Conversation-Id",
+        required=False,
+        max_length=256,
+        description="Keeps a conversation on one model version during a rollout (else the body's `user`, "
+        "else each request on its own).",
+    ),
+]
 
 IdempotencyKey = Annotated[
     str | None,
@@ -319,11 +366,12 @@ class OpenAIController(Controller):
         request: Request[Any, Any, Any],
         data: JSONBody[ChatCompletionRequest],
         key: IdempotencyKey = None,
+        conversation: ConversationId = None,
     ) -> Response[ChatCompletion] | Stream:
         """Chat completion; ``stream: true`` streams ``chat.completion.chunk`` events."""
         gw: GatewayState = request.app.state.gw
         await _refuse_unknown_fields(request, ChatCompletionRequest)
-        job = await admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key)
+        job = await admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
 
@@ -338,18 +386,16 @@ class OpenAIController(Controller):
         request: Request[Any, Any, Any],
         data: JSONBody[CompletionRequest],
         key: IdempotencyKey = None,
+        conversation: ConversationId = None,
     ) -> Response[Completion] | Stream:
         """Text completion; ``stream: true`` streams ``text_completion`` events."""
         gw: GatewayState = request.app.state.gw
         await _refuse_unknown_fields(request, CompletionRequest)
-        job = await admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key)
+        job = await admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)
 
     @get("/models", responses=error_responses(401, 503))
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
         gw: GatewayState = request.app.state.gw
-        tenant = tenant_of(request)
-        name = gw.settings.model_name
-        visible = not tenant.allowed_models or name in tenant.allowed_models
-        return ModelList([Model(name, 0, "sluice")] if visible else [])
+        return ModelList([Model(name, 0, "sluice") for name in gw.router.models_for(tenant_of(request))])

@@ -78,7 +78,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``)."""
-    detok = gw.codec.detokenizer()
+    detok = job.target.codec.detokenizer()
     stops = StopMatcher(job.stop)
     end = _Ending()
     try:
@@ -89,7 +89,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                 yield event
             return
         assert end.slot is not None  # dispatched: _admit returned no replay
-        end.engine_deltas = gw.engine.generate(_engine_request(job, end.slot.priority))
+        end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))
         gw.metrics.in_flight.inc()
         timing.engine_start_s = time.monotonic()
         while end.finish_reason is None:
@@ -112,7 +112,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                 gap_s = None if timing.last_token_s is None else now - timing.last_token_s
                 timing.observe(now, len(delta.token_ids))
                 assert end.slot is not None
-                gw.scheduler.on_tokens(end.slot, len(delta.token_ids), gap_s)
+                job.target.scheduler.on_tokens(end.slot, len(delta.token_ids), gap_s)
                 text = detok.push(delta.token_ids)
                 if delta.finish_reason is not None:
                     text += detok.finish()
@@ -190,7 +190,7 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
         if isinstance(begun, list):
             return begun
         end.attempt = begun
-    end.slot = await gw.scheduler.wait_for_dispatch(_admission(job))
+    end.slot = await job.target.scheduler.wait_for_dispatch(_admission(job))
     end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
     end.reached_replica = True
     return None
@@ -206,7 +206,7 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
             await end.engine_deltas.aclose()  # cancels the engine call if it is still running
         gw.metrics.in_flight.dec()
     if end.slot is not None:
-        gw.scheduler.release(end.slot)
+        job.target.scheduler.release(end.slot)
     if end.grant is not None:
         used_tokens = len(job.prompt_token_ids) + end.num_output_tokens if end.reached_replica else 0
         with suppress(Exception):
@@ -223,7 +223,14 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
             end.num_output_tokens,
             end.verdict.message if end.verdict is not None else None,
         )
-    ended_as = Ended(end.outcome, end.finish_reason, end.num_output_tokens, end.error, end.reached_replica)
+    ended_as = Ended(
+        end.outcome,
+        end.finish_reason,
+        end.num_output_tokens,
+        end.error,
+        end.reached_replica,
+        end.slot.engine if end.slot is not None else None,
+    )
     await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
 
 

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gateway.routing.router import Target
 from sluice.domain import RequestClass, Tenant
 
 
@@ -26,6 +27,8 @@ class Job:
     route: str
     tenant: Tenant
     model: str
+    # The model version that serves it, its scheduler and tokenizer (chosen before the prompt is tokenized).
+    target: Target = field(repr=False, compare=False)
     prompt_token_ids: list[int]
     max_tokens: int
     temperature: float | None
@@ -43,6 +46,15 @@ class Job:
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def model_version(self) -> str:
+        return self.target.version
+
+    @property
+    def system_fingerprint(self) -> str:
+        """What responses name as ``system_fingerprint``: the model version that served them."""
+        return f"{self.model}:{self.target.version}"
 
     def answer_as(self, response_id: str) -> None:
         """A replay answers with the stored response's id (its ``id`` and ``X-Request-Id``), not a new one.

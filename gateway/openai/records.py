@@ -14,6 +14,7 @@ from gateway.openai.job import IdempotentAttempt, Job, Timing
 from gateway.state import GatewayState
 from gateway.telemetry import TelemetryRecord
 from sluice.domain import Outcome, UsageRecord
+from sluice.engine_client import EngineClient
 from sluice.metering.pipeline import OpenUsage
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class Ended:
     num_output_tokens: int
     error: str | None
     reached_replica: bool
+    engine: EngineClient | None = None  # the replica it was dispatched to; None: never dispatched
 
 
 def usage_record(
@@ -37,7 +39,7 @@ def usage_record(
         tenant_id=job.tenant.tenant_id,
         request_id=job.request_id,
         model=job.model,
-        model_version=gw.engine.model_version,
+        model_version=job.model_version,
         prompt_tokens=len(job.prompt_token_ids),
         output_tokens=0 if ended is None else ended.num_output_tokens,
         status=Outcome.GATEWAY_LOST if ended is None else ended.outcome,
@@ -65,9 +67,9 @@ async def record_request(
         request_id=job.request_id,
         tenant_id=job.tenant.tenant_id,
         model=job.model,
-        model_version=gw.engine.model_version,
-        replica=gw.engine.replica,
-        engine_client=gw.engine.kind,
+        model_version=job.model_version,
+        replica=ended.engine.replica if ended.engine is not None else "",
+        engine_client=ended.engine.kind if ended.engine is not None else "",
         queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
         ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
         replica_ttft_ms=_ms_between(timing.engine_start_s, timing.first_token_s),

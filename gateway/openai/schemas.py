@@ -319,6 +319,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     usage: Usage | None = None
+    system_fingerprint: str | None = None
 
 
 class CompletionChoice(msgspec.Struct):
@@ -335,6 +336,7 @@ class Completion(msgspec.Struct):
     choices: list[CompletionChoice]
     object: Literal["text_completion"] = "text_completion"
     usage: Usage | None = None
+    system_fingerprint: str | None = None
 
 
 class Model(msgspec.Struct):

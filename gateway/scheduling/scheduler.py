@@ -1,5 +1,9 @@
-"""One model's scheduler in the gateway: the fair queue, the drain rate, this gateway's view of the
-replica's load, and the dispatch decisions, all owned here and touched only from the event loop.
+"""One model version's scheduler in the gateway: the fair queue, the drain rate, this gateway's view of
+each replica's load, and the dispatch decisions, all owned here and touched only from the event loop.
+
+Its replicas all serve the same version (the router picked the version before the request queued here):
+``add_replica`` puts one in rotation; ``drain_replica`` takes one out of it (nothing new is dispatched to
+it, what it holds finishes) and hands its engine client to ``on_drained`` once its last request ended.
 
 ``wait_for_dispatch(job)`` admits a request to the queue (or refuses it: 429 ``service_overloaded`` with
 a Retry-After from the measured drain rate) and returns once it is dispatched; a request that can no
@@ -17,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.errors import refused
@@ -55,13 +59,14 @@ class Admission:
 
 @dataclass
 class Slot:
-    """A dispatched request's claim on the replica, until ``release``."""
+    """A dispatched request's claim on one replica, until ``release``; ``engine`` is how to reach it."""
 
     request_id: str
     tenant_id: str
     request_class: RequestClass
     kv_tokens: int
     dispatched_s: float
+    engine: EngineClient
     # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
     priority: EnginePriority = EnginePriority.UNDER_SHARE
     has_first_token: bool = False
@@ -69,6 +74,8 @@ class Slot:
 
 @dataclass
 class _ReplicaView:
+    engine: EngineClient
+    draining: bool = False  # out of rotation: nothing new is dispatched to it
     total_kv_tokens: int = 0  # 0: not read yet
     free_kv_tokens: int = 0
     num_waiting: int = 0
@@ -82,14 +89,16 @@ class ModelScheduler:
     def __init__(
         self,
         model: str,
-        engine: EngineClient,
+        engines: Iterable[EngineClient],
         settings: Settings,
         metrics: GatewayMetrics,
         *,
+        version: str = "1",
         fair: bool = True,
+        on_drained: Callable[[EngineClient], None] | None = None,
     ) -> None:
         self.model = model
-        self._engine = engine
+        self.version = version
         self._settings = settings
         self._metrics = metrics
         self._queue: FairQueue[asyncio.Future[Slot]] = FairQueue(
@@ -107,15 +116,16 @@ class ModelScheduler:
             over_share_itl_fraction=settings.over_share_itl_fraction,
         )
         self._drain = RateMeter(window_s=10.0)
-        self._replica = _ReplicaView()
+        self._task: asyncio.Task[None] | None = None
+        self._on_drained = on_drained
+        self._replicas: dict[str, _ReplicaView] = {e.replica: _ReplicaView(e) for e in engines}
         self._num_in_flight = InFlight()  # dispatched, not yet released
         self._weights: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
 
     # ----- life -----
     async def start(self) -> None:
-        await self._read_replica()
-        self._task = asyncio.create_task(self._background(), name=f"scheduler-{self.model}")
+        await self._read_replicas()
+        self._task = asyncio.create_task(self._background(), name=f"scheduler-{self.model}-{self.version}")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -123,6 +133,40 @@ class ModelScheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    # ----- replicas -----
+    async def add_replica(self, engine: EngineClient) -> None:
+        """Put ``engine``'s replica in rotation (again, if it was draining), its load read first."""
+        view = self._replicas.get(engine.replica)
+        if view is None:
+            view = self._replicas[engine.replica] = _ReplicaView(engine, draining=True)
+            await self._read_replica(engine.replica, view)
+        view.draining = False
+        self._dispatch_pass(time.monotonic())
+
+    def drain_replica(self, replica_id: str) -> None:
+        """Take a replica out of rotation: its requests finish, nothing new goes to it. Once it holds none,
+        it is forgotten and its engine client handed to ``on_drained`` (to close)."""
+        view = self._replicas.get(replica_id)
+        if view is not None:
+            view.draining = True
+            self._forget_if_drained(replica_id)
+
+    @property
+    def replica_ids(self) -> list[str]:
+        """The replicas in rotation (not draining)."""
+        return [rid for rid, view in self._replicas.items() if not view.draining]
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(len(view.slots) for view in self._replicas.values())
+
+    def _forget_if_drained(self, replica_id: str) -> None:
+        view = self._replicas[replica_id]
+        if view.draining and not view.slots:
+            del self._replicas[replica_id]
+            if self._on_drained is not None:
+                self._on_drained(view.engine)
 
     # ----- the request path -----
     def min_service_s(self, prompt_tokens: int) -> float:
@@ -183,9 +227,9 @@ class ModelScheduler:
         """A delta of ``num_tokens`` arrived for ``slot``, ``gap_s`` after the previous one (None: first)."""
         now = time.monotonic()
         self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
-        if gap_s is not None and num_tokens > 0:
+        view = self._replicas.get(slot.engine.replica)
+        if view is not None and gap_s is not None and num_tokens > 0:
             itl_ms = gap_s * 1000 / num_tokens
-            view = self._replica
             previous = view.itl_ms
             view.itl_ms = itl_ms if previous is None else previous + _ITL_EWMA_WEIGHT * (itl_ms - previous)
         if not slot.has_first_token:
@@ -194,14 +238,15 @@ class ModelScheduler:
 
     def release(self, slot: Slot) -> None:
         """The request ended (however): its claim on the replica goes."""
-        if self._replica.slots.pop(slot.request_id, None) is not None:
+        view = self._replicas.get(slot.engine.replica)
+        if view is not None and view.slots.pop(slot.request_id, None) is not None:
             self._num_in_flight.remove(slot.request_class, slot.tenant_id)
+            self._forget_if_drained(slot.engine.replica)
             self._dispatch_pass(time.monotonic())
             self._update_depth()
 
     # ----- decisions -----
-    def _load(self) -> ReplicaLoad:
-        view = self._replica
+    def _load(self, view: _ReplicaView) -> ReplicaLoad:
         slots = view.slots.values()
         total = view.total_kv_tokens
         if total:
@@ -212,7 +257,7 @@ class ModelScheduler:
             free = _UNKNOWN_KV_TOKENS
         num_prefilling = sum(1 for s in slots if not s.has_first_token)
         return ReplicaLoad(
-            replica_id=self._engine.replica,
+            replica_id=view.engine.replica,
             free_kv_tokens=free,
             total_kv_tokens=total,
             num_waiting=max(view.num_waiting, num_prefilling),
@@ -227,20 +272,30 @@ class ModelScheduler:
         dispatch = DispatchPass(
             self._queue, now, self._dispatch, min_service, self._settings.fair_share_tolerance
         )
-        while (placed := dispatch.next([self._load()], self._num_in_flight, self._weights)) is not None:
+        in_rotation = [view for view in self._replicas.values() if not view.draining]
+        while (
+            placed := dispatch.next([self._load(v) for v in in_rotation], self._num_in_flight, self._weights)
+        ) is not None:
             head = placed.entry
             if head.payload.done():  # its caller left between cancellation and removal
                 self._queue.take(head, now)
                 continue
             self._queue.take(head, now)
             self._drain.observe(now)
+            view = self._replicas[placed.replica.replica_id]
             slot = Slot(
-                head.request_id, head.tenant_id, head.request_class, head.kv_tokens, now, placed.priority
+                head.request_id,
+                head.tenant_id,
+                head.request_class,
+                head.kv_tokens,
+                now,
+                view.engine,
+                placed.priority,
             )
-            self._replica.slots[slot.request_id] = slot
+            view.slots[slot.request_id] = slot
             self._num_in_flight.add(head.request_class, head.tenant_id)
             self._weights[head.tenant_id] = head.weight
-            self._replica.dispatched_kv_tokens_since_read += slot.kv_tokens
+            view.dispatched_kv_tokens_since_read += slot.kv_tokens
             self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)
             head.payload.set_result(slot)
         self._fail_dropped(dispatch.dropped)
@@ -270,7 +325,8 @@ class ModelScheduler:
 
     def _update_depth(self) -> None:
         for request_class in RequestClass:
-            self._metrics.queue_depth.labels(request_class).set(self._queue.num_waiting(request_class))
+            depth = self._metrics.queue_depth.labels(self.model, self.version, request_class)
+            depth.set(self._queue.num_waiting(request_class))
 
     # ----- background: replica reads, deadline checks -----
     async def _background(self) -> None:
@@ -281,23 +337,31 @@ class ModelScheduler:
             now = time.monotonic()
             if now >= next_read_s:
                 next_read_s = now + period_s
-                try:
-                    await self._read_replica()
-                except Exception:  # a bad read must not stop dispatch
-                    log.exception("reading replica load failed")
+                await self._read_replicas()
             self._dispatch_pass(time.monotonic())
 
-    async def _read_replica(self) -> None:
-        stats: ReplicaStats | None = await self._engine.replica_stats()
-        if stats is None:
+    async def _read_replicas(self) -> None:
+        for replica_id, view in list(self._replicas.items()):
+            await self._read_replica(replica_id, view)
+
+    async def _read_replica(self, replica_id: str, view: _ReplicaView) -> None:
+        try:
+            stats: ReplicaStats | None = await view.engine.replica_stats()
+        except Exception:  # a bad read must not stop dispatch
+            log.exception("reading the load of replica %s failed", replica_id)
             return
-        view = self._replica
+        if stats is not None:
+            self._apply_stats(view, stats)
+
+    def _apply_stats(self, view: _ReplicaView, stats: ReplicaStats) -> None:
         view.total_kv_tokens = stats.num_kv_tokens_total
         view.free_kv_tokens = stats.num_kv_tokens_free
         view.num_waiting = stats.num_waiting
         view.read_at_s = time.monotonic()
         view.dispatched_kv_tokens_since_read = 0
-        self._metrics.replica_kv_free_tokens.set(stats.num_kv_tokens_free)
+        self._metrics.replica_kv_free_tokens.labels(self.model, self.version, view.engine.replica).set(
+            stats.num_kv_tokens_free
+        )
 
 
 def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:

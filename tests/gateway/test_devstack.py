@@ -72,7 +72,7 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         banner = proc.stderr.read()
     assert "sk-acme-dev" in banner and "sk-globex-dev" in banner and "curl" in banner
     log_lines = [line for line in banner.splitlines() if " INFO " in line or " WARNING " in line]
-    assert any("gateway up: model sluice-tiny" in line and "dev tenants ON" in line for line in log_lines)
+    assert any("gateway up: routing static: model sluice-tiny" in line and "dev tenants ON" in line for line in log_lines)
     assert any("WARNING" in line and "must not be used in production" in line for line in log_lines)
     assert not [line for line in log_lines if "/metrics" in line or "HTTP Request" in line]
 

@@ -1,0 +1,156 @@
+"""The gateway's replicas as a routing table names them: one ``ModelScheduler`` per (model, version),
+one engine client per replica, kept in step with each new table by ``apply``. Owned by the event loop.
+
+A replica enters rotation only after this gateway verified it (``verify``: ready at the version, serving
+its weights digest); one that fails stays out and is tried again at the next ``apply`` or ``recheck``. A
+replica the table no longer names is drained (its requests finish, nothing new goes to it) and its
+client closed once it holds nothing. A (model, version) whose scheduler is empty and no longer routed is
+closed the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from gateway.metrics import GatewayMetrics
+from gateway.routing.table import ReplicaTarget, RoutingTable
+from gateway.scheduling.scheduler import ModelScheduler
+from sluice.engine_client import EngineClient
+from sluice.settings import Settings
+from sluice.triton.verify import Verification
+
+log = logging.getLogger(__name__)
+
+ClientFactory = Callable[[ReplicaTarget], EngineClient]
+Verifier = Callable[[ReplicaTarget], Awaitable[Verification]]
+
+
+class ReplicaPools:
+    def __init__(
+        self, settings: Settings, metrics: GatewayMetrics, make_client: ClientFactory, verify: Verifier
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._make_client = make_client
+        self._verify = verify
+        self._schedulers: dict[tuple[str, str], ModelScheduler] = {}
+        self._in_rotation: dict[str, tuple[ReplicaTarget, EngineClient]] = {}
+        self._refused: dict[str, str] = {}  # replica id -> why this gateway keeps it out of rotation
+        self._closing: set[asyncio.Task[None]] = set()
+        self._table = RoutingTable(-1)
+
+    # ----- reads -----
+    def scheduler(self, model: str, version: str) -> ModelScheduler | None:
+        return self._schedulers.get((model, version))
+
+    @property
+    def num_in_rotation(self) -> int:
+        return len(self._in_rotation)
+
+    def report(self) -> dict[str, object]:
+        """What /readyz shows: per replica known to the table, in rotation or why not."""
+        return {
+            "generation": self._table.generation,
+            "replicas": {
+                rid: {
+                    "model": r.model,
+                    "version": r.version,
+                    "endpoint": r.endpoint,
+                    "in_rotation": rid in self._in_rotation,
+                    **({"refused": self._refused[rid]} if rid in self._refused else {}),
+                }
+                for rid, r in sorted(self._table.replicas().items())
+            },
+        }
+
+    # ----- changes -----
+    async def add_static(self, model: str, version: str, engine: EngineClient) -> ModelScheduler:
+        """A replica known without a registry (``SLUICE_ROUTING=static``, tests): in rotation at once."""
+        scheduler = await self._scheduler_for(model, version)
+        await scheduler.add_replica(engine)
+        target = ReplicaTarget(engine.replica, engine.replica, model, version, "")
+        self._in_rotation[engine.replica] = (target, engine)
+        return scheduler
+
+    async def apply(self, table: RoutingTable) -> None:
+        """Bring rotation in step with ``table``: verify and add new replicas, drain the ones it dropped."""
+        self._table = table
+        wanted = table.replicas()
+        for replica_id, (target, _) in list(self._in_rotation.items()):
+            if wanted.get(replica_id) != target:
+                self._drain(replica_id)
+        for replica_id in list(self._refused):
+            if replica_id not in wanted:
+                del self._refused[replica_id]
+        await asyncio.gather(*(self._admit(t) for rid, t in wanted.items() if rid not in self._in_rotation))
+        for key, scheduler in list(self._schedulers.items()):
+            routed = key[0] in table.models and key[1] in table.models[key[0]].versions
+            if not routed and not scheduler.replica_ids and scheduler.num_in_flight == 0:
+                del self._schedulers[key]
+                self._spawn(scheduler.close())
+
+    async def recheck(self) -> None:
+        """Try again the replicas this gateway refused (e.g. not ready yet when the table named them)."""
+        await self.apply(self._table)
+
+    async def close(self) -> None:
+        for scheduler in self._schedulers.values():
+            await scheduler.close()
+        for _, engine in self._in_rotation.values():
+            await engine.close()
+        self._schedulers.clear()
+        self._in_rotation.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    # ----- internals -----
+    async def _admit(self, target: ReplicaTarget) -> None:
+        verdict = await self._verify(target)
+        if not verdict.ok:
+            if self._refused.get(target.replica_id) != verdict.detail:
+                log.warning("replica %s kept out of rotation: %s", target.replica_id, verdict.detail)
+            self._refused[target.replica_id] = verdict.detail
+            return
+        if self._table.replicas().get(target.replica_id) != target:
+            return  # a newer table dropped or changed it while it was being verified
+        engine = self._make_client(target)
+        await engine.start()
+        self._refused.pop(target.replica_id, None)
+        self._in_rotation[target.replica_id] = (target, engine)
+        await (await self._scheduler_for(target.model, target.version)).add_replica(engine)
+        log.info("replica %s (%s version %s) in rotation", target.replica_id, target.model, target.version)
+
+    def _drain(self, replica_id: str) -> None:
+        target, _ = self._in_rotation.pop(replica_id)
+        scheduler = self._schedulers.get((target.model, target.version))
+        if scheduler is not None:
+            scheduler.drain_replica(replica_id)
+        log.info("replica %s (%s version %s) draining", replica_id, target.model, target.version)
+
+    async def _scheduler_for(self, model: str, version: str) -> ModelScheduler:
+        scheduler = self._schedulers.get((model, version))
+        if scheduler is None:
+            scheduler = ModelScheduler(
+                model,
+                (),
+                self._settings,
+                self._metrics,
+                version=version,
+                on_drained=lambda engine: self._spawn(engine.close()),
+            )
+            self._schedulers[(model, version)] = scheduler
+            await scheduler.start()
+        return scheduler
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception:
+                log.exception("closing or starting a routing component failed")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)

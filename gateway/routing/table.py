@@ -1,0 +1,107 @@
+"""What a gateway routes by, read off one registry snapshot: per model, the route's split and, per
+version in it, the replicas that may be sent requests. Pure: a snapshot in, a table out; a request's
+identity in, a version out (``sluice.policy.rollout``).
+
+A replica is routable when the registry says it is ``ready`` (the control plane's health check verified
+it serves the version's weights digest) and it serves a version that is ``serving``; the gateway verifies
+the digest again before its first request to it (``gateway.routing.pools``). A version in the route is
+chosen by the sticky split; if the chosen version has no routable replica, the choice is made again
+among the route's versions that have one (the same rendezvous with the others' weights at 0), so a
+version without replicas moves only its own conversations, and the response names the version that
+served it. No routable version at all: the model is unavailable (503), never served by other weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sluice.policy.rollout import bucket_of, version_for_bucket
+from sluice.registry.base import RegistrySnapshot, ReplicaState, VersionState
+
+
+@dataclass(frozen=True)
+class ReplicaTarget:
+    replica_id: str
+    endpoint: str
+    model: str
+    version: str
+    weights_digest: str  # the registry's, for the version: what the replica must serve
+
+
+@dataclass(frozen=True)
+class VersionTarget:
+    model: str
+    version: str
+    weights_digest: str
+    artifact_uri: str
+    replicas: tuple[ReplicaTarget, ...]  # routable ones only
+
+
+@dataclass(frozen=True)
+class ModelRoutes:
+    model: str
+    split_pct: Mapping[str, float]  # the route, {version: percent}
+    versions: Mapping[str, VersionTarget]  # every version the split names, with its routable replicas
+
+    def routable_split(self) -> dict[str, float]:
+        """The split with every version that has no routable replica at weight 0."""
+        return {v: (w if self.versions[v].replicas else 0.0) for v, w in self.split_pct.items()}
+
+
+@dataclass(frozen=True)
+class Choice:
+    version: str
+    sticky: bool  # False: the conversation's own version had no replica, another served it
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    generation: int  # the registry generation it was read from (-1: not from a registry)
+    models: Mapping[str, ModelRoutes] = field(default_factory=dict)
+
+    @classmethod
+    def from_snapshot(cls, snapshot: RegistrySnapshot) -> RoutingTable:
+        versions = {(v.model, v.version): v for v in snapshot.versions}
+        models: dict[str, ModelRoutes] = {}
+        for route in snapshot.routes:
+            targets: dict[str, VersionTarget] = {}
+            for entry in route.entries:
+                version = versions.get((route.model, entry.version))
+                if version is None:  # the registry's rules prevent it; a table must not crash on it
+                    continue
+                serving = version.state is VersionState.SERVING
+                replicas = tuple(
+                    ReplicaTarget(r.replica_id, r.endpoint, r.model, r.version, version.weights_digest)
+                    for r in snapshot.replicas_of(route.model, entry.version, ReplicaState.READY)
+                    if serving
+                )
+                targets[entry.version] = VersionTarget(
+                    route.model, entry.version, version.weights_digest, version.artifact_uri, replicas
+                )
+            split = {v: w for v, w in route.split_pct().items() if v in targets}
+            if split and any(w > 0 for w in split.values()):
+                models[route.model] = ModelRoutes(route.model, split, targets)
+        return cls(snapshot.generation, models)
+
+    def choose(self, model: str, tenant_id: str, conversation_key: str) -> Choice | None:
+        """The version a request of ``tenant_id`` in ``conversation_key`` goes to; None if the model has
+        no routable version (or is not routed at all)."""
+        routes = self.models.get(model)
+        if routes is None:
+            return None
+        bucket = bucket_of(tenant_id, conversation_key)
+        sticky = version_for_bucket(routes.split_pct, bucket)
+        if routes.versions[sticky].replicas:
+            return Choice(sticky, True)
+        routable = routes.routable_split()
+        if not any(w > 0 for w in routable.values()):
+            return None
+        total = sum(routable.values())
+        return Choice(version_for_bucket({v: w * 100 / total for v, w in routable.items()}, bucket), False)
+
+    def replicas(self) -> dict[str, ReplicaTarget]:
+        """Every routable replica, by id."""
+        return {
+            r.replica_id: r for m in self.models.values() for v in m.versions.values() for r in v.replicas
+        }
