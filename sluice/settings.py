@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     # Control plane: the admin API (``python -m control_plane.service``), on a port of its own.
     control_plane_host: str = "127.0.0.1"
     control_plane_port: int = Field(8090, ge=1, le=65535)
+    # What the `sluice` CLI's admin commands (models, versions, replicas, routes, rollout) talk to, and the
+    # admin token they present (``sladm-...``; never a tenant key). Default URL: the control plane above.
+    admin_url: str | None = None
+    admin_token: str | None = None
 
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
     batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"
