@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
-from gateway.routing.table import RoutingTable
+import pytest
+
+from gateway.errors import OpenAIError
+from gateway.metrics import GatewayMetrics
+from gateway.routing.pools import ReplicaPools
+from gateway.routing.router import Router
+from gateway.routing.table import ReplicaTarget, RoutingTable
+from sluice.domain import Tenant
+from sluice.engine_client import EngineClient
 from sluice.registry.base import (
     Model,
     ModelVersion,
@@ -17,6 +26,8 @@ from sluice.registry.base import (
     RouteEntry,
     VersionState,
 )
+from sluice.settings import Settings
+from sluice.triton.verify import Verification
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 DIGEST = {"1": "sha256:" + "1" * 64, "2": "sha256:" + "2" * 64}
@@ -84,3 +95,33 @@ def test_no_routable_version_or_an_unknown_model_chooses_nothing() -> None:
     table = RoutingTable.from_snapshot(_snapshot({"1": 10_000}, [_replica("a", "1", ReplicaState.FAILED)]))
     assert table.choose("m", "acme", "x") is None
     assert table.choose("other", "acme", "x") is None
+
+
+def test_every_routed_model_is_listed_for_the_tenants_that_may_use_it(tmp_path: Path) -> None:
+    one = _snapshot({"1": 10_000}, [_replica("a", "1")])
+    other = RegistrySnapshot(
+        8,
+        (*one.models, Model("other", "", NOW)),
+        (
+            *one.versions,
+            ModelVersion("other", "1", "file:///o", DIGEST["1"], {}, VersionState.SERVING, NOW, NOW),
+        ),
+        one.replicas,
+        (*one.routes, Route("other", (RouteEntry("1", 10_000),))),
+    )
+    settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
+    router = Router(ReplicaPools(settings, GatewayMetrics(), _no_client, _no_verify), GatewayMetrics())
+    router.table = RoutingTable.from_snapshot(other)
+    assert router.models_for(Tenant("t", "T")) == ["m", "other"]
+    assert router.models_for(Tenant("t", "T", allowed_models=frozenset({"other"}))) == ["other"]
+    with pytest.raises(OpenAIError) as refused:
+        router.route("m", Tenant("t", "T", allowed_models=frozenset({"other"})), "k")
+    assert refused.value.status_code == 404
+
+
+def _no_client(target: ReplicaTarget) -> EngineClient:
+    raise AssertionError("no replica is contacted here")
+
+
+async def _no_verify(target: ReplicaTarget) -> Verification:
+    raise AssertionError("no replica is contacted here")
