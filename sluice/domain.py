@@ -61,6 +61,10 @@ class UsageRecord:
     # Which try under one Idempotency-Key (1, 2, ...); every attempt is its own request and its own row.
     attempt: int = 1
     idempotency_key: str | None = None  # the client's Idempotency-Key, if it sent one
+    # Latencies as the gateway saw them, for comparing model versions (None: not measured, e.g. no token
+    # came, the row opened at dispatch, or a row written before these existed). Never any text.
+    ttft_ms: float | None = None  # arrival to first token
+    itl_p95_ms: float | None = None  # this request's own inter-token p95 (gaps between deltas)
 
 
 @dataclass(frozen=True)

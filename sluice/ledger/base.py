@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +14,7 @@ from sluice.domain import Outcome, UsageRecord, UsageReport
 # The usage table's columns, in the order every backend writes and reads them.
 USAGE_COLUMNS = (
     "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
-    " started_at, finished_at, attempt, idempotency_key"
+    " started_at, finished_at, attempt, idempotency_key, ttft_ms, itl_p95_ms"
 )
 
 # The write's rule, shared by both dialects: a row, once written, never changes. Every attempt has its own
@@ -23,7 +25,7 @@ KEEP_THE_FIRST = "ON CONFLICT (tenant_id, request_id) DO NOTHING"
 
 def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> UsageRecord:
     """A ``USAGE_COLUMNS`` row as a record; ``to_utc`` turns the backend's timestamp into aware UTC."""
-    t, r, m, v, p, o, s, started, finished, attempt, key = row
+    t, r, m, v, p, o, s, started, finished, attempt, key, ttft_ms, itl_p95_ms = row
     return UsageRecord(
         tenant_id=t,
         request_id=r,
@@ -36,11 +38,103 @@ def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> 
         finished_at=to_utc(finished),
         attempt=attempt,
         idempotency_key=key,
+        ttft_ms=ttft_ms,
+        itl_p95_ms=itl_p95_ms,
     )
 
 
 class LedgerUnavailable(Exception):
     """The ledger cannot answer a read now (its server or the network is down): retry later."""
+
+
+# ---- per-version traffic, for comparing the versions of a model during a rollout ----
+
+# The outcomes that are the service failing the request, counted as errors. FAILED (the replica or engine
+# failed) and GATEWAY_LOST (the gateway died mid-request) plainly are. DEADLINE is too: the deadline is the
+# service's own time budget (settings, not the client's choice), and a version that stalls before its
+# first token shows nowhere else (such a request has no TTFT to raise the p95). Not errors: CANCELLED (the
+# client went away), FILTERED (the tenant's safety policy judged the output: content, not service health).
+# REFUSED and REPLAYED requests write no row.
+ERROR_OUTCOMES: frozenset[Outcome] = frozenset({Outcome.FAILED, Outcome.GATEWAY_LOST, Outcome.DEADLINE})
+
+# The latency percentiles read at most this many rows per version (the newest in the window that have a
+# latency), so a long window over busy traffic stays a bounded read; the counts and token sums always
+# cover every row of the window.
+MAX_LATENCY_ROWS_PER_VERSION = 50_000
+
+
+@dataclass(frozen=True)
+class VersionTraffic:
+    """One version's traffic over a window (rows finished at or after its start)."""
+
+    model_version: str
+    num_requests: int
+    num_errors: int  # rows whose status is in ERROR_OUTCOMES
+    prompt_tokens: int
+    output_tokens: int
+    ttft_p95_ms: float | None  # over the rows that have a TTFT; None when none has
+    itl_p95_ms: float | None  # the p95 of the rows' own inter-token p95s; None when none has one
+
+    @property
+    def error_rate(self) -> float:
+        return self.num_errors / self.num_requests if self.num_requests else 0.0
+
+
+def p95(values: Iterable[float]) -> float | None:
+    """The nearest-rank 95th percentile (a value that occurred, no interpolation); None for no values.
+    The one definition of p95 the ledger and the gateway's usage rows both use."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = (95 * len(ordered) + 99) // 100  # ceil(0.95 n) in integers: no float rounding at the edges
+    return ordered[rank - 1]
+
+
+def version_traffic_sql(placeholder: str) -> tuple[str, str]:
+    """The two reads of ``version_traffic`` in a dialect's placeholder (``?`` or ``%s``): per-version
+    totals (params: ``error_statuses()``, model, since), and one version's newest latencies (params: model,
+    version, since, limit)."""
+    p = placeholder
+    errors = ", ".join([p] * len(ERROR_OUTCOMES))
+    totals = (
+        f"SELECT model_version, count(*), sum(CASE WHEN status IN ({errors}) THEN 1 ELSE 0 END),"
+        " sum(prompt_tokens), sum(output_tokens)"
+        f" FROM usage WHERE model = {p} AND finished_at >= {p} GROUP BY model_version"
+    )
+    latencies = (
+        "SELECT ttft_ms, itl_p95_ms FROM usage"
+        f" WHERE model = {p} AND model_version = {p} AND finished_at >= {p}"
+        " AND (ttft_ms IS NOT NULL OR itl_p95_ms IS NOT NULL)"
+        f" ORDER BY finished_at DESC, tenant_id DESC, request_id DESC LIMIT {p}"
+    )
+    return totals, latencies
+
+
+def error_statuses() -> list[str]:
+    """The ``ERROR_OUTCOMES`` as the status column holds them, in a fixed order (the SQL's params)."""
+    return sorted(o.value for o in ERROR_OUTCOMES)
+
+
+def version_traffic_from(
+    totals: Sequence[tuple[Any, ...]], latencies: Mapping[str, Sequence[tuple[Any, ...]]]
+) -> list[VersionTraffic]:
+    """The result from the two reads' rows, the same for every backend: one entry per version, sorted by
+    version (in Python, so no database collation decides the order)."""
+    traffic = []
+    for version, n, num_errors, prompt_tokens, output_tokens in totals:
+        rows = latencies.get(version, ())
+        traffic.append(
+            VersionTraffic(
+                model_version=version,
+                num_requests=int(n),
+                num_errors=int(num_errors),
+                prompt_tokens=int(prompt_tokens),
+                output_tokens=int(output_tokens),
+                ttft_p95_ms=p95(float(t) for t, _ in rows if t is not None),
+                itl_p95_ms=p95(float(i) for _, i in rows if i is not None),
+            )
+        )
+    return sorted(traffic, key=lambda t: t.model_version)
 
 
 class UsageLedger(ABC):
@@ -79,6 +173,16 @@ class UsageLedger(ABC):
         (``finished_at``, then ``request_id``, descending), with timezone-aware UTC timestamps.
         """
 
+    @abstractmethod
+    async def version_traffic(self, model: str, since: datetime) -> list[VersionTraffic]:
+        """Each version of ``model`` that has rows finished at or after ``since`` (every tenant), sorted by
+        version: its requests, errors (``ERROR_OUTCOMES``), tokens, and the p95 of TTFT and of the rows'
+        inter-token p95 over the newest ``MAX_LATENCY_ROWS_PER_VERSION`` rows that have them (None when
+        none has). All of it from one snapshot. ``since`` must be timezone-aware.
+
+        Raises ``LedgerUnavailable`` when the ledger's server cannot be reached.
+        """
+
 
 def _check_aware(name: str, ts: datetime | None) -> None:
     if ts is not None and ts.utcoffset() is None:
@@ -97,6 +201,17 @@ def check_record(rec: UsageRecord) -> None:
         raise ValueError("idempotency_key must be None or non-empty")
     _check_aware("started_at", rec.started_at)
     _check_aware("finished_at", rec.finished_at)
+    for name, ms in (("ttft_ms", rec.ttft_ms), ("itl_p95_ms", rec.itl_p95_ms)):
+        if ms is not None and not (math.isfinite(ms) and ms >= 0):
+            raise ValueError(f"{name} must be None or a finite number >= 0, got {ms}")
+
+
+def check_version_traffic_args(model: str, since: datetime) -> None:
+    if not model:
+        raise ValueError("model must be non-empty")
+    if since is None:
+        raise ValueError("since must be a timezone-aware datetime, got None")
+    _check_aware("since", since)
 
 
 def check_query_args(since: datetime | None, until: datetime | None, limit: int) -> None:

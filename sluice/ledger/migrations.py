@@ -32,6 +32,14 @@ _IDEMPOTENCY_KEY_DDL = """
             CREATE INDEX usage_tenant_idempotency_key ON usage (tenant_id, idempotency_key)
         """
 
+# Issue 11: the latencies each request saw, to compare a model's versions on live traffic across tenants
+# (hence the index by model and version). Rows from before hold NULL (not measured).
+_LATENCY_DDL = """
+            ALTER TABLE usage ADD COLUMN ttft_ms {real} CHECK (ttft_ms >= 0);
+            ALTER TABLE usage ADD COLUMN itl_p95_ms {real} CHECK (itl_p95_ms >= 0);
+            CREATE INDEX usage_model_version_finished ON usage (model, model_version, finished_at)
+        """
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -53,5 +61,11 @@ MIGRATIONS: list[Migration] = [
         # a tenant can see every attempt a key cost. Rows from before hold NULL (no key recorded).
         sqlite=_IDEMPOTENCY_KEY_DDL,
         postgres=_IDEMPOTENCY_KEY_DDL,
+    ),
+    Migration(
+        version=4,
+        name="usage latencies",
+        sqlite=_LATENCY_DDL.format(real="REAL"),
+        postgres=_LATENCY_DDL.format(real="DOUBLE PRECISION"),
     ),
 ]

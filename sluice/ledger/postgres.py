@@ -11,14 +11,23 @@ from sluice.db import PG_UNREACHABLE, MigratedPgPool
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
 from sluice.ledger.base import (
     KEEP_THE_FIRST,
+    MAX_LATENCY_ROWS_PER_VERSION,
     USAGE_COLUMNS,
     LedgerUnavailable,
     UsageLedger,
+    VersionTraffic,
     check_query_args,
     check_record,
+    check_version_traffic_args,
+    error_statuses,
     record_from_row,
+    version_traffic_from,
+    version_traffic_sql,
 )
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
+
+_PLACEHOLDERS = ", ".join(["%s"] * len(USAGE_COLUMNS.split(",")))
+_TOTALS_SQL, _LATENCIES_SQL = version_traffic_sql("%s")
 
 
 class PostgresLedger(UsageLedger):
@@ -61,8 +70,7 @@ class PostgresLedger(UsageLedger):
     async def _insert(self, rec: UsageRecord) -> bool:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                f" {KEEP_THE_FIRST}",
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES ({_PLACEHOLDERS}) {KEEP_THE_FIRST}",
                 (
                     rec.tenant_id,
                     rec.request_id,
@@ -75,6 +83,8 @@ class PostgresLedger(UsageLedger):
                     rec.finished_at,
                     rec.attempt,
                     rec.idempotency_key,
+                    rec.ttft_ms,
+                    rec.itl_p95_ms,
                 ),
             )
             return cur.rowcount == 1  # 0 when the row was there already
@@ -130,3 +140,21 @@ class PostgresLedger(UsageLedger):
             UsageTotals(int(n), int(p), int(o)),
             [record_from_row(r, lambda ts: ts.astimezone(UTC)) for r in rows],
         )
+
+    async def version_traffic(self, model: str, since: datetime) -> list[VersionTraffic]:
+        check_version_traffic_args(model, since)
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                # REPEATABLE READ: the totals and the latencies see the same snapshot.
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cur = await conn.execute(_TOTALS_SQL, [*error_statuses(), model, since])
+                totals = await cur.fetchall()
+                latencies = {}
+                for version, *_ in totals:
+                    cur = await conn.execute(
+                        _LATENCIES_SQL, (model, version, since, MAX_LATENCY_ROWS_PER_VERSION)
+                    )
+                    latencies[version] = await cur.fetchall()
+        except PG_UNREACHABLE as exc:
+            raise LedgerUnavailable(f"usage ledger (PostgreSQL) unavailable: {exc}") from exc
+        return version_traffic_from(totals, latencies)

@@ -10,11 +10,17 @@ from sluice.db import SqliteDb, apply_sqlite_migrations
 from sluice.domain import UsageRecord, UsageReport, UsageTotals
 from sluice.ledger.base import (
     KEEP_THE_FIRST,
+    MAX_LATENCY_ROWS_PER_VERSION,
     USAGE_COLUMNS,
     UsageLedger,
+    VersionTraffic,
     check_query_args,
     check_record,
+    check_version_traffic_args,
+    error_statuses,
     record_from_row,
+    version_traffic_from,
+    version_traffic_sql,
 )
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
 
@@ -49,6 +55,8 @@ class SqliteLedger(UsageLedger):
             to_text(rec.finished_at),
             rec.attempt,
             rec.idempotency_key,
+            rec.ttft_ms,
+            rec.itl_p95_ms,
         )
 
         def insert(conn: sqlite3.Connection) -> bool:
@@ -107,5 +115,27 @@ class SqliteLedger(UsageLedger):
             return UsageReport(
                 UsageTotals(n, p, o), [record_from_row(r, datetime.fromisoformat) for r in rows]
             )
+
+        return await self._db.run(read)
+
+    async def version_traffic(self, model: str, since: datetime) -> list[VersionTraffic]:
+        check_version_traffic_args(model, since)
+        totals_sql, latencies_sql = version_traffic_sql("?")
+        since_text = to_text(since)
+
+        def read(conn: sqlite3.Connection) -> list[VersionTraffic]:
+            # One read transaction: the totals and the latencies see the same snapshot.
+            conn.execute("BEGIN")
+            try:
+                totals = conn.execute(totals_sql, [*error_statuses(), model, since_text]).fetchall()
+                latencies = {
+                    version: conn.execute(
+                        latencies_sql, (model, version, since_text, MAX_LATENCY_ROWS_PER_VERSION)
+                    ).fetchall()
+                    for version, *_ in totals
+                }
+            finally:
+                conn.execute("COMMIT")
+            return version_traffic_from(totals, latencies)
 
         return await self._db.run(read)

@@ -34,10 +34,14 @@ def record_to_json(rec: UsageRecord) -> dict[str, Any]:
         "finished_at": rec.finished_at.isoformat(),
         "attempt": rec.attempt,
         "idempotency_key": rec.idempotency_key,
+        "ttft_ms": rec.ttft_ms,
+        "itl_p95_ms": rec.itl_p95_ms,
     }
 
 
 def record_from_json(d: dict[str, Any]) -> UsageRecord:
+    """A line's record. Fields added since a line was written (a line of an older gateway, replayed after
+    an upgrade) take the record's defaults: attempt 1, no key, no latencies."""
     return UsageRecord(
         tenant_id=d["tenant_id"],
         request_id=d["request_id"],
@@ -50,7 +54,13 @@ def record_from_json(d: dict[str, Any]) -> UsageRecord:
         finished_at=datetime.fromisoformat(d["finished_at"]),
         attempt=int(d.get("attempt", 1)),
         idempotency_key=d.get("idempotency_key"),
+        ttft_ms=_optional_ms(d.get("ttft_ms")),
+        itl_p95_ms=_optional_ms(d.get("itl_p95_ms")),
     )
+
+
+def _optional_ms(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def rec_line(seq: int, rec: UsageRecord) -> bytes:
@@ -71,7 +81,8 @@ def ckpt_line(seq: int, output_tokens: int, at: datetime) -> bytes:
 
 def lost_record(opened: UsageRecord, ckpt: dict[str, Any] | None) -> UsageRecord:
     """What a request a dead process left open is billed: its prompt and the output tokens of its last
-    checkpoint, finished at that checkpoint (no checkpoint: no output, finished when it was opened)."""
+    checkpoint, finished at that checkpoint (no checkpoint: no output, finished when it was opened). No
+    latencies: the opened record has none, and checkpoints carry only a token count."""
     if ckpt is None:
         return replace(opened, output_tokens=0, status=Outcome.GATEWAY_LOST)
     return replace(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
@@ -13,10 +14,13 @@ from pathlib import Path
 import pytest
 from storage_backends import Backend
 
+import sluice.ledger.postgres
+import sluice.ledger.sqlite
 from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
 from sluice.domain import Outcome, UsageRecord
-from sluice.ledger.base import USAGE_COLUMNS, UsageLedger
+from sluice.ledger.base import USAGE_COLUMNS, LedgerUnavailable, UsageLedger, VersionTraffic
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
+from sluice.ledger.postgres import PostgresLedger
 from sluice.ledger.sqlite import to_text
 
 pytestmark = pytest.mark.anyio
@@ -193,7 +197,7 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
-    assert [row[1] for row in applied] == [1, 2, 3]
+    assert [row[1] for row in applied] == [1, 2, 3, 4]
 
 
 async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1_without_a_key(
@@ -201,7 +205,7 @@ async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1
 ) -> None:
     """An existing ledger upgrades in place: its rows become attempt 1 with no key, and stay as they are."""
     old = rec(request_id="before-upgrade")
-    columns = USAGE_COLUMNS.removesuffix(", attempt, idempotency_key")
+    columns = USAGE_COLUMNS.removesuffix(", attempt, idempotency_key, ttft_ms, itl_p95_ms")
     values = (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
               old.output_tokens, old.status.value)  # fmt: skip
     if backend.database_url is None:
@@ -224,9 +228,11 @@ async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1
         finally:
             await pool.close()
     ledger = backend.make_ledger()
-    await ledger.open()  # applies migrations 2 and 3 over the existing row
+    await ledger.open()  # applies migrations 2 to 4 over the existing row
     try:
-        assert (await ledger.query("acme")).rows == [old]  # attempt 1, idempotency_key None
+        assert (await ledger.query("acme")).rows == [old]  # attempt 1, no key, no latencies
+        (traffic,) = await ledger.version_traffic("sluice-tiny", T0)
+        assert (traffic.num_requests, traffic.ttft_p95_ms, traffic.itl_p95_ms) == (1, None, None)
         assert await ledger.record(old) is False
         assert await ledger.record(rec(request_id="before-upgrade", attempt=2, output_tokens=1)) is False
         assert (await ledger.query("acme")).rows == [old]
@@ -245,6 +251,15 @@ async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
         await ledger.record(rec(idempotency_key=""))
     with pytest.raises(ValueError, match="timezone-aware"):
         await ledger.query("acme", since=datetime(2026, 1, 1))
+    for bad_ms in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="ttft_ms"):
+            await ledger.record(rec(ttft_ms=bad_ms))
+        with pytest.raises(ValueError, match="itl_p95_ms"):
+            await ledger.record(rec(itl_p95_ms=bad_ms))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await ledger.version_traffic("sluice-tiny", datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="model"):
+        await ledger.version_traffic("", T0)
     assert (await ledger.query("acme")).rows == []
 
 
@@ -262,6 +277,8 @@ def test_records_hold_no_text_fields() -> None:
         "finished_at",
         "attempt",
         "idempotency_key",  # the client's own label for the request, not its content
+        "ttft_ms",
+        "itl_p95_ms",
     }
 
 
@@ -276,3 +293,80 @@ async def test_a_write_lands_even_if_its_caller_is_cancelled(backend: Backend) -
         await caller
     await ledger.close()
     assert [row[1] for row in await backend.read_table("usage")] == ["cancelled-caller"]
+
+
+async def test_latencies_round_trip_and_are_none_when_not_measured(ledger: UsageLedger) -> None:
+    measured = rec(request_id="measured", ttft_ms=123.456, itl_p95_ms=7.25)
+    unmeasured = rec(request_id="unmeasured", finished_at=T0 + timedelta(seconds=2))
+    assert await ledger.record(measured) and await ledger.record(unmeasured)
+    rows = (await ledger.query("acme")).rows
+    assert rows == [unmeasured, measured]
+    assert (rows[0].ttft_ms, rows[0].itl_p95_ms) == (None, None)
+    assert (rows[1].ttft_ms, rows[1].itl_p95_ms) == (123.456, 7.25)
+
+
+async def test_version_traffic_per_version_of_one_model_over_the_window(ledger: UsageLedger) -> None:
+    since = T0 + timedelta(hours=1)
+    odd_outcomes = {0: Outcome.FAILED, 1: Outcome.GATEWAY_LOST, 2: Outcome.DEADLINE,
+                    3: Outcome.CANCELLED, 4: Outcome.FILTERED}  # fmt: skip
+    # v1: 20 measured rows over both tenants, the first finishing exactly at `since` (in the window).
+    for i in range(20):
+        await ledger.record(
+            rec("acme" if i % 2 else "globex", f"v1-{i}", model_version="v1", prompt_tokens=10,
+                output_tokens=i, status=odd_outcomes.get(i, Outcome.FINISHED),
+                finished_at=since + timedelta(seconds=i), ttft_ms=10.0 * (i + 1), itl_p95_ms=i + 1.0)
+        )  # fmt: skip
+    # ... and one failed request that saw no token: counted, but no latency.
+    await ledger.record(rec(request_id="v1-none", model_version="v1", status=Outcome.FAILED,
+                            output_tokens=0, finished_at=since + timedelta(minutes=5)))  # fmt: skip
+    # Outside the window or another model: not counted.
+    just_before = since - timedelta(microseconds=1)
+    await ledger.record(rec(request_id="v1-old", model_version="v1", finished_at=just_before,
+                            status=Outcome.FAILED, ttft_ms=9999.0, itl_p95_ms=9999.0))  # fmt: skip
+    await ledger.record(rec(request_id="v0-old", model_version="v0", finished_at=T0, ttft_ms=1.0))
+    await ledger.record(rec(request_id="other", model="other", model_version="v1", ttft_ms=9999.0,
+                            status=Outcome.FAILED, finished_at=since + timedelta(seconds=1)))  # fmt: skip
+    # v2: nothing measured; v3: one TTFT (a single delta has no inter-token gap).
+    for i in range(2):
+        await ledger.record(rec(request_id=f"v2-{i}", model_version="v2", finished_at=since))
+    await ledger.record(rec(request_id="v3-0", model_version="v3", finished_at=since, ttft_ms=50.0))
+
+    traffic = await ledger.version_traffic("sluice-tiny", since)
+    assert traffic == [
+        # Errors: failed (2), gateway_lost, deadline; not cancelled or filtered. Nearest-rank p95 of 20
+        # values is the 19th.
+        VersionTraffic("v1", num_requests=21, num_errors=4, prompt_tokens=210, output_tokens=190,
+                       ttft_p95_ms=190.0, itl_p95_ms=19.0),
+        VersionTraffic("v2", 2, 0, 20, 10, ttft_p95_ms=None, itl_p95_ms=None),
+        VersionTraffic("v3", 1, 0, 10, 5, ttft_p95_ms=50.0, itl_p95_ms=None),
+    ]  # fmt: skip
+    assert traffic[0].error_rate == 4 / 21 and traffic[1].error_rate == 0.0
+    from_the_start = await ledger.version_traffic("sluice-tiny", T0)
+    assert [t.model_version for t in from_the_start] == ["v0", "v1", "v2", "v3"]
+    assert await ledger.version_traffic("sluice-tiny", since + timedelta(days=1)) == []
+    assert await ledger.version_traffic("unknown-model", T0) == []
+
+
+async def test_version_traffic_percentiles_read_only_the_newest_measured_rows(
+    ledger: UsageLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (sluice.ledger.sqlite, sluice.ledger.postgres):
+        monkeypatch.setattr(module, "MAX_LATENCY_ROWS_PER_VERSION", 3)
+    for i in range(10):  # the newer, the faster: 1000 ms first, 100 ms last
+        await ledger.record(rec(request_id=f"r{i}", finished_at=T0 + timedelta(seconds=i),
+                                ttft_ms=1000.0 - 100 * i, itl_p95_ms=100.0 - 10 * i))  # fmt: skip
+    for i in range(10, 12):  # newer still, unmeasured: they do not take the bound's places
+        await ledger.record(rec(request_id=f"r{i}", finished_at=T0 + timedelta(seconds=i)))
+    (traffic,) = await ledger.version_traffic("sluice-tiny", T0)
+    assert traffic.num_requests == 12 and traffic.output_tokens == 60  # the counts cover every row
+    assert (traffic.ttft_p95_ms, traffic.itl_p95_ms) == (300.0, 30.0)  # of rows r7..r9 only
+
+
+async def test_version_traffic_raises_ledger_unavailable_while_postgresql_is_down() -> None:
+    ledger = PostgresLedger("postgresql://postgres@127.0.0.1:1/sluice_nowhere", acquire_timeout_s=0.5)
+    await ledger.open(keep_trying=True)  # a gateway's start: the server cannot be reached
+    try:
+        with pytest.raises(LedgerUnavailable, match="unavailable"):
+            await ledger.version_traffic("sluice-tiny", T0)
+    finally:
+        await ledger.close()

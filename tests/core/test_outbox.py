@@ -137,6 +137,33 @@ async def test_lines_hold_the_record_fields_and_no_text(tmp_path: Path) -> None:
     assert ckpt["ckpt"] == {"output_tokens": 5, "at": T0.isoformat()}
 
 
+async def test_lines_of_an_older_gateway_without_the_newer_fields_still_replay(tmp_path: Path) -> None:
+    """Lines written before the attempt, key and latency fields existed (an upgrade with records still
+    pending): the records come back with those fields' defaults, and a new line keeps its latencies."""
+    old_fields = {"tenant_id": "acme", "model": "sluice-tiny", "model_version": "1", "prompt_tokens": 10,
+                  "status": "finished", "started_at": T0.isoformat(),
+                  "finished_at": (T0 + timedelta(1)).isoformat()}  # fmt: skip
+    old_lines = [
+        {"seq": 1, "rec": {**old_fields, "request_id": "req-1", "output_tokens": 1}},
+        {"seq": 2, "open": {**old_fields, "request_id": "req-2", "output_tokens": 0}},
+        {"seq": 2, "ckpt": {"output_tokens": 64, "at": T0.isoformat()}},
+    ]
+    (tmp_path / FILE_NAME).write_text("".join(json.dumps(line) + "\n" for line in old_lines))
+    box, left = await opened(tmp_path)
+    assert box.num_torn_lines == 0 and box.num_lost == 1
+    lost = rec(2, output_tokens=64, status=Outcome.GATEWAY_LOST, finished_at=T0)
+    assert left == [(1, rec(1)), (2, lost)]
+    assert all(
+        (r.attempt, r.idempotency_key, r.ttft_ms, r.itl_p95_ms) == (1, None, None, None) for _, r in left
+    )
+    measured = rec(3, ttft_ms=12.5, itl_p95_ms=3.25)
+    await box.append(measured)
+    await box.close()
+    box, left = await opened(tmp_path)
+    assert [r for _, r in left] == [rec(1), lost, measured]
+    await box.close()
+
+
 async def test_a_request_left_open_is_pending_as_gateway_lost_with_its_last_ckpt(tmp_path: Path) -> None:
     box, _ = await opened(tmp_path)
     running = await box.append_open(rec(1, output_tokens=0))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sluice.domain import Outcome, UsageRecord, UsageReport
-from sluice.ledger.base import UsageLedger
+from sluice.ledger.base import UsageLedger, VersionTraffic
 from sluice.ledger.sqlite import SqliteLedger
 from sluice.metering.outbox import FILE_NAME, Outbox
 from sluice.metering.pipeline import UsageMeter
@@ -55,6 +55,9 @@ class SwitchableLedger(UsageLedger):
 
     async def query(self, tenant_id: str, **kw: object) -> UsageReport:
         return await self.inner.query(tenant_id, **kw)  # type: ignore[arg-type]
+
+    async def version_traffic(self, model: str, since: datetime) -> list[VersionTraffic]:
+        return await self.inner.version_traffic(model, since)
 
 
 @pytest.fixture
@@ -273,6 +276,26 @@ async def test_a_begin_whose_caller_is_cancelled_bills_nothing(
     await restarted.open()
     assert restarted.num_pending == 0  # never dispatched: not billed as lost
     await restarted.close()
+
+
+async def test_latencies_reach_the_ledger_and_an_older_gateways_line_replays_without_them(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    (tmp_path / "outbox").mkdir()
+    old = {"seq": 1, "rec": {"tenant_id": "acme", "request_id": "req-old", "model": "sluice-tiny",
+                             "model_version": "1", "prompt_tokens": 10, "output_tokens": 4,
+                             "status": "finished", "started_at": T0.isoformat(),
+                             "finished_at": T0.isoformat()}}  # fmt: skip
+    (tmp_path / "outbox" / FILE_NAME).write_text(json.dumps(old) + "\n")
+    meter = meter_over(ledger, tmp_path)
+    await meter.open()
+    await until(lambda: meter.num_pending == 0)
+    await meter.record(rec(1, ttft_ms=80.5, itl_p95_ms=12.25))
+    by_id = {r.request_id: r for r in (await ledger.query("acme")).rows}
+    replayed = by_id["req-old"]
+    assert (replayed.output_tokens, replayed.ttft_ms, replayed.itl_p95_ms) == (4, None, None)
+    assert (by_id["req-1"].ttft_ms, by_id["req-1"].itl_p95_ms) == (80.5, 12.25)
+    await meter.close()
 
 
 async def test_an_invalid_record_is_refused_before_the_outbox(
