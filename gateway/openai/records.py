@@ -15,6 +15,7 @@ from gateway.state import GatewayState
 from gateway.telemetry import TelemetryRecord
 from sluice.domain import Outcome, UsageRecord
 from sluice.engine_client import EngineClient
+from sluice.ledger.base import p95
 from sluice.metering.pipeline import OpenUsage
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,15 @@ class Ended:
 
 
 def usage_record(
-    job: Job, gw: GatewayState, attempt: IdempotentAttempt | None, ended: Ended | None = None
+    job: Job,
+    gw: GatewayState,
+    attempt: IdempotentAttempt | None,
+    ended: Ended | None = None,
+    timing: Timing | None = None,
 ) -> UsageRecord:
-    """The request's usage row: as it ended, or (``ended`` None) as opened at dispatch: its prompt, no
-    output yet, status ``gateway_lost`` (what it is billed if the gateway dies before it ends)."""
+    """The request's usage row: as it ended, with the latencies ``timing`` saw (None: none); or (``ended``
+    None) as opened at dispatch: its prompt, no output yet, status ``gateway_lost`` (what it is billed if
+    the gateway dies before it ends)."""
     return UsageRecord(
         tenant_id=job.tenant.tenant_id,
         request_id=job.request_id,
@@ -47,7 +53,25 @@ def usage_record(
         finished_at=datetime.now(UTC),
         attempt=attempt.attempt if attempt else 1,
         idempotency_key=attempt.key if attempt else None,
+        ttft_ms=None if timing is None else _ttft_ms(job, timing),
+        itl_p95_ms=None if timing is None else _itl_p95_ms(timing),
     )
+
+
+def _ttft_ms(job: Job, timing: Timing) -> float | None:
+    """Arrival to first token as the gateway saw it (the telemetry line's and the usage row's)."""
+    if timing.first_token_s is None:
+        return None
+    return round((timing.first_token_s - job.arrival_s) * 1000, 3)
+
+
+def _itl_p95_ms(timing: Timing) -> float | None:
+    """The request's own inter-token p95, over the gaps between deltas. NOTE: the zero gaps are left out:
+    ``Timing`` gives each token after the first of a delta a gap of 0 (they arrived together), so with
+    them a version that streams in bigger chunks would look faster while its client waits as long between
+    chunks; what a reader sees is the time between arrivals."""
+    p95_s = p95(gap_s for gap_s in timing.gaps_s if gap_s > 0)
+    return None if p95_s is None else round(p95_s * 1000, 3)
 
 
 async def record_request(
@@ -71,7 +95,7 @@ async def record_request(
         replica=ended.engine.replica if ended.engine is not None else "",
         engine_client=ended.engine.kind if ended.engine is not None else "",
         queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
-        ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+        ttft_ms=_ttft_ms(job, timing),
         replica_ttft_ms=_ms_between(timing.engine_start_s, timing.first_token_s),
         prompt_tokens=num_prompt_tokens,
         output_tokens=ended.num_output_tokens,
@@ -108,7 +132,7 @@ async def record_request(
             gw.meter.discard(usage)  # opened, but no replica ran it: nothing to bill
         return
     try:
-        await gw.meter.record(usage_record(job, gw, attempt, ended), usage)
+        await gw.meter.record(usage_record(job, gw, attempt, ended, timing), usage)
     except Exception:
         log.exception("usage record for %s was not written", job.request_id)
 
