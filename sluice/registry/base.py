@@ -26,14 +26,14 @@ import builtins
 import json
 import math
 import re
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-BASIS_POINTS_TOTAL = 10_000  # a route's weights sum to this: 100.00%
+from sluice.registry.rollouts import BASIS_POINTS_TOTAL, RolloutVerbs  # a route's weights sum to 10 000
 
 
 class VersionState(StrEnum):
@@ -76,6 +76,13 @@ class ChangeAction(StrEnum):
     REPLICA_REGISTER = "replica.register"
     REPLICA_STATE = "replica.state"
     REPLICA_REMOVE = "replica.remove"
+    # A rollout's moves (sluice.registry.rollouts): each changes the rollout, the route and versions' states.
+    ROLLOUT_START = "rollout.start"
+    ROLLOUT_ADVANCE = "rollout.advance"
+    ROLLOUT_COMPLETE = "rollout.complete"  # an advance (or a one-step start) that reached 100%
+    ROLLOUT_PAUSE = "rollout.pause"
+    ROLLOUT_RESUME = "rollout.resume"
+    ROLLOUT_ROLLBACK = "rollout.rollback"
 
 
 @dataclass(frozen=True)
@@ -319,10 +326,11 @@ def check_transition(current: VersionState, new: VersionState, subject: str) -> 
 # ------------------------------------------------------------------------------------------ interface
 
 
-class Registry(ABC):
+class Registry(RolloutVerbs):
     """Every read returns frozen values; every mutation takes ``actor`` (who: a user, a service) and, when
     it changes something, bumps the generation by one and appends an audit row in the same transaction.
-    Errors: ``NotFound``, ``AlreadyExists``, ``InvalidChange`` (nothing written), ``RegistryUnavailable``."""
+    Errors: ``NotFound``, ``AlreadyExists``, ``InvalidChange`` (nothing written), ``RegistryUnavailable``.
+    The rollout verbs are in ``sluice.registry.rollouts``."""
 
     @abstractmethod
     async def open(self) -> None:
@@ -388,7 +396,8 @@ class Registry(ABC):
         """Replace the model's whole split in one write; with ``version_states``, change those versions'
         states in the same write (one generation, one audit row): a rollback is
         ``set_route(m, {"v1": 10000}, version_states={"v1": SERVING, "v2": DRAINING})``. The route rules
-        are in the module docstring; each state change follows ``set_version_state``'s rules."""
+        are in the module docstring; each state change follows ``set_version_state``'s rules. Refused
+        (``InvalidChange``) while a rollout of the model is active: its moves own the route then."""
 
     @abstractmethod
     async def get_route(self, model: str) -> Route | None:

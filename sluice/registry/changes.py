@@ -38,6 +38,7 @@ from sluice.registry.base import (
     check_version_name,
     check_weights,
 )
+from sluice.registry.rollouts import Rollout
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ModelState:
     versions: Mapping[str, ModelVersion] = field(default_factory=dict)
     route: Route | None = None
     replicas: Mapping[str, Replica] = field(default_factory=dict)  # the model's, by replica_id
+    rollout: Rollout | None = None  # its latest rollout, active or finished
 
     def require_model(self) -> Model:
         if self.model is None:
@@ -89,7 +91,12 @@ class DeleteReplica:
     replica_id: str
 
 
-Write = PutModel | PutVersion | PutRoute | PutReplica | DeleteReplica
+@dataclass(frozen=True)
+class PutRollout:
+    rollout: Rollout  # insert, or replace the model's rollout row
+
+
+Write = PutModel | PutVersion | PutRoute | PutReplica | DeleteReplica | PutRollout
 
 
 R = TypeVar("R")
@@ -236,6 +243,24 @@ def plan_version_state(
 
 
 def plan_route(
+    state: ModelState,
+    weights_bp: Mapping[str, int],
+    version_states: Mapping[str, object] | None,
+    now: datetime,
+) -> Change[Route]:
+    """A person's route change: ``route_change``, refused while a rollout of the model is active (its
+    moves own the route then: ``sluice.registry.rollouts``)."""
+    route = route_change(state, weights_bp, version_states, now)
+    rollout = state.rollout
+    if rollout is not None and rollout.is_active:
+        raise InvalidChange(
+            f"model {state.name!r} has a {rollout.state} rollout ({rollout.stable_version} -> "
+            f"{rollout.canary_version}): advance, pause or roll it back instead of setting its route"
+        )
+    return route
+
+
+def route_change(
     state: ModelState,
     weights_bp: Mapping[str, int],
     version_states: Mapping[str, object] | None,

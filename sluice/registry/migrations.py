@@ -24,6 +24,7 @@ from sluice.registry.base import (
     RouteEntry,
     VersionState,
 )
+from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutState
 
 COMPONENT = "registry"
 
@@ -87,12 +88,39 @@ _DDL = f"""
     CREATE INDEX registry_audit_model ON registry_audit (model, generation)
 """
 
+# One row per model: its latest rollout (sluice.registry.rollouts); the audit log keeps every move.
+_ROLLOUTS_DDL = f"""
+    CREATE TABLE registry_rollouts (
+        model TEXT PRIMARY KEY REFERENCES registry_models (name),
+        stable_version TEXT NOT NULL,
+        canary_version TEXT NOT NULL,
+        steps_bp {{json}} NOT NULL,
+        step_index INTEGER NOT NULL CHECK (step_index >= 0),
+        state TEXT NOT NULL CHECK (state IN ({_in(list(RolloutState))})),
+        guard {{json}},
+        started_by TEXT NOT NULL,
+        started_at {{ts}} NOT NULL,
+        step_started_at {{ts}} NOT NULL,
+        updated_at {{ts}} NOT NULL,
+        finished_at {{ts}},
+        reason TEXT NOT NULL,
+        FOREIGN KEY (model, stable_version) REFERENCES registry_versions (model, version),
+        FOREIGN KEY (model, canary_version) REFERENCES registry_versions (model, version)
+    )
+"""
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
         name="registry: generation, models, versions, routes, replicas, audit",
         sqlite=_DDL.format(ts="TEXT", json="TEXT"),
         postgres=_DDL.format(ts="TIMESTAMPTZ", json="JSONB"),
+    ),
+    Migration(
+        version=2,
+        name="registry: rollouts (each model's latest)",
+        sqlite=_ROLLOUTS_DDL.format(ts="TEXT", json="TEXT"),
+        postgres=_ROLLOUTS_DDL.format(ts="TIMESTAMPTZ", json="JSONB"),
     ),
 ]
 
@@ -120,6 +148,21 @@ REPLICA_COLUMNS = (
 )
 ROUTE_COLUMNS = ("model", "version", "weight_bp")
 AUDIT_COLUMNS = ("generation", "at", "actor", "action", "model", "subject", "before", "after")
+ROLLOUT_COLUMNS = (
+    "model",
+    "stable_version",
+    "canary_version",
+    "steps_bp",
+    "step_index",
+    "state",
+    "guard",
+    "started_by",
+    "started_at",
+    "step_started_at",
+    "updated_at",
+    "finished_at",
+    "reason",
+)
 
 
 class RowCodec:
@@ -221,6 +264,55 @@ class RowCodec:
             e.subject,
             None if e.before is None else self.to_db_json(e.before),
             None if e.after is None else self.to_db_json(e.after),
+        )
+
+    def rollout(self, row: Sequence[Any]) -> Rollout:
+        (
+            model,
+            stable,
+            canary,
+            steps,
+            index,
+            state,
+            guard,
+            by,
+            started,
+            step_started,
+            updated,
+            finished,
+            reason,
+        ) = row
+        return Rollout(
+            model=model,
+            stable_version=stable,
+            canary_version=canary,
+            steps_bp=tuple(int(s) for s in self.from_db_json(steps)),
+            step_index=int(index),
+            state=RolloutState(state),
+            guard=None if guard is None else RolloutGuard.from_json(self.from_db_json(guard)),
+            started_by=by,
+            started_at=self.to_utc(started),
+            step_started_at=self.to_utc(step_started),
+            updated_at=self.to_utc(updated),
+            finished_at=None if finished is None else self.to_utc(finished),
+            reason=reason,
+        )
+
+    def rollout_row(self, r: Rollout) -> tuple[Any, ...]:
+        return (
+            r.model,
+            r.stable_version,
+            r.canary_version,
+            self.to_db_json(list(r.steps_bp)),
+            r.step_index,
+            str(r.state),
+            None if r.guard is None else self.to_db_json(r.guard.as_json()),
+            r.started_by,
+            self.to_db_time(r.started_at),
+            self.to_db_time(r.step_started_at),
+            self.to_db_time(r.updated_at),
+            None if r.finished_at is None else self.to_db_time(r.finished_at),
+            r.reason,
         )
 
 

@@ -39,6 +39,7 @@ from sluice.registry.changes import (
     ModelState,
     PutModel,
     PutReplica,
+    PutRollout,
     PutRoute,
     PutVersion,
     plan_add_version,
@@ -51,6 +52,8 @@ from sluice.registry.changes import (
 )
 from sluice.registry.feed import ChangeSignal, PgListener, wait_for_generation
 from sluice.registry.migrations import COMPONENT, MIGRATIONS, RowCodec, routes_from_rows
+from sluice.registry.rollout_plans import plan_move_rollout, plan_start_rollout
+from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutMove
 from sluice.registry.statements import statements
 
 R = TypeVar("R")
@@ -79,12 +82,14 @@ async def _model_state(conn: Conn, name: str) -> ModelState:
     versions = [_CODEC.version(r) for r in await _rows(conn, _SQL.select_versions_of, (name,))]
     routes = routes_from_rows(await _rows(conn, _SQL.select_route_of, (name,)))
     replicas = [_CODEC.replica(r) for r in await _rows(conn, _SQL.select_replicas_of, (name,))]
+    rollout = await _rows(conn, _SQL.select_rollout, (name,))
     return ModelState(
         name,
         _CODEC.model(found[0]),
         {v.version: v for v in versions},
         routes[0] if routes else None,
         {r.replica_id: r for r in replicas},
+        _CODEC.rollout(rollout[0]) if rollout else None,
     )
 
 
@@ -116,6 +121,8 @@ async def _record(conn: Conn, change: Change[Any], actor: str, now: datetime, ch
             await conn.execute(_SQL.upsert_replica.encode(), _CODEC.replica_row(w.replica))
         elif isinstance(w, DeleteReplica):
             await conn.execute(_SQL.delete_replica.encode(), (w.replica_id,))
+        elif isinstance(w, PutRollout):
+            await conn.execute(_SQL.upsert_rollout.encode(), _CODEC.rollout_row(w.rollout))
     if change.action is None:
         return
     ((generation,),) = await _rows(conn, _SQL.bump_generation)
@@ -337,6 +344,46 @@ class PostgresRegistry(Registry):
             return plan_remove_replica(await _require_replica(conn, replica_id))
 
         await self._write(actor, decide)
+
+    # ---- rollouts
+
+    async def start_rollout(
+        self,
+        model: str,
+        canary_version: str,
+        *,
+        steps_bp: tuple[int, ...] | builtins.list[int],
+        actor: str,
+        guard: RolloutGuard | None = None,
+        reason: str = "",
+    ) -> Rollout:
+        async def decide(conn: Conn, now: datetime) -> Change[Rollout]:
+            return plan_start_rollout(
+                await _model_state(conn, model),
+                canary_version,
+                steps_bp=steps_bp,
+                guard=guard,
+                actor=actor,
+                reason=reason,
+                now=now,
+            )
+
+        return await self._write(actor, decide)
+
+    async def move_rollout(self, model: str, move: RolloutMove, *, actor: str, reason: str = "") -> Rollout:
+        async def decide(conn: Conn, now: datetime) -> Change[Rollout]:
+            return plan_move_rollout(await _model_state(conn, model), move, reason=reason, now=now)
+
+        return await self._write(actor, decide)
+
+    async def get_rollout(self, model: str) -> Rollout | None:
+        state = await self._model(model)
+        state.require_model()
+        return state.rollout
+
+    async def list_rollouts(self, *, active_only: bool = False) -> builtins.list[Rollout]:
+        query = _SQL.select_active_rollouts if active_only else _SQL.select_rollouts
+        return [_CODEC.rollout(r) for r in await self._read(query)]
 
     # ---- generation, snapshot, audit, change feed
 

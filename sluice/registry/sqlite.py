@@ -37,6 +37,7 @@ from sluice.registry.changes import (
     ModelState,
     PutModel,
     PutReplica,
+    PutRollout,
     PutRoute,
     PutVersion,
     Write,
@@ -50,6 +51,8 @@ from sluice.registry.changes import (
 )
 from sluice.registry.feed import ChangeSignal, wait_for_generation
 from sluice.registry.migrations import COMPONENT, MIGRATIONS, RowCodec, routes_from_rows
+from sluice.registry.rollout_plans import plan_move_rollout, plan_start_rollout
+from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutMove
 from sluice.registry.statements import statements
 
 T = TypeVar("T")
@@ -77,12 +80,14 @@ def _model_state(conn: sqlite3.Connection, name: str) -> ModelState:
     versions = [_CODEC.version(r) for r in conn.execute(_SQL.select_versions_of, (name,))]
     routes = routes_from_rows(conn.execute(_SQL.select_route_of, (name,)).fetchall())
     replicas = [_CODEC.replica(r) for r in conn.execute(_SQL.select_replicas_of, (name,))]
+    rollout = conn.execute(_SQL.select_rollout, (name,)).fetchone()
     return ModelState(
         name,
         _CODEC.model(row),
         {v.version: v for v in versions},
         routes[0] if routes else None,
         {r.replica_id: r for r in replicas},
+        None if rollout is None else _CODEC.rollout(rollout),
     )
 
 
@@ -112,6 +117,8 @@ def _apply(conn: sqlite3.Connection, writes: tuple[Write, ...]) -> None:
             conn.execute(_SQL.upsert_replica, _CODEC.replica_row(w.replica))
         elif isinstance(w, DeleteReplica):
             conn.execute(_SQL.delete_replica, (w.replica_id,))
+        elif isinstance(w, PutRollout):
+            conn.execute(_SQL.upsert_rollout, _CODEC.rollout_row(w.rollout))
 
 
 def _record(conn: sqlite3.Connection, change: Change[Any], actor: str, now: datetime) -> None:
@@ -299,6 +306,46 @@ class SqliteRegistry(Registry):
 
     async def remove_replica(self, replica_id: str, *, actor: str) -> None:
         await self._write(actor, lambda conn, now: plan_remove_replica(_require_replica(conn, replica_id)))
+
+    # ---- rollouts
+
+    async def start_rollout(
+        self,
+        model: str,
+        canary_version: str,
+        *,
+        steps_bp: tuple[int, ...] | builtins.list[int],
+        actor: str,
+        guard: RolloutGuard | None = None,
+        reason: str = "",
+    ) -> Rollout:
+        def decide(conn: sqlite3.Connection, now: datetime) -> Change[Rollout]:
+            return plan_start_rollout(
+                _model_state(conn, model),
+                canary_version,
+                steps_bp=steps_bp,
+                guard=guard,
+                actor=actor,
+                reason=reason,
+                now=now,
+            )
+
+        return await self._write(actor, decide)
+
+    async def move_rollout(self, model: str, move: RolloutMove, *, actor: str, reason: str = "") -> Rollout:
+        return await self._write(
+            actor,
+            lambda conn, now: plan_move_rollout(_model_state(conn, model), move, reason=reason, now=now),
+        )
+
+    async def get_rollout(self, model: str) -> Rollout | None:
+        state = await self._read(lambda conn: _model_state(conn, model))
+        state.require_model()
+        return state.rollout
+
+    async def list_rollouts(self, *, active_only: bool = False) -> builtins.list[Rollout]:
+        query = _SQL.select_active_rollouts if active_only else _SQL.select_rollouts
+        return [_CODEC.rollout(r) for r in await self._run(lambda c: c.execute(query).fetchall())]
 
     # ---- generation, snapshot, audit, change feed
 

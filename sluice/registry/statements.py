@@ -9,9 +9,11 @@ from sluice.registry.migrations import (
     AUDIT_COLUMNS,
     MODEL_COLUMNS,
     REPLICA_COLUMNS,
+    ROLLOUT_COLUMNS,
     ROUTE_COLUMNS,
     VERSION_COLUMNS,
 )
+from sluice.registry.rollouts import ACTIVE_ROLLOUT_STATES
 
 
 def _insert(table: str, columns: tuple[str, ...], p: str, key: tuple[str, ...] = ()) -> str:
@@ -50,6 +52,10 @@ class Statements:
     select_audit: str  # newest first, limit
     select_audit_of: str  # one model's, newest first, limit
     select_changes: str  # after a generation, oldest first, limit
+    upsert_rollout: str
+    select_rollout: str  # one model's
+    select_rollouts: str  # by model
+    select_active_rollouts: str  # running or paused, by model
 
 
 def statements(p: str) -> Statements:
@@ -59,6 +65,8 @@ def statements(p: str) -> Statements:
     routes = _select("registry_routes", ROUTE_COLUMNS)
     replicas = _select("registry_replicas", REPLICA_COLUMNS)
     audit = _select("registry_audit", AUDIT_COLUMNS)
+    rollouts = _select("registry_rollouts", ROLLOUT_COLUMNS)
+    active = ", ".join(f"'{s}'" for s in sorted(ACTIVE_ROLLOUT_STATES))
     return Statements(
         insert_model=_insert("registry_models", MODEL_COLUMNS, p),
         upsert_version=_insert("registry_versions", VERSION_COLUMNS, p, ("model", "version")),
@@ -84,4 +92,8 @@ def statements(p: str) -> Statements:
         select_audit=f"{audit} ORDER BY generation DESC LIMIT {p}",
         select_audit_of=f"{audit} WHERE model = {p} ORDER BY generation DESC LIMIT {p}",
         select_changes=f"{audit} WHERE generation > {p} ORDER BY generation LIMIT {p}",
+        upsert_rollout=_insert("registry_rollouts", ROLLOUT_COLUMNS, p, ("model",)),
+        select_rollout=f"{rollouts} WHERE model = {p}",
+        select_rollouts=f"{rollouts} ORDER BY model",
+        select_active_rollouts=f"{rollouts} WHERE state IN ({active}) ORDER BY model",
     )
