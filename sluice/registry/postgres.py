@@ -370,9 +370,23 @@ class PostgresRegistry(Registry):
 
         return await self._write(actor, decide)
 
-    async def move_rollout(self, model: str, move: RolloutMove, *, actor: str, reason: str = "") -> Rollout:
+    async def move_rollout(
+        self,
+        model: str,
+        move: RolloutMove,
+        *,
+        actor: str,
+        reason: str = "",
+        expected_step_started_at: datetime | None = None,
+    ) -> Rollout:
         async def decide(conn: Conn, now: datetime) -> Change[Rollout]:
-            return plan_move_rollout(await _model_state(conn, model), move, reason=reason, now=now)
+            return plan_move_rollout(
+                await _model_state(conn, model),
+                move,
+                reason=reason,
+                now=now,
+                expected_step_started_at=expected_step_started_at,
+            )
 
         return await self._write(actor, decide)
 

@@ -145,7 +145,14 @@ def _unchanged(state: ModelState, rollout: Rollout) -> Change[Rollout]:
     return Change(None, state.name, "rollout", None, None, (), rollout)
 
 
-def plan_move_rollout(state: ModelState, move: object, *, reason: str, now: datetime) -> Change[Rollout]:
+def plan_move_rollout(
+    state: ModelState,
+    move: object,
+    *,
+    reason: str,
+    now: datetime,
+    expected_step_started_at: datetime | None = None,
+) -> Change[Rollout]:
     """``move`` on the model's rollout; see ``RolloutVerbs.move_rollout``."""
     try:
         how = RolloutMove(str(move))
@@ -156,6 +163,12 @@ def plan_move_rollout(state: ModelState, move: object, *, reason: str, now: date
     current = state.rollout
     if current is None:
         raise InvalidChange(f"model {state.name!r} has no rollout to {how}")
+    if expected_step_started_at is not None and current.step_started_at != expected_step_started_at:
+        begun = current.step_started_at.isoformat()
+        raise InvalidChange(
+            f"{state.name}: the rollout moved since the step that was judged (now {current.state} at step "
+            f"{current.step_index + 1} of {len(current.steps_bp)}, begun {begun})"
+        )
     moved = dataclasses.replace(current, updated_at=now, reason=reason)
     refusal = f"{state.name}: the rollout is {current.state}, it cannot {how}"
     if how == RolloutMove.ADVANCE:

@@ -192,11 +192,21 @@ class RolloutVerbs(ABC):
         or ``draining`` (it is set ``serving`` in the same write). The route goes to step 0 at once."""
 
     @abstractmethod
-    async def move_rollout(self, model: str, move: RolloutMove, *, actor: str, reason: str = "") -> Rollout:
+    async def move_rollout(
+        self,
+        model: str,
+        move: RolloutMove,
+        *,
+        actor: str,
+        reason: str = "",
+        expected_step_started_at: datetime | None = None,
+    ) -> Rollout:
         """Advance (only a ``running`` rollout), pause, resume or roll back the model's rollout (see the
-        module's table). Pausing a paused one, resuming a running one or rolling back a rolled-back one
+        module's list). Pausing a paused one, resuming a running one or rolling back a rolled-back one
         changes nothing (no generation); any other move its state does not allow is ``InvalidChange``,
-        as is a model that never had a rollout."""
+        as is a model that never had a rollout. ``expected_step_started_at``: the move is for the step the
+        caller judged (the guard): ``InvalidChange`` if the rollout has moved to another step (or been
+        restarted) since, so a decision is never applied to a step it did not see."""
 
     @abstractmethod
     async def get_rollout(self, model: str) -> Rollout | None:

@@ -332,11 +332,25 @@ class SqliteRegistry(Registry):
 
         return await self._write(actor, decide)
 
-    async def move_rollout(self, model: str, move: RolloutMove, *, actor: str, reason: str = "") -> Rollout:
-        return await self._write(
-            actor,
-            lambda conn, now: plan_move_rollout(_model_state(conn, model), move, reason=reason, now=now),
-        )
+    async def move_rollout(
+        self,
+        model: str,
+        move: RolloutMove,
+        *,
+        actor: str,
+        reason: str = "",
+        expected_step_started_at: datetime | None = None,
+    ) -> Rollout:
+        def decide(conn: sqlite3.Connection, now: datetime) -> Change[Rollout]:
+            return plan_move_rollout(
+                _model_state(conn, model),
+                move,
+                reason=reason,
+                now=now,
+                expected_step_started_at=expected_step_started_at,
+            )
+
+        return await self._write(actor, decide)
 
     async def get_rollout(self, model: str) -> Rollout | None:
         state = await self._read(lambda conn: _model_state(conn, model))

@@ -186,6 +186,27 @@ async def test_pause_holds_the_step_and_resume_continues(registry: Registry) -> 
     assert (await registry.move_rollout("tiny", RolloutMove.ROLLBACK, actor="bob")).state == "rolled_back"
 
 
+async def test_a_move_for_a_step_no_longer_current_is_refused(registry: Registry) -> None:
+    """The guard judges one step's traffic: its decision must not land on a later step (a person advanced
+    meanwhile) or a restarted rollout."""
+    await model_with_stable_v1(registry)
+    judged = await registry.start_rollout("tiny", "v2", steps_bp=STEPS, actor="alice")
+    await registry.move_rollout("tiny", RolloutMove.ADVANCE, actor="alice")
+    gen = await registry.generation()
+    for move in (RolloutMove.ADVANCE, RolloutMove.ROLLBACK):
+        with pytest.raises(InvalidChange, match="moved since"):
+            await registry.move_rollout(
+                "tiny", move, actor="guard", expected_step_started_at=judged.step_started_at
+            )
+    assert await registry.generation() == gen
+    current = await registry.get_rollout("tiny")
+    assert current is not None and current.step_index == 1
+    moved = await registry.move_rollout(
+        "tiny", RolloutMove.ADVANCE, actor="guard", expected_step_started_at=current.step_started_at
+    )
+    assert moved.step_index == 2 and await registry.generation() == gen + 1
+
+
 async def test_the_guard_is_kept_with_the_rollout(registry: Registry) -> None:
     await model_with_stable_v1(registry)
     guard = RolloutGuard(min_requests=50, max_error_rate_increase=0.02, max_ttft_p95_ratio=1.2, interval_s=5)
