@@ -23,6 +23,10 @@ from control_plane.service.auth import SECURITY_SCHEME, check_roles_declared
 from control_plane.service.errors import exception_handlers
 from control_plane.service.metrics import ControlPlaneMetrics, observe_requests
 from control_plane.service.models import RegistryController
+from control_plane.service.release_common import keep_encoded_slashes
+from control_plane.service.releases import RELEASE_HANDLERS
+from control_plane.service.rollout_guard import open_rollout_services
+from control_plane.service.rollouts import RolloutController
 from control_plane.service.serving import LOG_FORMAT
 from control_plane.service.state import ControlPlaneState
 from control_plane.service.system import SYSTEM_HANDLERS
@@ -51,8 +55,9 @@ def create_app(
             stack.push_async_callback(tokens.close)
             opened_registry = await _open_registry(settings, registry)
             stack.push_async_callback(opened_registry.close)
+            rollouts = await open_rollout_services(settings, opened_registry, stack)
             app.state.cp = ControlPlaneState(
-                settings=settings, tokens=tokens, registry=opened_registry, metrics=metrics
+                settings=settings, tokens=tokens, registry=opened_registry, metrics=metrics, rollouts=rollouts
             )
             _log_start(settings)
             yield
@@ -60,7 +65,13 @@ def create_app(
         log.info("control plane stopped")
 
     app = Litestar(
-        route_handlers=[AdminController, RegistryController, *SYSTEM_HANDLERS],
+        route_handlers=[
+            AdminController,
+            RegistryController,
+            *RELEASE_HANDLERS,
+            RolloutController,
+            *SYSTEM_HANDLERS,
+        ],
         exception_handlers=exception_handlers(metrics),
         middleware=[observe_requests(metrics)],
         lifespan=[lifespan],
@@ -88,6 +99,7 @@ def create_app(
         ),
     )
     check_roles_declared(app)
+    keep_encoded_slashes(app)
     return app
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 
 from control_plane.service.metrics import ControlPlaneMetrics
+from control_plane.service.rollout_guard import RolloutServices
 from sluice.admin_tokens.base import AdminTokenStore
 from sluice.registry.base import Registry
 from sluice.settings import Settings
@@ -20,6 +21,7 @@ class ControlPlaneState:
     tokens: AdminTokenStore
     registry: Registry
     metrics: ControlPlaneMetrics
+    rollouts: RolloutServices  # the usage ledger and the rollout guard
 
 
 def state_of(connection: ASGIConnection[Any, Any, Any, Any]) -> ControlPlaneState:
