@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from control_plane.cli import admin_tokens, tenants
+from control_plane.cli import admin_tokens, models, rollout, routes, tenants, versions
 from control_plane.sim import cli as sim
 
 EXIT_FAILED = 1
@@ -28,6 +28,14 @@ Register = Callable[[argparse.ArgumentParser], None]
 COMMAND_GROUPS: list[tuple[str, str, Register]] = [
     ("tenants", "create, list, change tenants and rotate their API keys", tenants.register),
     ("admin-tokens", "create, list and revoke the control plane's admin tokens", admin_tokens.register),
+    ("models", "list, show and create the registry's models (admin API)", models.register),
+    ("versions", "list, add and set the state of a model's versions (admin API)", versions.register),
+    ("routes", "show and set a model's split over its versions (admin API)", routes.register),
+    (
+        "rollout",
+        "start, advance, pause, resume, roll back and compare a rollout (admin API)",
+        rollout.register,
+    ),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]
 
