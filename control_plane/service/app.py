@@ -21,10 +21,12 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from control_plane.service.auth import SECURITY_SCHEME, check_roles_declared
 from control_plane.service.errors import exception_handlers
+from control_plane.service.health import DEFAULT_INTERVAL_S
 from control_plane.service.metrics import ControlPlaneMetrics, observe_requests
 from control_plane.service.models import RegistryController
 from control_plane.service.release_common import keep_encoded_slashes
 from control_plane.service.releases import RELEASE_HANDLERS
+from control_plane.service.replicas import ReplicasController, open_replica_services
 from control_plane.service.rollout_guard import open_rollout_services
 from control_plane.service.rollouts import RolloutController
 from control_plane.service.serving import LOG_FORMAT
@@ -44,7 +46,11 @@ MAX_BODY_BYTES = 64 * 1024  # admin bodies are small: a token name, later a rout
 
 
 def create_app(
-    settings: Settings, *, token_store: AdminTokenStore | None = None, registry: Registry | None = None
+    settings: Settings,
+    *,
+    token_store: AdminTokenStore | None = None,
+    registry: Registry | None = None,
+    health_interval_s: float = DEFAULT_INTERVAL_S,
 ) -> Litestar:
     metrics = ControlPlaneMetrics()
 
@@ -55,9 +61,17 @@ def create_app(
             stack.push_async_callback(tokens.close)
             opened_registry = await _open_registry(settings, registry)
             stack.push_async_callback(opened_registry.close)
+            replicas = await open_replica_services(
+                settings, opened_registry, metrics, stack, health_interval_s=health_interval_s
+            )
             rollouts = await open_rollout_services(settings, opened_registry, stack)
             app.state.cp = ControlPlaneState(
-                settings=settings, tokens=tokens, registry=opened_registry, metrics=metrics, rollouts=rollouts
+                settings=settings,
+                tokens=tokens,
+                registry=opened_registry,
+                metrics=metrics,
+                replicas=replicas,
+                rollouts=rollouts,
             )
             _log_start(settings)
             yield
@@ -70,6 +84,7 @@ def create_app(
             RegistryController,
             *RELEASE_HANDLERS,
             RolloutController,
+            ReplicasController,
             *SYSTEM_HANDLERS,
         ],
         exception_handlers=exception_handlers(metrics),

@@ -1,5 +1,6 @@
-"""What every handler shares: settings, the admin token store, the model registry and the metrics. Built
-once in ``control_plane.service.app``; handlers reach it as ``app.state.cp`` (``state_of``)."""
+"""What every handler shares: settings, the admin token store, the model registry, the metrics and the
+replica services (health checks, local actuator). Built once in ``control_plane.service.app``; handlers
+reach it as ``app.state.cp`` (``state_of``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from litestar.connection import ASGIConnection
 
+from control_plane.service.health import HealthChecker, ReplicaStates
+from control_plane.service.local_replicas import LocalReplicas
 from control_plane.service.metrics import ControlPlaneMetrics
 from control_plane.service.rollout_guard import RolloutServices
 from sluice.admin_tokens.base import AdminTokenStore
@@ -16,11 +19,19 @@ from sluice.settings import Settings
 
 
 @dataclass
+class ReplicaServices:
+    states: ReplicaStates  # the one writer of replica rows
+    health: HealthChecker
+    local: LocalReplicas
+
+
+@dataclass
 class ControlPlaneState:
     settings: Settings
     tokens: AdminTokenStore
     registry: Registry
     metrics: ControlPlaneMetrics
+    replicas: ReplicaServices
     rollouts: RolloutServices  # the usage ledger and the rollout guard
 
 

@@ -1,0 +1,347 @@
+"""Local replicas: the actuator every test and ``make run`` use. It starts tritonserver processes serving a
+registered model version on this machine, registers them, drains and stops them.
+
+``start(model, version, count, checkpoint)``: the version must be a Triton version (a positive integer)
+whose checkpoint folder (``checkpoint``, else the version's artifact when it is ``file://``) digests to
+the registry's weights digest. Per replica it renders a model repository under
+``<state_dir>/replicas/<replica_id>/`` (config carrying the registry's digest, version folder = the
+version), picks free loopback ports, registers the replica ``starting`` at ``127.0.0.1:<grpc port>`` and
+returns; in the background it starts tritonserver, waits until it is ready, verifies it
+(``verify_replica``) and records it ``ready`` (or ``failed`` with the reason, its process stopped).
+
+``drain``: the replica is set ``draining`` (gateways send it nothing new; requests in flight finish).
+``stop``: drain, wait until the replica holds no request (its Triton metrics) or ``timeout_s``, stop the
+process (SIGTERM, then SIGKILL of its group) and remove the replica from the registry.
+
+The processes are children of this service: they stop with it (``close()``; and the kernel SIGTERMs them
+if the service dies, see ``sluice.triton.launcher``). A replica folder left by an earlier run (a service
+killed hard) is removed at ``open()``, with its replica's registry row. One control plane per state folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from control_plane.service.health import CHECK_TIMEOUT_S, ReplicaStates, Verify
+from control_plane.service.local_replica import (
+    InvalidReplicaRequest,
+    LocalReplica,
+    launch_failure,
+    local_artifact_dir,
+    triton_version,
+)
+from sluice.registry.base import NotFound, RegistryError, Replica, ReplicaState, VersionState
+from sluice.triton.render import CpuEngineModelSettings, DTypeSetting
+from sluice.triton.verify import Verification, verify_replica
+from sluice.weights_digest import weights_digest
+
+log = logging.getLogger("sluice.control_plane.replicas")
+
+T = TypeVar("T")
+
+MAX_REPLICAS_PER_START = 8
+DEFAULT_STOP_TIMEOUT_S = 30.0
+RECOVERY_RETRY_S = 2.0
+VERIFY_RETRY_S = 15.0
+VERIFY_RETRY_INTERVAL_S = 0.5
+
+__all__ = ["InvalidReplicaRequest", "LocalReplicas", "ReplicaConflict", "StopReport"]
+
+
+class ReplicaConflict(Exception):
+    """The replica's state or owner refuses the operation; the message says what to do (an HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class StopReport:
+    replica_id: str
+    waited_s: float  # from the stop's start to its process gone
+    num_in_flight_left: int | None  # requests still on it when it was stopped; None: unknown
+
+
+class LocalReplicas:
+    """The actuator (see the module docstring). ``open()`` before use, ``close()`` stops everything."""
+
+    def __init__(
+        self,
+        states: ReplicaStates,
+        state_dir: Path,
+        *,
+        engine_dtype: DTypeSetting = "auto",
+        ready_timeout_s: float = 60.0,
+        verify: Verify = verify_replica,
+    ) -> None:
+        self._states = states
+        self._registry = states.registry
+        self._root = Path(state_dir) / "replicas"
+        self._triton_state_dir = Path(state_dir) / "triton"
+        self._engine_dtype = engine_dtype
+        self._ready_timeout_s = ready_timeout_s
+        self._verify = verify
+        self._local: dict[str, LocalReplica] = {}
+        self._stopping: dict[str, asyncio.Task[StopReport]] = {}  # a second stop joins the first
+        # NOTE: tritonserver dies with the thread that forked it (PR_SET_PDEATHSIG): these threads live
+        # until close(), the default executor's might not.
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="local-replica")
+        self._recovery: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def is_local(self, replica_id: str) -> bool:
+        return replica_id in self._local
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        self._root.mkdir(parents=True, exist_ok=True)
+        leftovers = sorted(p for p in self._root.iterdir() if p.is_dir())
+        if leftovers:
+            self._recovery = asyncio.create_task(self._recover(leftovers), name="local-replica-recovery")
+
+    async def _recover(self, folders: list[Path]) -> None:
+        """Replicas of an earlier run died with it: take them out of the registry, then their folders."""
+        while folders:
+            try:
+                if await self._states.remove(folders[0].name, actor="control-plane/local-replicas"):
+                    log.info(
+                        "replica %s was started by an earlier run of this control plane; its process is "
+                        "gone: removed from the registry",
+                        folders[0].name,
+                    )
+            except RegistryError as exc:
+                log.warning("leftover replicas not cleaned up yet (registry: %s); retrying", exc)
+                await asyncio.sleep(RECOVERY_RETRY_S)
+                continue
+            shutil.rmtree(folders.pop(0), ignore_errors=True)
+
+    async def close(self) -> None:
+        """Take every local replica out of the registry (so gateways stop routing to them), then stop
+        their processes; a replica still loading is killed."""
+        self._closing = True
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
+        replicas = list(self._local.values())
+        for local in replicas:
+            try:
+                await self._states.remove(local.replica_id, actor="control-plane/shutdown")
+            except RegistryError as exc:  # the next start removes it (its folder stays until then)
+                log.warning("replica %s not removed from the registry: %s", local.replica_id, exc)
+        await asyncio.gather(*(self._abort_launch(local) for local in replicas))
+        await asyncio.gather(*(self._run(local.server.stop) for local in replicas))
+        for local in replicas:
+            shutil.rmtree(local.folder, ignore_errors=True)
+            log.info("replica %s stopped with the control plane", local.replica_id)
+        self._local.clear()
+        self._executor.shutdown(wait=True)
+
+    async def _abort_launch(self, local: LocalReplica) -> None:
+        while local.launch is not None and not local.launch.done():
+            if local.server.pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(local.server.pid, signal.SIGKILL)
+            await asyncio.wait({local.launch}, timeout=0.2)
+
+    # ---------------------------------------------------------------------------------------- start
+
+    async def start(
+        self, model: str, version: str, count: int, checkpoint: Path | None, *, actor: str
+    ) -> list[Replica]:
+        """Register ``count`` replicas ``starting`` and launch them in the background (module docstring).
+        ``InvalidReplicaRequest`` for what cannot be started; the registry's ``NotFound``."""
+        number = triton_version(version)
+        if not 1 <= count <= MAX_REPLICAS_PER_START:
+            raise InvalidReplicaRequest(f"count must be in 1..{MAX_REPLICAS_PER_START}, got {count}")
+        found = await self._registry.get_version(model, version)
+        if found.state == VersionState.RETIRED:
+            raise InvalidReplicaRequest(f"{model} version {version} is retired: it is never served again")
+        folder = checkpoint or local_artifact_dir(found.artifact_uri)
+        if folder is None:
+            raise InvalidReplicaRequest(
+                f"{model} version {version}'s artifact {found.artifact_uri} is not a local folder: "
+                "pass the checkpoint folder it was made from"
+            )
+        try:
+            settings = CpuEngineModelSettings(
+                checkpoint_dir=folder,
+                model_name=model,
+                model_version=number,
+                weights_digest=found.weights_digest,
+                dtype=self._engine_dtype,
+            )
+            digest = await self._run(weights_digest, folder)
+        except (ValueError, OSError) as exc:
+            raise InvalidReplicaRequest(
+                f"cannot serve {model} version {version} from {folder}: {exc}"
+            ) from None
+        if digest != found.weights_digest:
+            raise InvalidReplicaRequest(
+                f"the checkpoint at {folder} digests to {digest}, but {model} version {version} is "
+                f"{found.weights_digest}: a version's weights never change (register them as a new version)"
+            )
+        return [await self._launch(settings, version, actor) for _ in range(count)]
+
+    async def _launch(self, settings: CpuEngineModelSettings, version: str, actor: str) -> Replica:
+        local = await self._run(
+            LocalReplica.prepare, self._root, settings, version, self._triton_state_dir, self._ready_timeout_s
+        )
+        replica_id, model, folder = local.replica_id, local.model, local.folder
+        try:
+            replica = await self._states.register(
+                replica_id, endpoint=local.endpoint, model=model, version=version, actor=actor,
+                state=ReplicaState.STARTING, detail="starting tritonserver",
+            )  # fmt: skip
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._local[replica_id] = local
+        local.launch = asyncio.create_task(self._bring_up(local, actor), name=f"launch-{replica_id}")
+        log.info("replica %s (%s version %s) starting at %s", replica_id, model, version, local.endpoint)
+        return replica
+
+    async def _bring_up(self, local: LocalReplica, actor: str) -> None:
+        started_s = time.monotonic()
+        try:
+            await self._run(local.server.start)
+        except Exception as exc:  # TritonLaunchError; or the launch killed by close()
+            if self._closing:
+                return
+            log.warning("replica %s failed to start: %s", local.replica_id, exc)
+            await self._record(local, ReplicaState.FAILED, launch_failure(exc), actor)
+            return
+        if self._closing:
+            return
+        result = await self._verify_launched(local)
+        if not result.ok:
+            await self._run(local.server.stop)
+            detail = f"verification failed: {result.detail}; its tritonserver was stopped"
+            log.warning("replica %s %s", local.replica_id, detail)
+            await self._record(local, ReplicaState.FAILED, detail, actor)
+            return
+        await self._record(local, ReplicaState.READY, "", actor)
+        log.info(
+            "replica %s ready and verified at %s (%s version %s) in %.1f s",
+            local.replica_id,
+            local.endpoint,
+            local.model,
+            local.version,
+            time.monotonic() - started_s,
+        )
+
+    async def _verify_launched(self, local: LocalReplica) -> Verification:
+        """Verify a replica Triton reports ready, retrying failures for ``VERIFY_RETRY_S``.
+
+        NOTE: gRPC shares a reconnect backoff between channels to one address; a health check that ran
+        while the replica loaded leaves one, and the first checks after it is ready fail without trying.
+        """
+        deadline = time.monotonic() + VERIFY_RETRY_S
+        while True:
+            result = await self._verify(
+                local.endpoint, local.model, local.version, local.digest, CHECK_TIMEOUT_S
+            )
+            if result.ok or self._closing or time.monotonic() >= deadline:
+                return result
+            await asyncio.sleep(VERIFY_RETRY_INTERVAL_S)
+
+    async def _record(self, local: LocalReplica, state: ReplicaState, detail: str, actor: str) -> None:
+        """The launch's outcome, unless the replica left ``starting`` meanwhile (drained, stopped)."""
+        try:
+            await self._states.update(
+                local.replica_id,
+                lambda current: (state, detail) if current.state == ReplicaState.STARTING else None,
+                actor=actor,
+            )
+        except RegistryError as exc:  # the health checks record it once the registry answers
+            log.warning("replica %s: %s not recorded: %s", local.replica_id, state, exc)
+
+    # ---------------------------------------------------------------------------- drain, stop, remove
+
+    async def drain(self, replica_id: str, *, actor: str) -> Replica:
+        """Set any registered replica ``draining``; ``NotFound``, or ``ReplicaConflict`` when stopped."""
+
+        def decide(current: Replica) -> tuple[ReplicaState, str] | None:
+            if current.state == ReplicaState.STOPPED:
+                raise ReplicaConflict(f"replica {replica_id} is stopped: there is nothing to drain")
+            if current.state == ReplicaState.DRAINING:
+                return None
+            return ReplicaState.DRAINING, f"drained by {actor}"
+
+        changed = await self._states.update(replica_id, decide, actor=actor)
+        if changed is None:
+            raise NotFound(f"no replica {replica_id!r}")
+        before, after = changed
+        if before.state != after.state:
+            log.info("replica %s draining (was %s), by %s", replica_id, before.state, actor)
+        return after
+
+    async def stop(
+        self, replica_id: str, *, actor: str, timeout_s: float = DEFAULT_STOP_TIMEOUT_S
+    ) -> StopReport:
+        """Drain, wait until idle or ``timeout_s``, stop the process, remove the replica. Only for
+        replicas this service started (``ReplicaConflict`` otherwise); a second call joins the first."""
+        local = self._local.get(replica_id)
+        if local is None:
+            await self._registry.get_replica(replica_id)  # NotFound
+            raise ReplicaConflict(
+                f"replica {replica_id} was not started by this control plane: drain it, stop its process, "
+                f"then remove it (DELETE /admin/v1/replicas/{replica_id})"
+            )
+        stopping = self._stopping.get(replica_id)
+        if stopping is None:
+            stopping = self._stopping[replica_id] = asyncio.create_task(
+                self._stop(local, actor, timeout_s), name=f"stop-{replica_id}"
+            )
+        try:
+            return await asyncio.shield(stopping)
+        except RegistryError:
+            if stopping.done():  # it failed (the registry): a later call may try again
+                self._stopping.pop(replica_id, None)
+            raise
+
+    async def _stop(self, local: LocalReplica, actor: str, timeout_s: float) -> StopReport:
+        started_s = time.monotonic()
+        if local.launch is not None:
+            await asyncio.shield(local.launch)  # ends on its own: ready, failed, or its timeout
+        with contextlib.suppress(NotFound, ReplicaConflict):
+            await self.drain(local.replica_id, actor=actor)
+        num_left = await local.wait_idle(timeout_s) if local.server.is_running() else 0
+        await self._run(local.server.stop)
+        await self._states.remove(local.replica_id, actor=actor)
+        self._local.pop(local.replica_id, None)
+        self._stopping.pop(local.replica_id, None)
+        shutil.rmtree(local.folder, ignore_errors=True)
+        waited_s = time.monotonic() - started_s
+        left = "unknown" if num_left is None else str(num_left)
+        log.info(
+            "replica %s stopped by %s after %.1f s (%s requests left in flight), removed from the registry",
+            local.replica_id,
+            actor,
+            waited_s,
+            left,
+        )
+        return StopReport(local.replica_id, round(waited_s, 3), num_left)
+
+    async def deregister(self, replica_id: str, *, actor: str) -> None:
+        """Remove an externally started replica from the registry (its process is its owner's)."""
+        if replica_id in self._local:
+            raise ReplicaConflict(
+                f"replica {replica_id} was started by this control plane: stop it "
+                f"(POST /admin/v1/replicas/{replica_id}/stop)"
+            )
+        if not await self._states.remove(replica_id, actor=actor):
+            raise NotFound(f"no replica {replica_id!r}")
+        log.info("replica %s removed from the registry by %s", replica_id, actor)

@@ -1,0 +1,279 @@
+"""``/admin/v1/replicas``: the replicas serving the registry's versions, and the local actuator.
+
+- ``GET /replicas`` (viewer): every registered replica (``?model=`` for one model's), with its state and
+  last health report, and whether this control plane started it (``local``).
+- ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?}``: start ``count`` local
+  tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
+  ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
+- ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version}``: register a replica
+  started elsewhere (its Triton gRPC address); checked at once, then by every health round.
+- ``POST /replicas/{replica_id}/drain`` (release-manager): gateways send it nothing new.
+- ``POST /replicas/{replica_id}/stop`` (release-manager) ``{timeout_s?}``: drain, wait until it holds no
+  request (or the timeout), stop its process, remove it; only for local replicas (409 otherwise).
+- ``DELETE /replicas/{replica_id}`` (release-manager): remove an external replica from the registry.
+
+Release-manager, not platform-admin: a rollout needs replicas of its new version, and whoever rolls out
+must be able to start and stop them. Every change is logged and audited in the registry with the token's
+name as the actor.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, delete, get, post, put
+from litestar.openapi import ResponseSpec
+from litestar.params import FromPath, FromQuery, JSONBody
+
+from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
+from control_plane.service.errors import AdminError, ErrorBody, unavailable
+from control_plane.service.health import DEFAULT_INTERVAL_S, HealthChecker, ReplicaStates
+from control_plane.service.local_replicas import (
+    DEFAULT_STOP_TIMEOUT_S,
+    MAX_REPLICAS_PER_START,
+    InvalidReplicaRequest,
+    LocalReplicas,
+    ReplicaConflict,
+)
+from control_plane.service.metrics import ControlPlaneMetrics
+from control_plane.service.state import ReplicaServices, state_of
+from sluice.admin_tokens.roles import Role
+from sluice.registry.base import (
+    InvalidChange,
+    NotFound,
+    Registry,
+    RegistryError,
+    RegistryUnavailable,
+    Replica,
+    ReplicaState,
+)
+from sluice.settings import Settings
+
+
+async def open_replica_services(
+    settings: Settings,
+    registry: Registry,
+    metrics: ControlPlaneMetrics,
+    stack: AsyncExitStack,
+    *,
+    health_interval_s: float = DEFAULT_INTERVAL_S,
+) -> ReplicaServices:
+    """The health checks (a background task) and the local actuator, closed by ``stack`` (the actuator's
+    replicas stop with the service)."""
+    states = ReplicaStates(registry)
+    local = LocalReplicas(states, settings.state_dir, engine_dtype=settings.engine_dtype)
+    await local.open()
+    stack.push_async_callback(local.close)
+    health = HealthChecker(states, metrics.registry, interval_s=health_interval_s)
+    await health.start()
+    stack.push_async_callback(health.close)
+    return ReplicaServices(states=states, health=health, local=local)
+
+
+# ---------------------------------------------------------------------------------------- schemas
+
+
+class ReplicaView(msgspec.Struct):
+    replica_id: str
+    endpoint: str  # the Triton gRPC address gateways send to
+    model: str
+    version: str
+    state: ReplicaState
+    health_detail: str  # why, in words, when the last report said something
+    last_health_at: datetime | None
+    registered_at: datetime
+    updated_at: datetime
+    local: bool  # started (and owned) by this control plane
+
+
+class ReplicaList(msgspec.Struct):
+    replicas: list[ReplicaView]  # by replica_id
+
+
+class StartReplicasBody(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    version: str  # a registered version whose name is a positive integer (Triton's version)
+    count: int = 1  # 1..MAX_REPLICAS_PER_START
+    checkpoint: str | None = None  # a folder on the control plane's machine; default the version's artifact
+
+
+class RegisterReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
+    endpoint: str  # host:port of its Triton gRPC service
+    model: str
+    version: str
+
+
+class StopReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
+    timeout_s: float = DEFAULT_STOP_TIMEOUT_S  # how long to wait for its requests in flight
+
+
+class StoppedReplica(msgspec.Struct):
+    replica_id: str
+    state: ReplicaState  # stopped (and removed from the registry)
+    waited_s: float
+    num_in_flight_left: int | None  # requests still on it when it was stopped (None: unknown)
+
+
+def replica_view(replica: Replica, services: ReplicaServices) -> ReplicaView:
+    return ReplicaView(
+        replica_id=replica.replica_id,
+        endpoint=replica.endpoint,
+        model=replica.model,
+        version=replica.version,
+        state=replica.state,
+        health_detail=replica.health_detail,
+        last_health_at=replica.last_health_at,
+        registered_at=replica.registered_at,
+        updated_at=replica.updated_at,
+        local=services.local.is_local(replica.replica_id),
+    )
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+_MEANINGS = {
+    400: "Invalid body or a version that cannot be served here (`invalid_request_error`; `param` names it).",
+    401: "`invalid_admin_token`: no admin token, an unknown or revoked one, or a tenant API key.",
+    403: "`insufficient_role`: the token's role ranks below the one this operation needs.",
+    404: "`not_found`: no such model, version or replica.",
+    409: "`replica_conflict`: the replica's state or owner refuses this (the message says what to do).",
+    503: "`registry_unavailable`: the model registry does not answer; with `Retry-After`.",
+}
+
+
+def _responses(*status_codes: int) -> dict[int, ResponseSpec]:
+    return {
+        code: ResponseSpec(data_container=ErrorBody, description=_MEANINGS[code], generate_examples=False)
+        for code in status_codes
+    }
+
+
+def _admin_error(exc: Exception, param: str | None = None) -> AdminError:
+    if isinstance(exc, NotFound):
+        return AdminError(404, str(exc).strip("'\""), code="not_found")
+    if isinstance(exc, ReplicaConflict):
+        return AdminError(409, str(exc), code="replica_conflict")
+    if isinstance(exc, InvalidReplicaRequest | InvalidChange):
+        return AdminError(400, str(exc), param=param)
+    if isinstance(exc, RegistryUnavailable):
+        return unavailable("model registry", "registry_unavailable")
+    raise exc
+
+
+def _services(request: Request[Any, Any, Any]) -> ReplicaServices:
+    return state_of(request).replicas
+
+
+def _actor(request: Request[Any, Any, Any]) -> str:
+    return principal_of(request).name
+
+
+class ReplicasController(Controller):
+    path = "/admin/v1/replicas"
+    tags = ["Replicas"]  # noqa: RUF012 (Litestar reads these class attributes)
+    guards = [require_admin]  # noqa: RUF012
+    security = [{SECURITY_SCHEME: []}]  # noqa: RUF012
+
+    @get("/", opt=needs(Role.VIEWER), responses=_responses(401, 503))
+    async def list_replicas(
+        self, request: Request[Any, Any, Any], model: FromQuery[str | None] = None
+    ) -> ReplicaList:
+        """Every registered replica (of ``model`` when given), by replica_id."""
+        services = _services(request)
+        try:
+            replicas = await services.states.registry.list_replicas(model)
+        except RegistryError as exc:
+            raise _admin_error(exc) from exc
+        return ReplicaList([replica_view(r, services) for r in replicas])
+
+    @post(
+        "/", opt=needs(Role.RELEASE_MANAGER), status_code=202, responses=_responses(400, 401, 403, 404, 503)
+    )
+    async def start_replicas(
+        self, request: Request[Any, Any, Any], data: JSONBody[StartReplicasBody]
+    ) -> ReplicaList:
+        """Start local replicas of a version; they are ``starting`` until loaded and verified."""
+        services = _services(request)
+        checkpoint = Path(data.checkpoint) if data.checkpoint else None
+        if checkpoint is not None and not checkpoint.is_absolute():
+            raise AdminError(400, "checkpoint must be an absolute path on the control plane's machine",
+                             param="checkpoint")  # fmt: skip
+        if not 1 <= data.count <= MAX_REPLICAS_PER_START:
+            raise AdminError(400, f"count must be in 1..{MAX_REPLICAS_PER_START}", param="count")
+        try:
+            started = await services.local.start(
+                data.model, data.version, data.count, checkpoint, actor=_actor(request)
+            )
+        except (RegistryError, InvalidReplicaRequest) as exc:
+            raise _admin_error(exc) from exc
+        return ReplicaList([replica_view(r, services) for r in started])
+
+    @put(
+        "/{replica_id:str}",
+        opt=needs(Role.RELEASE_MANAGER),
+        responses=_responses(400, 401, 403, 404, 409, 503),
+    )
+    async def register_replica(
+        self, request: Request[Any, Any, Any], replica_id: FromPath[str], data: JSONBody[RegisterReplicaBody]
+    ) -> ReplicaView:
+        """Register (or re-register) a replica started elsewhere; the state its first check gave it."""
+        services = _services(request)
+        if services.local.is_local(replica_id):
+            raise AdminError(
+                409, f"replica {replica_id} was started by this control plane", code="replica_conflict"
+            )
+        try:
+            replica = await services.states.register(
+                replica_id, endpoint=data.endpoint, model=data.model, version=data.version,
+                actor=_actor(request), state=ReplicaState.STARTING, detail="registered; not checked yet",
+            )  # fmt: skip
+            checked = await services.health.check(replica)
+        except RegistryError as exc:
+            raise _admin_error(exc) from exc
+        return replica_view(checked or replica, services)
+
+    @post("/{replica_id:str}/drain", opt=needs(Role.RELEASE_MANAGER), status_code=200,
+          responses=_responses(401, 403, 404, 409, 503))  # fmt: skip
+    async def drain_replica(self, request: Request[Any, Any, Any], replica_id: FromPath[str]) -> ReplicaView:
+        """Gateways send it nothing new; requests in flight finish."""
+        services = _services(request)
+        try:
+            replica = await services.local.drain(replica_id, actor=_actor(request))
+        except (RegistryError, ReplicaConflict) as exc:
+            raise _admin_error(exc) from exc
+        return replica_view(replica, services)
+
+    @post("/{replica_id:str}/stop", opt=needs(Role.RELEASE_MANAGER), status_code=200,
+          responses=_responses(400, 401, 403, 404, 409, 503))  # fmt: skip
+    async def stop_replica(
+        self,
+        request: Request[Any, Any, Any],
+        replica_id: FromPath[str],
+        data: JSONBody[StopReplicaBody | None] = None,
+    ) -> StoppedReplica:
+        """Drain, wait for its requests (``timeout_s``), stop its process and remove it."""
+        timeout_s = data.timeout_s if data is not None else DEFAULT_STOP_TIMEOUT_S
+        if not 0 <= timeout_s <= 3600:
+            raise AdminError(400, "timeout_s must be in [0, 3600]", param="timeout_s")
+        try:
+            report = await _services(request).local.stop(
+                replica_id, actor=_actor(request), timeout_s=timeout_s
+            )
+        except (RegistryError, ReplicaConflict) as exc:
+            raise _admin_error(exc) from exc
+        return StoppedReplica(
+            report.replica_id, ReplicaState.STOPPED, report.waited_s, report.num_in_flight_left
+        )
+
+    @delete("/{replica_id:str}", opt=needs(Role.RELEASE_MANAGER), status_code=204,
+            responses=_responses(401, 403, 404, 409, 503))  # fmt: skip
+    async def remove_replica(self, request: Request[Any, Any, Any], replica_id: FromPath[str]) -> None:
+        """Remove a replica started elsewhere from the registry (409 for a local one: stop it)."""
+        try:
+            await _services(request).local.deregister(replica_id, actor=_actor(request))
+        except (RegistryError, ReplicaConflict) as exc:
+            raise _admin_error(exc) from exc

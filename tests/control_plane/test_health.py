@@ -1,0 +1,185 @@
+"""The control plane's replica health checks against a real tritonserver (the session's ``replica``) and a
+real registry (SQLite; the registry's contract suite covers PostgreSQL): a replica is marked ready only
+once Triton reports its version ready and serves the registry's digest; failed with the reason when not,
+and back to ready when it passes again; a replica serving other weights never becomes ready; a draining
+replica stays draining. Each state change is one log line and a metric."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from prometheus_client import CollectorRegistry
+from tcp_proxy import ProxyThread
+
+from control_plane.service.health import HealthChecker, ReplicaStates, next_state
+from sluice.registry.base import Registry, ReplicaState
+from sluice.registry.sqlite import SqliteRegistry
+from sluice.triton.launcher import TritonServer
+from sluice.weights_digest import weights_digest
+
+T = TypeVar("T")
+Aio = Callable[[Coroutine[Any, Any, T]], T]
+
+MODEL = "sluice-tiny"
+WRONG_DIGEST = "sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize(
+    ("current", "passed", "starting_for_s", "expected"),
+    [
+        (ReplicaState.STARTING, True, 0.0, ReplicaState.READY),
+        (ReplicaState.STARTING, False, 5.0, ReplicaState.STARTING),  # loading, within the grace
+        (ReplicaState.STARTING, False, 11.0, ReplicaState.FAILED),  # past it
+        (ReplicaState.READY, True, 99.0, ReplicaState.READY),
+        (ReplicaState.READY, False, 0.0, ReplicaState.FAILED),
+        (ReplicaState.FAILED, True, 0.0, ReplicaState.READY),  # it comes back
+        (ReplicaState.FAILED, False, 0.0, ReplicaState.FAILED),
+        (ReplicaState.DRAINING, True, 0.0, ReplicaState.DRAINING),
+        (ReplicaState.DRAINING, False, 0.0, ReplicaState.DRAINING),
+        (ReplicaState.STOPPED, True, 0.0, ReplicaState.STOPPED),
+    ],
+)
+def test_next_state(
+    current: ReplicaState, passed: bool, starting_for_s: float, expected: ReplicaState
+) -> None:
+    assert next_state(current, passed, starting_for_s=starting_for_s, start_grace_s=10.0) == expected
+
+
+@pytest.fixture
+def registry(tmp_path: Path, aio: Aio[Any]) -> Iterator[Registry]:
+    registry = SqliteRegistry(tmp_path / "sluice.db")
+    aio(registry.open())
+    aio(registry.create_model(MODEL, actor="test"))
+    yield registry
+    aio(registry.close())
+
+
+def add_version(aio: Aio[Any], registry: Registry, version: str, digest: str, checkpoint: Path) -> None:
+    aio(registry.add_version(
+        MODEL, version, artifact_uri=checkpoint.as_uri(), weights_digest=digest, build_config={}, actor="test"
+    ))  # fmt: skip
+
+
+def checker(registry: Registry, metrics: CollectorRegistry, start_grace_s: float = 0.0) -> HealthChecker:
+    return HealthChecker(ReplicaStates(registry), metrics, start_grace_s=start_grace_s)
+
+
+def state_changes(metrics: CollectorRegistry, state: str) -> float:
+    value = metrics.get_sample_value("sluice_control_plane_replica_state_changes_total", {"state": state})
+    return value or 0.0
+
+
+def test_a_replica_is_ready_once_verified_failed_when_unreachable_and_back_when_it_answers(
+    registry: Registry,
+    replica: TritonServer,
+    dev_checkpoint: Path,
+    aio: Aio[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    add_version(aio, registry, "1", weights_digest(dev_checkpoint), dev_checkpoint)
+    host, port = replica.grpc_url.rsplit(":", 1)
+    proxy = ProxyThread(host, int(port))  # a network between the control plane and the replica
+    metrics = CollectorRegistry()
+    health = checker(registry, metrics)
+    caplog.set_level(logging.INFO, logger="sluice.control_plane.health")
+    try:
+        aio(registry.register_replica(
+            "r-1", endpoint=f"127.0.0.1:{proxy.port}", model=MODEL, version="1", actor="test"
+        ))  # fmt: skip
+        aio(health.check_round())
+        ready = aio(registry.get_replica("r-1"))
+        assert ready.state == ReplicaState.READY and ready.health_detail == ""
+        assert ready.last_health_at is not None
+
+        proxy.cut()
+        aio(health.check_round())
+        failed = aio(registry.get_replica("r-1"))
+        assert failed.state == ReplicaState.FAILED
+        assert f"127.0.0.1:{proxy.port}" in failed.health_detail  # the reason, in words
+
+        generation = aio(registry.generation())
+        aio(health.check_round())  # failing again: a heartbeat, not a change
+        assert aio(registry.generation()) == generation
+
+        proxy.restore()
+        deadline = time.monotonic() + 10  # gRPC may wait out a short reconnect backoff: a few rounds
+        while aio(registry.get_replica("r-1")).state != ReplicaState.READY:
+            assert time.monotonic() < deadline, aio(registry.get_replica("r-1")).health_detail
+            time.sleep(0.2)
+            aio(health.check_round())
+    finally:
+        proxy.close()
+    changes = [r.getMessage() for r in caplog.records if r.name == "sluice.control_plane.health"]
+    assert len(changes) == 3, changes  # one line per state change, none for the repeated failure
+    assert "replica r-1 (sluice-tiny version 1" in changes[0] and "starting -> ready" in changes[0]
+    assert "ready -> failed: " in changes[1] and "failed -> ready" in changes[2]
+    assert state_changes(metrics, "ready") == 2 and state_changes(metrics, "failed") == 1
+    assert metrics.get_sample_value("sluice_control_plane_replicas", {"state": "ready"}) is not None
+
+
+def test_a_replica_serving_other_weights_is_failed_and_never_ready(
+    registry: Registry, replica: TritonServer, dev_checkpoint: Path, aio: Aio[Any]
+) -> None:
+    add_version(aio, registry, "1", WRONG_DIGEST, dev_checkpoint)  # the registry says other weights
+    health = checker(registry, CollectorRegistry())
+    for registered_as in (ReplicaState.STARTING, ReplicaState.READY):
+        aio(registry.register_replica(
+            "r-wrong", endpoint=replica.grpc_url, model=MODEL, version="1", actor="test", state=registered_as
+        ))  # fmt: skip
+        for _ in range(3):
+            aio(health.check_round())
+            found = aio(registry.get_replica("r-wrong"))
+            assert found.state == ReplicaState.FAILED
+            assert (
+                WRONG_DIGEST in found.health_detail and weights_digest(dev_checkpoint) in found.health_detail
+            )
+    audit = aio(registry.audit(model=MODEL))
+    assert not [e for e in audit if e.after and isinstance(e.after, dict) and e.after.get("state") == "ready"
+                and e.action == "replica.state"]  # fmt: skip
+
+
+def test_a_starting_replica_within_its_grace_stays_starting_with_the_reason(
+    registry: Registry, replica: TritonServer, dev_checkpoint: Path, aio: Aio[Any]
+) -> None:
+    add_version(aio, registry, "1", weights_digest(dev_checkpoint), dev_checkpoint)
+    add_version(aio, registry, "2", weights_digest(dev_checkpoint), dev_checkpoint)  # Triton has no 2
+    health = checker(registry, CollectorRegistry(), start_grace_s=600.0)
+    aio(registry.register_replica("r-2", endpoint=replica.grpc_url, model=MODEL, version="2", actor="test"))
+    aio(health.check_round())
+    found = aio(registry.get_replica("r-2"))
+    assert found.state == ReplicaState.STARTING
+    assert "version 2" in found.health_detail and found.last_health_at is not None
+
+
+def test_a_draining_replica_is_checked_but_stays_draining(
+    registry: Registry, replica: TritonServer, dev_checkpoint: Path, aio: Aio[Any]
+) -> None:
+    add_version(aio, registry, "1", WRONG_DIGEST, dev_checkpoint)
+    health = checker(registry, CollectorRegistry())
+    aio(registry.register_replica(
+        "r-d", endpoint=replica.grpc_url, model=MODEL, version="1", actor="test", state=ReplicaState.DRAINING
+    ))  # fmt: skip
+    aio(health.check_round())
+    found = aio(registry.get_replica("r-d"))
+    assert found.state == ReplicaState.DRAINING and WRONG_DIGEST in found.health_detail
+
+
+def test_stopped_replicas_are_not_checked(registry: Registry, dev_checkpoint: Path, aio: Aio[Any]) -> None:
+    add_version(aio, registry, "1", WRONG_DIGEST, dev_checkpoint)
+    calls: list[str] = []
+
+    async def verify(endpoint: str, *_: object) -> Any:
+        calls.append(endpoint)
+        raise AssertionError("a stopped replica must not be checked")
+
+    health = HealthChecker(ReplicaStates(registry), CollectorRegistry(), verify=verify)
+    aio(registry.register_replica(
+        "r-s", endpoint="127.0.0.1:1", model=MODEL, version="1", actor="test", state=ReplicaState.STOPPED
+    ))  # fmt: skip
+    aio(health.check_round())
+    assert calls == [] and aio(registry.get_replica("r-s")).state == ReplicaState.STOPPED
