@@ -84,8 +84,8 @@ def _steps(text: str) -> list[int]:
     try:
         steps = RolloutSteps.parse(text)
         return [weights_bp_from_pct({"step": pct})["step"] for pct in steps.steps_pct]
-    except (ValueError, InvalidChange) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except (ValueError, InvalidChange) as exc:  # argparse names the option itself
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--steps: ")) from None
 
 
 def _guard_body(args: argparse.Namespace) -> dict[str, Any] | None:

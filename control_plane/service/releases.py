@@ -26,7 +26,7 @@ from control_plane.service.models import ModelView, RouteEntryView, VersionView,
 from control_plane.service.release_common import model_name, registry_errors, release_responses
 from control_plane.service.state import state_of
 from sluice.admin_tokens.roles import Role
-from sluice.registry.base import AuditEntry, Registry, VersionState
+from sluice.registry.base import AuditEntry, NotFound, Registry, VersionState
 
 log = logging.getLogger("sluice.control_plane")
 
@@ -95,8 +95,7 @@ async def model_detail(registry: Registry, model: str) -> ModelDetail:
     listing = models_view(await registry.snapshot())
     found = next((m for m in listing.models if m.name == model), None)
     if found is None:
-        await registry.get_model(model)  # raises NotFound; the model was created since the snapshot
-        return await model_detail(registry, model)
+        raise NotFound(f"no model {model!r}")
     return ModelDetail(listing.generation, found)
 
 
