@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from control_plane.cli import admin_tokens, models, rollout, routes, tenants, versions
+from control_plane.cli import admin_tokens, models, replicas, rollout, routes, tenants, versions
 from control_plane.sim import cli as sim
 
 EXIT_FAILED = 1
@@ -35,6 +35,11 @@ COMMAND_GROUPS: list[tuple[str, str, Register]] = [
         "rollout",
         "start, advance, pause, resume, roll back and compare a rollout (admin API)",
         rollout.register,
+    ),
+    (
+        "replicas",
+        "start, list, drain and stop the replicas serving the versions (admin API)",
+        replicas.register,
     ),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]

@@ -289,10 +289,11 @@ class LocalReplicas:
         return after
 
     async def stop(
-        self, replica_id: str, *, actor: str, timeout_s: float = DEFAULT_STOP_TIMEOUT_S
-    ) -> StopReport:
+        self, replica_id: str, *, actor: str, timeout_s: float = DEFAULT_STOP_TIMEOUT_S, wait: bool = True
+    ) -> StopReport | None:
         """Drain, wait until idle or ``timeout_s``, stop the process, remove the replica. Only for
-        replicas this service started (``ReplicaConflict`` otherwise); a second call joins the first."""
+        replicas this service started (``ReplicaConflict`` otherwise); a second call joins the first.
+        ``wait=False``: return once drained, the rest in the background (None; its outcome is logged)."""
         local = self._local.get(replica_id)
         if local is None:
             await self._registry.get_replica(replica_id)  # NotFound
@@ -302,15 +303,21 @@ class LocalReplicas:
             )
         stopping = self._stopping.get(replica_id)
         if stopping is None:
-            stopping = self._stopping[replica_id] = asyncio.create_task(
-                self._stop(local, actor, timeout_s), name=f"stop-{replica_id}"
-            )
-        try:
-            return await asyncio.shield(stopping)
-        except RegistryError:
-            if stopping.done():  # it failed (the registry): a later call may try again
-                self._stopping.pop(replica_id, None)
-            raise
+            if not wait:  # so that the answer can say it is draining
+                with contextlib.suppress(ReplicaConflict):
+                    await self.drain(replica_id, actor=actor)
+            stopping = asyncio.create_task(self._stop(local, actor, timeout_s), name=f"stop-{replica_id}")
+            stopping.add_done_callback(lambda task: self._stop_done(replica_id, task))
+            self._stopping[replica_id] = stopping
+        if not wait:
+            return None
+        return await asyncio.shield(stopping)
+
+    def _stop_done(self, replica_id: str, task: asyncio.Task[StopReport]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self._stopping.pop(replica_id, None)  # a later stop may try again
+        log.warning("stopping replica %s failed: %s", replica_id, task.exception())
 
     async def _stop(self, local: LocalReplica, actor: str, timeout_s: float) -> StopReport:
         started_s = time.monotonic()

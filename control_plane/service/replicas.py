@@ -8,8 +8,10 @@
 - ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version}``: register a replica
   started elsewhere (its Triton gRPC address); checked at once, then by every health round.
 - ``POST /replicas/{replica_id}/drain`` (release-manager): gateways send it nothing new.
-- ``POST /replicas/{replica_id}/stop`` (release-manager) ``{timeout_s?}``: drain, wait until it holds no
-  request (or the timeout), stop its process, remove it; only for local replicas (409 otherwise).
+- ``POST /replicas/{replica_id}/stop`` (release-manager) ``{timeout_s?, wait?}``: drain, wait until it
+  holds no request (or the timeout), stop its process, remove it; only for local replicas (409
+  otherwise). ``wait: false`` answers once it is draining (a client with a short HTTP timeout polls the
+  list until it is gone).
 - ``DELETE /replicas/{replica_id}`` (release-manager): remove an external replica from the registry.
 
 Release-manager, not platform-admin: a rollout needs replicas of its new version, and whoever rolls out
@@ -109,12 +111,13 @@ class RegisterReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class StopReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
     timeout_s: float = DEFAULT_STOP_TIMEOUT_S  # how long to wait for its requests in flight
+    wait: bool = True  # false: answer once it is draining; it is removed from the list once stopped
 
 
 class StoppedReplica(msgspec.Struct):
     replica_id: str
-    state: ReplicaState  # stopped (and removed from the registry)
-    waited_s: float
+    state: ReplicaState  # stopped (and removed from the registry); draining when not waited for
+    waited_s: float | None  # None when not waited for
     num_in_flight_left: int | None  # requests still on it when it was stopped (None: unknown)
 
 
@@ -255,16 +258,19 @@ class ReplicasController(Controller):
         replica_id: FromPath[str],
         data: JSONBody[StopReplicaBody | None] = None,
     ) -> StoppedReplica:
-        """Drain, wait for its requests (``timeout_s``), stop its process and remove it."""
-        timeout_s = data.timeout_s if data is not None else DEFAULT_STOP_TIMEOUT_S
-        if not 0 <= timeout_s <= 3600:
+        """Drain, wait for its requests (``timeout_s``), stop its process and remove it; with ``wait``
+        false, answer once it is draining (it leaves the list once stopped)."""
+        body = data or StopReplicaBody()
+        if not 0 <= body.timeout_s <= 3600:
             raise AdminError(400, "timeout_s must be in [0, 3600]", param="timeout_s")
         try:
             report = await _services(request).local.stop(
-                replica_id, actor=_actor(request), timeout_s=timeout_s
+                replica_id, actor=_actor(request), timeout_s=body.timeout_s, wait=body.wait
             )
         except (RegistryError, ReplicaConflict) as exc:
             raise _admin_error(exc) from exc
+        if report is None:
+            return StoppedReplica(replica_id, ReplicaState.DRAINING, None, None)
         return StoppedReplica(
             report.replica_id, ReplicaState.STOPPED, report.waited_s, report.num_in_flight_left
         )
