@@ -1,8 +1,8 @@
 """The control plane's replica health checks against a real tritonserver (the session's ``replica``) and a
-real registry (SQLite; the registry's contract suite covers PostgreSQL): a replica is marked ready only
-once Triton reports its version ready and serves the registry's digest; failed with the reason when not,
-and back to ready when it passes again; a replica serving other weights never becomes ready; a draining
-replica stays draining. Each state change is one log line and a metric."""
+real registry (SQLite and PostgreSQL): a replica is marked ready only once Triton reports its version
+ready and serves the registry's digest; failed with the reason when not, and back to ready when it passes
+again; a replica serving other weights never becomes ready; a draining replica stays draining. Each state
+change is one log line and a metric."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tcp_proxy import ProxyThread
 
 from control_plane.service.health import HealthChecker, ReplicaStates, next_state
 from sluice.registry.base import Registry, ReplicaState
+from sluice.registry.postgres import PostgresRegistry
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.triton.launcher import TritonServer
 from sluice.weights_digest import weights_digest
@@ -50,9 +51,14 @@ def test_next_state(
     assert next_state(current, passed, starting_for_s=starting_for_s, start_grace_s=10.0) == expected
 
 
-@pytest.fixture
-def registry(tmp_path: Path, aio: Aio[Any]) -> Iterator[Registry]:
-    registry = SqliteRegistry(tmp_path / "sluice.db")
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry(request: pytest.FixtureRequest, tmp_path: Path, aio: Aio[Any]) -> Iterator[Registry]:
+    """A fresh registry, on each backend (PostgreSQL: a schema of the run's database)."""
+    registry: Registry
+    if request.param == "sqlite":
+        registry = SqliteRegistry(tmp_path / "sluice.db")
+    else:
+        registry = PostgresRegistry(request.getfixturevalue("pg_schema_url"), pool_max_size=3)
     aio(registry.open())
     aio(registry.create_model(MODEL, actor="test"))
     yield registry
