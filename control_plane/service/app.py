@@ -5,7 +5,8 @@ the model registry, metrics, controllers, the auth guard's role check and the er
 the SQLite file under ``SLUICE_STATE_DIR``: the same database the gateway's tenant store uses, tables of
 its own). A PostgreSQL down at start does not stop it: the stores open in the background and the admin
 API answers 503 until they do. Tests may pass their own ``token_store`` / ``registry``; the app opens and
-closes them the same way.
+closes them the same way. The replica health checks run every ``health_interval_s`` as a background task;
+the local replicas it started stop with it.
 """
 
 from __future__ import annotations

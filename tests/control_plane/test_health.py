@@ -6,6 +6,7 @@ change is one log line and a metric."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -21,6 +22,7 @@ from sluice.registry.base import Registry, ReplicaState
 from sluice.registry.postgres import PostgresRegistry
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.triton.launcher import TritonServer
+from sluice.triton.verify import Verification
 from sluice.weights_digest import weights_digest
 
 T = TypeVar("T")
@@ -189,3 +191,32 @@ def test_stopped_replicas_are_not_checked(registry: Registry, dev_checkpoint: Pa
     ))  # fmt: skip
     aio(health.check_round())
     assert calls == [] and aio(registry.get_replica("r-s")).state == ReplicaState.STOPPED
+
+
+def test_a_check_in_flight_never_undoes_a_drain(
+    registry: Registry, dev_checkpoint: Path, aio: Aio[Any]
+) -> None:
+    """The verdict is applied to the replica's state as read when it is recorded, not when the check began."""
+    add_version(aio, registry, "1", weights_digest(dev_checkpoint), dev_checkpoint)
+    states = ReplicaStates(registry)
+
+    async def run() -> ReplicaState:
+        checking, drained = asyncio.Event(), asyncio.Event()
+
+        async def verify(*_: object) -> Verification:  # a named fake: it passes once the drain is written
+            checking.set()
+            await drained.wait()
+            return Verification(True, "")
+
+        health = HealthChecker(states, CollectorRegistry(), verify=verify)
+        await registry.register_replica(
+            "r-1", endpoint="127.0.0.1:1", model=MODEL, version="1", actor="test", state=ReplicaState.READY
+        )
+        round_ = asyncio.create_task(health.check_round())
+        await checking.wait()
+        await states.update("r-1", lambda _: (ReplicaState.DRAINING, "drained"), actor="test")
+        drained.set()
+        await round_
+        return (await registry.get_replica("r-1")).state
+
+    assert aio(run()) == ReplicaState.DRAINING
