@@ -30,8 +30,9 @@ CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 def part_of(cmdline: str) -> str:
     """The part of a served stack a process is, by its command line: Sluice's gateway (``gateway.devstack``
-    runs the gateway in its own process), tritonserver, a Triton Python-backend model (by model name:
-    the engine's, the safety classifier's), vLLM's processes; anything else by its program name."""
+    runs the gateway in its own process), its control plane, tritonserver, a Triton Python-backend model
+    (by model name: the engine's, the safety classifier's), vLLM's processes; anything else by its
+    program name."""
     argv = cmdline.split()
     if not argv:
         return "?"
@@ -42,6 +43,8 @@ def part_of(cmdline: str) -> str:
         return "tritonserver"
     if "gateway.devstack" in argv or "gateway" in argv:
         return "gateway"
+    if "control_plane.service" in argv:
+        return "control plane"
     if "vllm" in cmdline:
         return "vLLM server" if " serve " in f" {cmdline} " else "vLLM engine core"
     return Path(argv[0]).name

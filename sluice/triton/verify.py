@@ -37,7 +37,11 @@ async def verify_replica(
 ) -> Verification:
     """Check the replica at ``endpoint`` (its Triton gRPC address) serves ``model`` at ``version`` with
     weights digesting to ``expected_digest``."""
-    client = grpcclient.InferenceServerClient(grpc_target(endpoint))
+    # NOTE: a subchannel pool of its own: gRPC otherwise shares one reconnect backoff between channels to
+    # an address, so the first checks after a replica comes up could fail without trying.
+    client = grpcclient.InferenceServerClient(
+        grpc_target(endpoint), channel_args=[("grpc.use_local_subchannel_pool", 1)]
+    )
     try:
         return await asyncio.wait_for(_verify(client, model, version, expected_digest), timeout_s)
     except TimeoutError:

@@ -36,6 +36,7 @@ STUB = "/w/.sluice/triton/backends/python/triton_python_backend_stub"
             "tritonserver",
         ),
         ("/w/.venv/bin/python -m gateway.devstack --model-repository x", "gateway"),
+        ("/w/.venv/bin/python -m control_plane.service", "control plane"),
         (
             "/tmp/vllm-anchor/venv/bin/python /tmp/vllm-anchor/venv/bin/vllm serve /m --port 8011",
             "vLLM server",
