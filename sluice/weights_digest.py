@@ -42,3 +42,21 @@ def check_digest(digest: str) -> str:
     if not DIGEST_PATTERN.fullmatch(digest):
         raise ValueError(f"a weights digest reads sha256:<64 lowercase hex digits>, got {digest!r}")
     return digest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sluice.weights_digest DIR``: print the digest to register a version with."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print the weights digest of a checkpoint folder.")
+    parser.add_argument("directory", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        print(weights_digest(args.directory))
+    except (FileNotFoundError, ValueError) as exc:
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

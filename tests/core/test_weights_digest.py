@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.weights_digest import check_digest, weights_digest
+from sluice.weights_digest import check_digest, main, weights_digest
 
 
 def _checkpoint(root: Path) -> Path:
@@ -58,3 +58,14 @@ def test_a_missing_or_empty_directory_and_a_malformed_digest_are_refused(tmp_pat
     for bad in ["sha256:abc", "md5:" + "0" * 64, "sha256:" + "A" * 64, ""]:
         with pytest.raises(ValueError):
             check_digest(bad)
+
+
+def test_the_command_prints_the_digest_or_says_why_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = _checkpoint(tmp_path / "c")
+    assert main([str(checkpoint)]) == 0
+    assert capsys.readouterr().out.strip() == weights_digest(checkpoint)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "absent")])
+    assert exit_.value.code == 1 and "no checkpoint directory" in capsys.readouterr().err
