@@ -98,7 +98,9 @@ def test_failures_raise_classifier_unavailable(guard_server: TritonServer, aio: 
 
 def test_render_adds_the_classifier_next_to_the_engine(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    engine = render_model_repository(repo, CpuEngineModelSettings(checkpoint_dir=tmp_path / "ckpt"))
+    # A digest given: the engine's checkpoint is not read when rendering.
+    settings = CpuEngineModelSettings(checkpoint_dir=tmp_path / "ckpt", weights_digest="sha256:" + "0" * 64)
+    engine = render_model_repository(repo, settings)
     engine_config = (engine / "config.pbtxt").read_text()
     model = render_safety_classifier(repo, None, model_name="guard-dev")
     assert sorted(p.name for p in repo.iterdir()) == ["guard-dev", "sluice-tiny"]
