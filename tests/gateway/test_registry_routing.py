@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -174,8 +175,13 @@ def test_responses_name_the_version_that_served_them(fleet: Fleet) -> None:
 def test_a_ten_percent_canary_is_sticky_and_keeps_its_conversations_at_fifty(fleet: Fleet) -> None:
     fleet.route({"1": 9_000, "2": 1_000})
     conversations = [f"conv-{i}" for i in range(1_000)]
-    at_ten = {c: fleet.version_of(c) for c in conversations}
+    with ThreadPoolExecutor(8) as pool:  # every conversation's first request, through the API
+        served = list(
+            pool.map(lambda c: _complete(fleet.gateway, c).headers["sluice-model-version"], conversations)
+        )
+    at_ten = dict(zip(conversations, served, strict=True))
     assert 70 <= Counter(at_ten.values())["2"] <= 130  # 10 +- 3% of 1,000 conversations
+    assert all(fleet.version_of(c) == v for c, v in at_ten.items())  # what the router says it does
     # Through the API: each of 40 conversations, asked twice, stays where the router put it.
     sample = conversations[:30] + [c for c in conversations if at_ten[c] == "2"][:10]
     for conversation in sample:
