@@ -16,44 +16,25 @@ from litestar.openapi import ResponseSpec
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from gateway.metrics import GatewayMetrics
+from sluice.api_errors import ApiError
 
 # Metric labels: known routes only, so random 404 paths cannot grow the label set.
 KNOWN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/usage"})
 
 
-class OpenAIError(Exception):
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-        self.retry_after_s = retry_after_s  # sent as Retry-After (s) and retry-after-ms
+class OpenAIError(ApiError):
+    def __init__(self, status_code: int, message: str, **kwargs: Any) -> None:
+        super().__init__(status_code, message, **kwargs)
         # Set when the request's own ``finally`` already counted it in the metrics.
         self.counted = False
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
     def headers(self) -> dict[str, str]:
-        """``Retry-After`` in whole seconds (rounded up) and ``retry-after-ms``: the official OpenAI and
-        Anthropic SDKs honour both, the latter first."""
-        if self.retry_after_s is None:
-            return {}
-        return {
-            "Retry-After": str(max(1, math.ceil(self.retry_after_s))),
-            "retry-after-ms": str(max(1, math.ceil(self.retry_after_s * 1000))),
-        }
+        """``Retry-After`` and ``retry-after-ms``: the official OpenAI and Anthropic SDKs honour both, the
+        latter first."""
+        headers = super().headers()
+        if self.retry_after_s is not None:
+            headers["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
+        return headers
 
 
 def refused(

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import msgspec
@@ -17,37 +16,15 @@ from litestar.openapi import ResponseSpec
 from control_plane.service.metrics import UNMATCHED_ROUTE, ControlPlaneMetrics
 from sluice.admin_tokens.base import TOKEN_PREFIX
 from sluice.admin_tokens.roles import Role
+from sluice.api_errors import ApiError
 
 log = logging.getLogger("sluice.control_plane")
 
 
-class AdminError(Exception):
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
+class AdminError(ApiError):
     def headers(self) -> dict[str, str]:
-        """``Retry-After`` (whole seconds, rounded up) when set; a 401 says which scheme to use (RFC 6750)."""
-        headers = {}
-        if self.retry_after_s is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        """``Retry-After`` when set; a 401 says which scheme to use (RFC 6750)."""
+        headers = super().headers()
         if self.status_code == 401:
             headers["WWW-Authenticate"] = 'Bearer realm="sluice-admin"'
         return headers
