@@ -10,6 +10,9 @@ outbox).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol, TypeVar, cast
 
 from sluice.db import describe_pg_url
 from sluice.ledger.base import UsageLedger
@@ -18,49 +21,97 @@ from sluice.tenants.base import TenantStore, seed_dev_tenants
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S")
+AfterOpen = Callable[[], Awaitable[None]]
+
+
+class _PgBackend(Protocol):
+    """What every PostgreSQL backend's ``open`` takes (``sluice.db.MigratedPgPool`` underneath)."""
+
+    async def open(self, *, keep_trying: bool = False) -> None: ...
+
+
+class _SeededPgBackend(Protocol):
+    async def open(self, *, keep_trying: bool = False, after_open: AfterOpen | None = None) -> None: ...
+
+
+class _SqliteBackend(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def open_backend(
+    settings: Settings,
+    what: str,
+    postgres: Callable[[str], S],
+    sqlite: Callable[[Path], S],
+    *,
+    keep_trying: bool = False,
+    seed: Callable[[S], Awaitable[None]] | None = None,
+) -> S:
+    """The one choice of backend for every store family (``what`` names it in the log): PostgreSQL at
+    ``settings.database_url`` when set, else the SQLite file ``settings.sqlite_path``; opened (migrated),
+    then ``seed`` run on it. ``postgres`` / ``sqlite`` build the store (importing their backend only when
+    chosen). With ``keep_trying`` an unreachable PostgreSQL does not fail here: the store opens, and is
+    seeded, in the background."""
+    if settings.database_url is not None:
+        log.info("%s: PostgreSQL at %s", what, describe_pg_url(settings.database_url))
+        pg_store = postgres(settings.database_url)
+        if seed is None:
+            await cast(_PgBackend, pg_store).open(keep_trying=keep_trying)
+        else:
+            after_open = seed
+            await cast(_SeededPgBackend, pg_store).open(
+                keep_trying=keep_trying, after_open=lambda: after_open(pg_store)
+            )
+        return pg_store
+    log.info("%s: SQLite at %s", what, settings.sqlite_path)
+    store = sqlite(settings.sqlite_path)
+    await cast(_SqliteBackend, store).open()
+    if seed is not None:
+        try:
+            await seed(store)
+        except BaseException:
+            await cast(_SqliteBackend, store).close()
+            raise
+    return store
+
 
 async def open_ledger(settings: Settings, *, keep_trying: bool = False) -> UsageLedger:
     """An opened (migrated) ledger, or with ``keep_trying`` one opening in the background; the caller
     closes it."""
-    if settings.database_url is not None:
+
+    def postgres(url: str) -> UsageLedger:
         from sluice.ledger.postgres import PostgresLedger
 
-        log.info("usage ledger: PostgreSQL at %s", describe_pg_url(settings.database_url))
-        pg_ledger = PostgresLedger(settings.database_url, pool_max_size=settings.database_pool_max_size)
-        await pg_ledger.open(keep_trying=keep_trying)
-        return pg_ledger
-    from sluice.ledger.sqlite import SqliteLedger
+        return PostgresLedger(url, pool_max_size=settings.database_pool_max_size)
 
-    log.info("usage ledger: SQLite at %s", settings.sqlite_path)
-    ledger = SqliteLedger(settings.sqlite_path)
-    await ledger.open()
-    return ledger
+    def sqlite(path: Path) -> UsageLedger:
+        from sluice.ledger.sqlite import SqliteLedger
+
+        return SqliteLedger(path)
+
+    return await open_backend(settings, "usage ledger", postgres, sqlite, keep_trying=keep_trying)
 
 
 async def open_tenant_store(settings: Settings, *, keep_trying: bool = False) -> TenantStore:
     """An opened (migrated) tenant store, with the dev tenants seeded if ``settings.dev_tenants``, or with
     ``keep_trying`` one opening (and seeding) in the background; the caller closes it."""
-    if settings.database_url is not None:
+
+    def postgres(url: str) -> TenantStore:
         from sluice.tenants.postgres import PostgresTenantStore
 
-        log.info("tenant store: PostgreSQL at %s", describe_pg_url(settings.database_url))
-        pg_store = PostgresTenantStore(settings.database_url, pool_max_size=settings.database_pool_max_size)
-        await pg_store.open(keep_trying=keep_trying, after_open=lambda: _seed(pg_store, settings))
-        return pg_store
-    from sluice.tenants.sqlite import SqliteTenantStore
+        return PostgresTenantStore(url, pool_max_size=settings.database_pool_max_size)
 
-    log.info("tenant store: SQLite at %s", settings.sqlite_path)
-    store = SqliteTenantStore(settings.sqlite_path)
-    await store.open()
-    try:
-        await _seed(store, settings)
-    except BaseException:
-        await store.close()
-        raise
-    return store
+    def sqlite(path: Path) -> TenantStore:
+        from sluice.tenants.sqlite import SqliteTenantStore
 
+        return SqliteTenantStore(path)
 
-async def _seed(store: TenantStore, settings: Settings) -> None:
-    if settings.dev_tenants:
-        await seed_dev_tenants(store)
-        log.info("tenant store: dev tenants seeded (acme, globex)")
+    async def seed(store: TenantStore) -> None:
+        if settings.dev_tenants:
+            await seed_dev_tenants(store)
+            log.info("tenant store: dev tenants seeded (acme, globex)")
+
+    return await open_backend(settings, "tenant store", postgres, sqlite, keep_trying=keep_trying, seed=seed)

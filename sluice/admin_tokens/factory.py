@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from sluice.admin_tokens.base import AdminTokenStore
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
-from sluice.db import describe_pg_url
 from sluice.settings import Settings
+from sluice.storage import open_backend
 
 log = logging.getLogger(__name__)
 
@@ -24,24 +25,23 @@ async def open_admin_token_store(settings: Settings, *, keep_trying: bool = Fals
     """An opened (migrated) admin token store, with the dev admin token seeded if
     ``settings.dev_tenants``, or with ``keep_trying`` one opening (and seeding) in the background; the
     caller closes it."""
-    if settings.database_url is not None:
+
+    def postgres(url: str) -> AdminTokenStore:
         from sluice.admin_tokens.postgres import PostgresAdminTokenStore
 
-        log.info("admin token store: PostgreSQL at %s", describe_pg_url(settings.database_url))
-        pg_store = PostgresAdminTokenStore(settings.database_url)
-        await pg_store.open(keep_trying=keep_trying, after_open=lambda: _seed(pg_store, settings))
-        return pg_store
-    from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+        return PostgresAdminTokenStore(url)
 
-    log.info("admin token store: SQLite at %s", settings.sqlite_path)
-    store = SqliteAdminTokenStore(settings.sqlite_path)
-    await store.open()
-    try:
+    def sqlite(path: Path) -> AdminTokenStore:
+        from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+
+        return SqliteAdminTokenStore(path)
+
+    async def seed(store: AdminTokenStore) -> None:
         await _seed(store, settings)
-    except BaseException:
-        await store.close()
-        raise
-    return store
+
+    return await open_backend(
+        settings, "admin token store", postgres, sqlite, keep_trying=keep_trying, seed=seed
+    )
 
 
 async def _seed(store: AdminTokenStore, settings: Settings) -> None:

@@ -4,29 +4,26 @@ never made by silent fallback."""
 
 from __future__ import annotations
 
-import logging
+from pathlib import Path
 
-from sluice.db import describe_pg_url
 from sluice.registry.base import Registry
 from sluice.settings import Settings
-
-log = logging.getLogger(__name__)
+from sluice.storage import open_backend
 
 
 async def open_registry(settings: Settings, *, keep_trying: bool = False) -> Registry:
     """An opened (migrated) registry; the caller closes it. ``keep_trying`` (a server's start): an
     unreachable PostgreSQL does not fail here, the registry opens in the background and raises
     ``RegistryUnavailable`` until then (``sluice.db.MigratedPgPool``); without it, it fails at once."""
-    if settings.database_url is not None:
+
+    def postgres(url: str) -> Registry:
         from sluice.registry.postgres import PostgresRegistry
 
-        log.info("model registry: PostgreSQL at %s", describe_pg_url(settings.database_url))
-        pg_registry = PostgresRegistry(settings.database_url, pool_max_size=settings.database_pool_max_size)
-        await pg_registry.open(keep_trying=keep_trying)
-        return pg_registry
-    from sluice.registry.sqlite import SqliteRegistry
+        return PostgresRegistry(url, pool_max_size=settings.database_pool_max_size)
 
-    log.info("model registry: SQLite at %s", settings.sqlite_path)
-    registry = SqliteRegistry(settings.sqlite_path)
-    await registry.open()
-    return registry
+    def sqlite(path: Path) -> Registry:
+        from sluice.registry.sqlite import SqliteRegistry
+
+        return SqliteRegistry(path)
+
+    return await open_backend(settings, "model registry", postgres, sqlite, keep_trying=keep_trying)
