@@ -115,6 +115,9 @@ class Replica:
     last_health_at: datetime | None  # the last health report; None before the first
     registered_at: datetime
     updated_at: datetime  # the last change (not the last heartbeat)
+    # Where its load is read (Triton's metrics endpoint, e.g. "http://10.0.0.7:8002/metrics"); "" unknown:
+    # gateways then route to it without reading its load.
+    metrics_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,10 @@ _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
 _ENDPOINT = re.compile(r"^\S{1,255}$")
+# http(s)://host:port/path: the port and path always, as a Triton metrics endpoint has them (:8002/metrics).
+_METRICS_URL = re.compile(
+    r"https?://(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>[0-9]{1,5})/[^\s#]{0,1000}"
+)
 MAX_ACTOR_CHARS = 200
 MAX_TEXT_CHARS = 2000  # a description, a health detail
 
@@ -252,6 +259,14 @@ def check_artifact_uri(uri: object) -> str:
 
 def check_endpoint(endpoint: object) -> str:
     return _check(_ENDPOINT, "endpoint (no spaces)", endpoint)
+
+
+def check_metrics_url(url: object) -> str:
+    """A replica's metrics URL: ``http(s)://host:port/path`` (port 1..65535), or "" for none."""
+    matched = _METRICS_URL.fullmatch(url) if isinstance(url, str) else None
+    if url == "" or (matched is not None and 1 <= int(matched["port"]) <= 65535):
+        return str(url)
+    raise InvalidChange(f"metrics_url must be http(s)://host:port/path (port 1..65535) or empty, got {url!r}")
 
 
 def check_actor(actor: object) -> str:
@@ -416,9 +431,11 @@ class Registry(RolloutVerbs):
         actor: str,
         state: ReplicaState = ReplicaState.STARTING,
         detail: str = "",
+        metrics_url: str = "",
     ) -> Replica:
         """Insert the replica, or replace what it was registered as (a replica restarting, or loading another
-        version): always a change. The version must exist and not be retired."""
+        version), ``metrics_url`` included ("" when not given: ``check_metrics_url``): always a change. The
+        version must exist and not be retired."""
 
     @abstractmethod
     async def record_health(

@@ -31,6 +31,7 @@ from sluice.registry.base import (
     check_build_config,
     check_digest,
     check_endpoint,
+    check_metrics_url,
     check_model_name,
     check_replica_id,
     check_text,
@@ -141,6 +142,7 @@ def replica_json(r: Replica) -> dict[str, Any]:
         "version": r.version,
         "state": str(r.state),
         "health_detail": r.health_detail,
+        "metrics_url": r.metrics_url,
     }
 
 
@@ -311,10 +313,12 @@ def plan_register_replica(
     version: str,
     replica_state: object,
     detail: str,
+    metrics_url: str,
     now: datetime,
 ) -> Change[Replica]:
     check_replica_id(replica_id)
     check_endpoint(endpoint)
+    check_metrics_url(metrics_url)
     check_text("detail", detail)
     new_state = _enum(ReplicaState, replica_state)
     loaded = state.require_version(version)
@@ -330,6 +334,7 @@ def plan_register_replica(
         last_health_at=now,
         registered_at=now,
         updated_at=now,
+        metrics_url=metrics_url,
     )
     return Change(
         ChangeAction.REPLICA_REGISTER,

@@ -109,6 +109,9 @@ _ROLLOUTS_DDL = f"""
     )
 """
 
+# Where a replica's load is read (its Triton metrics URL); "" for the replicas registered before it.
+_REPLICA_METRICS_URL_DDL = "ALTER TABLE registry_replicas ADD COLUMN metrics_url TEXT NOT NULL DEFAULT ''"
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -121,6 +124,12 @@ MIGRATIONS: list[Migration] = [
         name="registry: rollouts (each model's latest)",
         sqlite=_ROLLOUTS_DDL.format(ts="TEXT", json="TEXT"),
         postgres=_ROLLOUTS_DDL.format(ts="TIMESTAMPTZ", json="JSONB"),
+    ),
+    Migration(
+        version=3,
+        name="registry: each replica's metrics URL",
+        sqlite=_REPLICA_METRICS_URL_DDL,
+        postgres=_REPLICA_METRICS_URL_DDL,
     ),
 ]
 
@@ -145,6 +154,7 @@ REPLICA_COLUMNS = (
     "last_health_at",
     "registered_at",
     "updated_at",
+    "metrics_url",
 )
 ROUTE_COLUMNS = ("model", "version", "weight_bp")
 AUDIT_COLUMNS = ("generation", "at", "actor", "action", "model", "subject", "before", "after")
@@ -215,7 +225,9 @@ class RowCodec:
         )
 
     def replica(self, row: Sequence[Any]) -> Replica:
-        replica_id, endpoint, model, version, state, detail, health_at, registered_at, updated_at = row
+        replica_id, endpoint, model, version, state, detail, health_at, registered_at, updated_at, metrics = (
+            row
+        )
         return Replica(
             replica_id=replica_id,
             endpoint=endpoint,
@@ -226,6 +238,7 @@ class RowCodec:
             last_health_at=None if health_at is None else self.to_utc(health_at),
             registered_at=self.to_utc(registered_at),
             updated_at=self.to_utc(updated_at),
+            metrics_url=metrics,
         )
 
     def replica_row(self, r: Replica) -> tuple[Any, ...]:
@@ -239,6 +252,7 @@ class RowCodec:
             None if r.last_health_at is None else self.to_db_time(r.last_health_at),
             self.to_db_time(r.registered_at),
             self.to_db_time(r.updated_at),
+            r.metrics_url,
         )
 
     def audit(self, row: Sequence[Any]) -> AuditEntry:

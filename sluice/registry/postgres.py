@@ -305,6 +305,7 @@ class PostgresRegistry(Registry):
         actor: str,
         state: ReplicaState = ReplicaState.STARTING,
         detail: str = "",
+        metrics_url: str = "",
     ) -> Replica:
         async def decide(conn: Conn, now: datetime) -> Change[Replica]:
             return plan_register_replica(
@@ -315,6 +316,7 @@ class PostgresRegistry(Registry):
                 version=version,
                 replica_state=state,
                 detail=detail,
+                metrics_url=metrics_url,
                 now=now,
             )
 

@@ -271,6 +271,7 @@ class SqliteRegistry(Registry):
         actor: str,
         state: ReplicaState = ReplicaState.STARTING,
         detail: str = "",
+        metrics_url: str = "",
     ) -> Replica:
         def decide(conn: sqlite3.Connection, now: datetime) -> Change[Replica]:
             return plan_register_replica(
@@ -281,6 +282,7 @@ class SqliteRegistry(Registry):
                 version=version,
                 replica_state=state,
                 detail=detail,
+                metrics_url=metrics_url,
                 now=now,
             )
 

@@ -27,6 +27,7 @@ from sluice.registry.base import (
 pytestmark = pytest.mark.anyio
 
 DIGEST = "sha256:" + "ab" * 32
+R1_METRICS = "http://h1:8002/metrics"
 S = VersionState
 
 
@@ -204,8 +205,18 @@ async def test_replicas_register_report_health_and_are_removed(registry: Registr
     await registry.create_model("tiny", actor="alice")
     await serving(registry, "v1")
     await serving(registry, "v2")
-    r1 = await registry.register_replica("r1", endpoint="h1:8001", model="tiny", version="v1", actor="r1")
-    assert (r1.state, r1.health_detail, r1.version) == (ReplicaState.STARTING, "", "v1")
+    r1 = await registry.register_replica(
+        "r1", endpoint="h1:8001", model="tiny", version="v1", actor="r1", metrics_url=R1_METRICS
+    )
+    assert (r1.state, r1.health_detail, r1.version, r1.metrics_url) == (
+        ReplicaState.STARTING,
+        "",
+        "v1",
+        R1_METRICS,
+    )
+    assert await registry.get_replica("r1") == r1
+    (registered,) = await registry.audit(limit=1)
+    assert registered.before is None and registered.after["metrics_url"] == R1_METRICS
     await registry.register_replica(
         "r2", endpoint="h2:8001", model="tiny", version="v1", actor="r2", state=ReplicaState.READY
     )
@@ -220,13 +231,24 @@ async def test_replicas_register_report_health_and_are_removed(registry: Registr
     assert await registry.generation() == before + 1
     assert beat.last_health_at is not None and beat.last_health_at > ready.last_health_at
     assert beat.health_detail == "ok, 3 queued" and beat.updated_at == ready.updated_at
-    assert await registry.get_replica("r1") == beat
+    assert await registry.get_replica("r1") == beat and beat.metrics_url == R1_METRICS
 
-    # Registering again replaces the registration (a restart on another version): a change.
-    moved = await registry.register_replica("r1", endpoint="h1:8002", model="tiny", version="v2", actor="r1")
+    # Registering again replaces the registration (a restart on another version), metrics URL included.
+    moved = await registry.register_replica(
+        "r1", endpoint="h1:8002", model="tiny", version="v2", actor="r1", metrics_url="https://h1:9443/m"
+    )
     assert (moved.endpoint, moved.version, moved.state) == ("h1:8002", "v2", ReplicaState.STARTING)
+    assert (await registry.get_replica("r1")).metrics_url == "https://h1:9443/m"
     (entry,) = await registry.audit(limit=1)
     assert entry.before["version"] == "v1" and entry.after["version"] == "v2"
+    assert (entry.before["metrics_url"], entry.after["metrics_url"]) == (R1_METRICS, "https://h1:9443/m")
+    # Not given: the new registration has none (it replaces, it does not merge).
+    unknown = await registry.register_replica(
+        "r1", endpoint="h1:8002", model="tiny", version="v2", actor="r1"
+    )
+    assert unknown.metrics_url == "" and (await registry.get_replica("r1")).metrics_url == ""
+    (entry,) = await registry.audit(limit=1)
+    assert (entry.before["metrics_url"], entry.after["metrics_url"]) == ("https://h1:9443/m", "")
     assert [r.replica_id for r in await registry.list_replicas()] == ["r1", "r2"]
     assert [r.replica_id for r in await registry.list_replicas("other")] == []
     await registry.remove_replica("r2", actor="carol")
@@ -248,8 +270,9 @@ async def test_snapshot_holds_everything_at_its_generation(registry: Registry) -
     await add(registry, "v1", model="small")
     await registry.set_route("tiny", {"v1": 10_000}, actor="rollout")
     await registry.register_replica(
-        "r1", endpoint="h1:8001", model="tiny", version="v1", actor="r1", state=ReplicaState.READY
-    )
+        "r1", endpoint="h1:8001", model="tiny", version="v1", actor="r1", state=ReplicaState.READY,
+        metrics_url=R1_METRICS,
+    )  # fmt: skip
     snap = await registry.snapshot()
     assert snap.generation == await registry.generation() == 8
     assert [m.name for m in snap.models] == ["small", "tiny"]
@@ -262,6 +285,7 @@ async def test_snapshot_holds_everything_at_its_generation(registry: Registry) -
     assert [r.replica_id for r in snap.replicas_of("tiny", "v1", ReplicaState.READY)] == ["r1"]
     assert snap.replicas_of("tiny", state=ReplicaState.STARTING) == []
     assert snap.replicas == (await registry.get_replica("r1"),)
+    assert snap.replicas[0].metrics_url == R1_METRICS
 
 
 Call = Callable[[], Awaitable[Any]]
@@ -352,14 +376,35 @@ async def _refusals(registry: Registry) -> list[tuple[str, str, Call]]:
         ("a replica on a retired version", "retired", lambda: _register(registry, "r2", "v4")),
         ("a replica on an unknown version", "no version", lambda: _register(registry, "r2", "v9")),
         ("a replica id with spaces", "replica_id", lambda: _register(registry, "r 2", "v1")),
+        *(
+            (f"a metrics URL {url!r}", "metrics_url", lambda url=url: _register(registry, "r2", "v1", url))
+            for url in BAD_METRICS_URLS
+        ),
         ("an unknown replica state", "unknown ReplicaState", lambda: health("r1", up, actor="h")),
         ("a blank actor", "actor", lambda: registry.create_model("small", actor=" ")),
         ("no actor", "actor", lambda: registry.create_model("small", actor=no_actor)),
     ]
 
 
-async def _register(registry: Registry, replica_id: str, version: str) -> None:
-    await registry.register_replica(replica_id, endpoint="h:1", model="tiny", version=version, actor="a")
+# No scheme, another scheme, no port, port 0 or over 65535, no path, spaces, a fragment, not a string.
+BAD_METRICS_URLS: tuple[Any, ...] = (
+    "h1:8002/metrics",
+    "grpc://h1:8002/metrics",
+    "http://h1/metrics",
+    "http://h1:0/metrics",
+    "http://h1:65536/metrics",
+    "http://h1:8002",
+    "http://h1:8002/me trics",
+    "http://h1:8002/metrics\n",
+    "http://h1:8002/metrics#x",
+    None,
+)
+
+
+async def _register(registry: Registry, replica_id: str, version: str, metrics_url: Any = "") -> None:
+    await registry.register_replica(
+        replica_id, endpoint="h:1", model="tiny", version=version, actor="a", metrics_url=metrics_url
+    )
 
 
 async def test_refused_changes_write_nothing(registry: Registry) -> None:

@@ -15,6 +15,7 @@ from sluice.registry.base import (
     VersionState,
     check_build_config,
     check_digest,
+    check_metrics_url,
     check_model_name,
     check_weights,
     weights_bp_from_pct,
@@ -57,6 +58,20 @@ def test_names_digests_and_build_configs() -> None:
     for config in ({"a": float("inf")}, {1: "x"}, {"a": object()}, ["a"]):
         with pytest.raises(InvalidChange):
             check_build_config(config)
+
+
+def test_metrics_urls_are_http_with_host_port_and_path_or_empty() -> None:
+    for url in (
+        "",
+        "http://127.0.0.1:8002/metrics",
+        "https://[::1]:8002/metrics",
+        "http://triton-0.triton.svc.cluster.local:8002/metrics?format=text",
+        "http://h:65535/",
+    ):
+        assert check_metrics_url(url) == url
+    for bad in ("http://h:8002", "http://:8002/metrics", "http://h:8002/a b", " ", 8002):
+        with pytest.raises(InvalidChange, match="metrics_url"):
+            check_metrics_url(bad)
 
 
 def test_the_lifecycle_table_covers_every_state_and_retired_is_final() -> None:
