@@ -187,9 +187,11 @@ async def _open_routing(
 
 
 def _replica_client(target: ReplicaTarget) -> EngineClient:
-    # NOTE: no metrics URL: the registry names a replica's gRPC endpoint only, so the scheduler's KV gate
-    # stays open for it and the replica's own admission applies (per-replica load reads: issue 12).
-    client = TritonEngineClient(grpc_target(target.endpoint), target.model)
+    # A replica registered without a metrics URL: its load is not read, so the scheduler's KV gate stays
+    # open for it and the replica's own admission applies.
+    client = TritonEngineClient(
+        grpc_target(target.endpoint), target.model, metrics_url=target.metrics_url or None
+    )
     client.model_version = target.version
     return client
 

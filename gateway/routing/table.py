@@ -27,6 +27,9 @@ class ReplicaTarget:
     model: str
     version: str
     weights_digest: str  # the registry's, for the version: what the replica must serve
+    # Where its load is read ("": unknown, routed without). NOTE: part of the target's identity: a new
+    # metrics URL is a changed target, drained and admitted again (``gateway.routing.pools``).
+    metrics_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ class RoutingTable:
                     continue
                 serving = version.state is VersionState.SERVING
                 replicas = tuple(
-                    ReplicaTarget(r.replica_id, r.endpoint, r.model, r.version, version.weights_digest)
+                    ReplicaTarget(
+                        r.replica_id, r.endpoint, r.model, r.version, version.weights_digest, r.metrics_url
+                    )
                     for r in snapshot.replicas_of(route.model, entry.version, ReplicaState.READY)
                     if serving
                 )
