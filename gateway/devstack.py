@@ -5,8 +5,9 @@
    gRPC 8001, metrics 8002 on 127.0.0.1).
 3. The registry: the model (``settings.model_name``), its version ``1`` (artifact ``file://<checkpoint>``,
    the checkpoint's weights digest) ``serving``, the route 100% to it when the model has none, and that
-   tritonserver as replica ``local-1``, registered ``starting``. Idempotent: a second run finds them;
-   a checkpoint whose digest differs from version 1's is refused with what to do.
+   tritonserver as replica ``local-1`` (its gRPC endpoint, and its metrics URL where gateways read its
+   load), registered ``starting``. Idempotent: a second run finds them; a checkpoint whose digest
+   differs from version 1's is refused with what to do.
 4. The control plane (``python -m control_plane.service``, same environment) as a child process: its
    health checks verify ``local-1`` and mark it ready.
 5. The gateway, following the registry (routing ``registry``).
@@ -84,9 +85,12 @@ Sluice is up: {base_url}/v1  (model {model}, version {DEV_VERSION} on replica {D
 """
 
 
-async def register_dev_model(registry: Registry, model: str, checkpoint_dir: Path, endpoint: str) -> None:
-    """Make the registry route ``model`` version 1 to the replica at ``endpoint`` (idempotent; see the
-    module docstring). ``DevStackError`` for a version 1 with other weights or retired."""
+async def register_dev_model(
+    registry: Registry, model: str, checkpoint_dir: Path, endpoint: str, *, metrics_url: str
+) -> None:
+    """Make the registry route ``model`` version 1 to the replica at ``endpoint``, whose load is read at
+    ``metrics_url`` (idempotent; see the module docstring). ``DevStackError`` for a version 1 with other
+    weights or retired."""
     digest = await asyncio.to_thread(weights_digest, checkpoint_dir)
     with contextlib.suppress(AlreadyExists):
         await registry.create_model(model, actor=ACTOR, description="the dev model (make run)")
@@ -116,7 +120,7 @@ async def register_dev_model(registry: Registry, model: str, checkpoint_dir: Pat
     # A new tritonserver process: verified afresh by the control plane's health checks before it is ready.
     await registry.register_replica(
         DEV_REPLICA_ID, endpoint=endpoint, model=model, version=DEV_VERSION, actor=ACTOR,
-        state=ReplicaState.STARTING, detail="started by make run; not checked yet",
+        state=ReplicaState.STARTING, detail="started by make run; not checked yet", metrics_url=metrics_url,
     )  # fmt: skip
     route = await registry.get_route(model)
     split = ", ".join(f"{e.version} {e.weight_bp / 100:g}%" for e in route.entries) if route else "none"
@@ -217,8 +221,12 @@ def _while_up(settings: Settings, triton: TritonServer, admin_token: str | None)
     control_plane = ControlPlaneProcess(settings)
     try:
         model, checkpoint_dir = settings.model_name, settings.checkpoint_dir
+        grpc_url, metrics_url = triton.grpc_url, triton.metrics_url
         asyncio.run(
-            _on_registry(settings, lambda r: register_dev_model(r, model, checkpoint_dir, triton.grpc_url))
+            _on_registry(
+                settings,
+                lambda r: register_dev_model(r, model, checkpoint_dir, grpc_url, metrics_url=metrics_url),
+            )
         )
         control_plane.start()
         base_url = f"http://{settings.gateway_host}:{settings.gateway_port}"

@@ -1,6 +1,8 @@
 """``sluice replicas list|start|drain|stop|register|remove``: the replicas serving the registry's versions,
 through the admin API (``/admin/v1/replicas``).
 
+``sluice replicas list [--model M]``: each replica's state, endpoint, last health check and, when the table
+fits the terminal, the metrics URL gateways read its load from (``--json`` always has it).
 ``sluice replicas start MODEL VERSION [--count N] [--checkpoint DIR]`` starts local tritonserver replicas
 on the control plane's machine and waits until each is ready and verified (serving the version's
 weights digest), or exits 1 naming the one that failed and why; ``--no-wait`` returns once they are
@@ -15,6 +17,7 @@ Exit codes: 0 done; 1 the service refused or failed, a replica failed, or a wait
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,8 @@ from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, add_options, fail, print_json, when
 from control_plane.cli.table import render_table
 
-HEADERS = ("REPLICA", "MODEL", "VERSION", "STATE", "ENDPOINT", "LOCAL", "LAST CHECK", "DETAIL")
+HEADERS = ("REPLICA", "MODEL", "VERSION", "STATE", "ENDPOINT", "METRICS", "LOCAL", "LAST CHECK", "DETAIL")
+_METRICS_COLUMN = HEADERS.index("METRICS")
 POLL_INTERVAL_S = 0.5
 STOP_GRACE_S = 60.0  # beyond --timeout-s: the process's own stop, and the removal
 
@@ -35,6 +39,7 @@ def _row(replica: dict[str, Any]) -> list[str]:
         replica["version"],
         replica["state"],
         replica["endpoint"],
+        replica["metrics_url"] or "-",
         "yes" if replica["local"] else "no",
         when(replica["last_health_at"], "never"),
         replica["health_detail"] or "-",
@@ -42,7 +47,15 @@ def _row(replica: dict[str, Any]) -> list[str]:
 
 
 def print_replicas(replicas: list[dict[str, Any]]) -> None:
-    print(render_table(HEADERS, [_row(r) for r in replicas]))
+    """The table, with the METRICS column only when it fits the terminal (``--json`` always has it)."""
+    rows = [_row(r) for r in replicas]
+    table = render_table(HEADERS, rows)
+    if max(len(line) for line in table.splitlines()) > shutil.get_terminal_size().columns:
+        drop = _METRICS_COLUMN
+        table = render_table(
+            HEADERS[:drop] + HEADERS[drop + 1 :], [row[:drop] + row[drop + 1 :] for row in rows]
+        )
+    print(table)
 
 
 def _listed(api: AdminApi, model: str | None = None) -> dict[str, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """One local replica's process, with nothing of the registry: its folder under
 ``<state_dir>/replicas/<replica_id>/`` (the rendered model repository), its tritonserver on free loopback
-ports, and what the actuator (``control_plane.service.local_replicas``) asks of it: its gRPC endpoint,
-how many requests it holds (its Triton metrics), and why a launch failed in one line.
+ports, and what the actuator (``control_plane.service.local_replicas``) asks of it: its gRPC endpoint and
+metrics URL, how many requests it holds (its Triton metrics), and why a launch failed in one line.
 """
 
 from __future__ import annotations
@@ -113,6 +113,11 @@ class LocalReplica:
     @property
     def endpoint(self) -> str:
         return self.server.grpc_url
+
+    @property
+    def metrics_url(self) -> str:
+        """Its Triton metrics, where gateways read its load."""
+        return self.server.metrics_url
 
     async def num_in_flight(self, client: httpx.AsyncClient) -> int | None:
         """Requests running or waiting on it, from its metrics; None when they cannot be read."""

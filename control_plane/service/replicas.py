@@ -1,7 +1,8 @@
 """``/admin/v1/replicas``: the replicas serving the registry's versions, and the local actuator.
 
-- ``GET /replicas`` (viewer): every registered replica (``?model=`` for one model's), with its state and
-  last health report, and whether this control plane started it (``local``).
+- ``GET /replicas`` (viewer): every registered replica (``?model=`` for one model's), with its state,
+  last health report, metrics URL (where gateways read its load; "" unknown), and whether this control
+  plane started it (``local``).
 - ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?}``: start ``count`` local
   tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
   ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
@@ -82,6 +83,7 @@ async def open_replica_services(
 class ReplicaView(msgspec.Struct):
     replica_id: str
     endpoint: str  # the Triton gRPC address gateways send to
+    metrics_url: str  # where gateways read its load (its Triton metrics); "" unknown: not read
     model: str
     version: str
     state: ReplicaState
@@ -125,6 +127,7 @@ def replica_view(replica: Replica, services: ReplicaServices) -> ReplicaView:
     return ReplicaView(
         replica_id=replica.replica_id,
         endpoint=replica.endpoint,
+        metrics_url=replica.metrics_url,
         model=replica.model,
         version=replica.version,
         state=replica.state,

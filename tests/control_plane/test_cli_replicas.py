@@ -87,7 +87,9 @@ def sluice(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[in
     return code, out, err
 
 
-def test_start_list_drain_stop(service: str, clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_start_list_drain_stop(
+    service: str, clean_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, out, _ = sluice(capsys, service, "list")
     assert code == 0 and "No replicas registered" in out
 
@@ -99,10 +101,15 @@ def test_start_list_drain_stop(service: str, clean_env: Path, capsys: pytest.Cap
     folder = clean_env / "replicas" / replica_id
     assert processes_mentioning(str(folder))
 
+    monkeypatch.setenv("COLUMNS", "80")  # the metrics URL does not fit
     code, out, _ = sluice(capsys, service, "list")
     header, row = out.splitlines()
-    assert header.split()[:4] == ["REPLICA", "MODEL", "VERSION", "STATE"]
+    assert header.split()[:6] == ["REPLICA", "MODEL", "VERSION", "STATE", "ENDPOINT", "LOCAL"]
     assert row.split()[:4] == [replica_id, MODEL, "1", "ready"] and "yes" in row.split()
+    monkeypatch.setenv("COLUMNS", "400")  # it fits
+    header, row = sluice(capsys, service, "list")[1].splitlines()
+    assert header.split()[4:7] == ["ENDPOINT", "METRICS", "LOCAL"]
+    assert row.split()[4:6] == [started["endpoint"], started["metrics_url"] or "-"]
 
     code, out, _ = sluice(capsys, service, "drain", replica_id)
     assert code == 0 and f"Replica {replica_id} is draining" in out

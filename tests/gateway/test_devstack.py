@@ -32,6 +32,7 @@ from sluice.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+METRICS_8002 = "http://127.0.0.1:8002/metrics"
 
 
 def test_devstack_serves_and_one_sigint_stops_everything(
@@ -78,11 +79,19 @@ def test_devstack_serves_and_one_sigint_stops_everything(
             headers={"Authorization": f"Bearer {DEV_ADMIN_TOKEN}"},
         )
         (local,) = admin.get("/replicas").json()["replicas"]
-        assert (local["replica_id"], local["state"], local["endpoint"]) == (
+        assert (local["replica_id"], local["state"], local["endpoint"], local["metrics_url"]) == (
             "local-1",
             "ready",
             f"127.0.0.1:{grpc}",
+            f"http://127.0.0.1:{metrics}/metrics",
         )
+        # The gateway reads local-1's load from that URL (its KV gauge has a sample for the replica).
+        gauges = httpx.get(f"http://127.0.0.1:{gateway}/metrics").text.splitlines()
+        assert any(
+            line.startswith("sluice_gateway_replica_kv_free_tokens{")
+            and f'replica="127.0.0.1:{grpc}"' in line
+            for line in gauges
+        ), [line for line in gauges if "kv_free_tokens" in line]
         (model,) = admin.get("/models").json()["models"]
         assert model["route"] == [{"version": "1", "weight_bp": 10_000}]
         assert [(v["version"], v["state"]) for v in model["versions"]] == [("1", "serving")]
@@ -166,7 +175,11 @@ def registry(tmp_path: Path, aio: Any) -> Iterator[Registry]:
 
 
 def test_the_dev_registration_is_idempotent(registry: Registry, dev_checkpoint: Path, aio: Any) -> None:
-    aio(register_dev_model(registry, "sluice-tiny", dev_checkpoint, "127.0.0.1:8001"))
+    aio(
+        register_dev_model(
+            registry, "sluice-tiny", dev_checkpoint, "127.0.0.1:8001", metrics_url=METRICS_8002
+        )
+    )
     first = aio(registry.snapshot())
     (version,) = first.versions
     assert (version.version, version.state, version.weights_digest) == (
@@ -177,29 +190,43 @@ def test_the_dev_registration_is_idempotent(registry: Registry, dev_checkpoint: 
     assert version.artifact_uri == dev_checkpoint.resolve().as_uri()
     assert first.route("sluice-tiny") is not None and first.route("sluice-tiny").split_pct() == {"1": 100.0}  # type: ignore[union-attr]
     (replica,) = first.replicas
-    assert (replica.replica_id, replica.endpoint, replica.state) == (
+    assert (replica.replica_id, replica.endpoint, replica.state, replica.metrics_url) == (
         "local-1",
         "127.0.0.1:8001",
         ReplicaState.STARTING,
+        METRICS_8002,
     )
 
-    aio(register_dev_model(registry, "sluice-tiny", dev_checkpoint, "127.0.0.1:9001"))  # the next `make run`
+    metrics_9002 = "http://127.0.0.1:9002/metrics"  # the next `make run`, on other ports
+    aio(
+        register_dev_model(
+            registry, "sluice-tiny", dev_checkpoint, "127.0.0.1:9001", metrics_url=metrics_9002
+        )
+    )
     second = aio(registry.snapshot())
     assert (second.models, second.versions, second.routes) == (first.models, first.versions, first.routes)
-    assert [(r.replica_id, r.endpoint) for r in second.replicas] == [("local-1", "127.0.0.1:9001")]
+    assert [(r.replica_id, r.endpoint, r.metrics_url) for r in second.replicas] == [
+        ("local-1", "127.0.0.1:9001", metrics_9002)
+    ]
     assert second.generation == first.generation + 1  # only the replica, a new process, re-registered
 
 
 def test_other_weights_under_version_1_are_refused(
     registry: Registry, dev_checkpoint: Path, tmp_path: Path, aio: Any
 ) -> None:
-    aio(register_dev_model(registry, "sluice-tiny", dev_checkpoint, "127.0.0.1:8001"))
+    aio(
+        register_dev_model(
+            registry, "sluice-tiny", dev_checkpoint, "127.0.0.1:8001", metrics_url=METRICS_8002
+        )
+    )
     generation = aio(registry.generation())
     retrained = tmp_path / "retrained"
     shutil.copytree(dev_checkpoint, retrained)
     (retrained / "notes.txt").write_text("other weights")
     with pytest.raises(DevStackError) as refused:
-        aio(register_dev_model(registry, "sluice-tiny", retrained, "127.0.0.1:8001"))
+        aio(
+            register_dev_model(registry, "sluice-tiny", retrained, "127.0.0.1:8001", metrics_url=METRICS_8002)
+        )
     message = str(refused.value)
     assert weights_digest(retrained) in message and weights_digest(dev_checkpoint) in message
     assert "make clean" in message and "new version" in message
