@@ -8,8 +8,9 @@ on the control plane's machine and waits until each is ready and verified (servi
 weights digest), or exits 1 naming the one that failed and why; ``--no-wait`` returns once they are
 registered ``starting``. ``drain REPLICA``: gateways send it nothing new. ``stop REPLICA``: drain, wait
 for its requests (``--timeout-s``), stop its process and remove it (a replica this control plane
-started). ``register REPLICA --endpoint HOST:PORT MODEL VERSION`` / ``remove REPLICA``: a replica
-started elsewhere.
+started). ``register REPLICA --endpoint HOST:PORT [--metrics-url URL] MODEL VERSION`` / ``remove
+REPLICA``: a replica started elsewhere (its Triton metrics URL, e.g. http://HOST:8002/metrics, lets
+gateways read its load; without one they route to it without reading it).
 
 Exit codes: 0 done; 1 the service refused or failed, a replica failed, or a wait timed out; 2 usage.
 """
@@ -153,6 +154,8 @@ def _stop(api: AdminApi, args: argparse.Namespace) -> int:
 
 def _register(api: AdminApi, args: argparse.Namespace) -> int:
     body = {"endpoint": args.endpoint, "model": args.model, "version": args.version}
+    if args.metrics_url is not None:
+        body["metrics_url"] = args.metrics_url
     replica = api.call("PUT", f"/replicas/{args.replica}", body)
     if args.json:
         print_json(replica)
@@ -221,6 +224,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     register_.add_argument("model", metavar="MODEL")
     register_.add_argument("version", metavar="VERSION")
     register_.add_argument("--endpoint", required=True, help="its Triton gRPC address, host:port")
+    register_.add_argument(
+        "--metrics-url",
+        metavar="URL",
+        help="its Triton metrics, http(s)://host:port/path (e.g. http://HOST:8002/metrics): where gateways "
+        "read its load; without it they do not",
+    )
     add_options(register_, _register)
 
     remove = sub.add_parser("remove", help="remove a replica started elsewhere from the registry")

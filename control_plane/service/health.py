@@ -94,11 +94,12 @@ class ReplicaStates:
         actor: str,
         state: ReplicaState,
         detail: str,
+        metrics_url: str = "",
     ) -> Replica:
         async with self._lock:
             return await self.registry.register_replica(
                 replica_id, endpoint=endpoint, model=model, version=version, actor=actor, state=state,
-                detail=detail,
+                detail=detail, metrics_url=metrics_url,
             )  # fmt: skip
 
     async def remove(self, replica_id: str, *, actor: str) -> bool:

@@ -5,8 +5,9 @@ registered model version on this machine, registers them, drains and stops them.
 whose checkpoint folder (``checkpoint``, else the version's artifact when it is ``file://``) digests to
 the registry's weights digest. Per replica it renders a model repository under
 ``<state_dir>/replicas/<replica_id>/`` (config carrying the registry's digest, version folder = the
-version), picks free loopback ports, registers the replica ``starting`` at ``127.0.0.1:<grpc port>`` and
-returns; in the background it starts tritonserver, waits until it is ready, verifies it
+version), picks free loopback ports, registers the replica ``starting`` at ``127.0.0.1:<grpc port>``
+(metrics at ``http://127.0.0.1:<metrics port>/metrics``, where gateways read its load) and returns; in the
+background it starts tritonserver, waits until it is ready, verifies it
 (``verify_replica``) and records it ``ready`` (or ``failed`` with the reason, its process stopped).
 
 ``drain``: the replica is set ``draining`` (gateways send it nothing new; requests in flight finish).
@@ -203,7 +204,7 @@ class LocalReplicas:
         try:
             replica = await self._states.register(
                 replica_id, endpoint=local.endpoint, model=model, version=version, actor=actor,
-                state=ReplicaState.STARTING, detail="starting tritonserver",
+                state=ReplicaState.STARTING, detail="starting tritonserver", metrics_url=local.metrics_url,
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)

@@ -6,8 +6,9 @@
 - ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?}``: start ``count`` local
   tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
   ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
-- ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version}``: register a replica
-  started elsewhere (its Triton gRPC address); checked at once, then by every health round.
+- ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version, metrics_url?}``: register a
+  replica started elsewhere (its Triton gRPC address, and its Triton metrics URL for gateways to read its
+  load: without one they route to it blind); checked at once, then by every health round.
 - ``POST /replicas/{replica_id}/drain`` (release-manager): gateways send it nothing new.
 - ``POST /replicas/{replica_id}/stop`` (release-manager) ``{timeout_s?, wait?}``: drain, wait until it
   holds no request (or the timeout), stop its process, remove it; only for local replicas (409
@@ -109,6 +110,7 @@ class RegisterReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str  # host:port of its Triton gRPC service
     model: str
     version: str
+    metrics_url: str = ""  # http(s)://host:port/path of its Triton metrics; "" none (its load is not read)
 
 
 class StopReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -236,6 +238,7 @@ class ReplicasController(Controller):
             replica = await services.states.register(
                 replica_id, endpoint=data.endpoint, model=data.model, version=data.version,
                 actor=_actor(request), state=ReplicaState.STARTING, detail="registered; not checked yet",
+                metrics_url=data.metrics_url,
             )  # fmt: skip
             checked = await services.health.check(replica)
         except RegistryError as exc:

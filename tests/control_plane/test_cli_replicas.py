@@ -98,6 +98,7 @@ def test_start_list_drain_stop(
     (started,) = json.loads(out)["replicas"]
     replica_id = started["replica_id"]
     assert started["state"] == "ready" and started["local"] is True and started["health_detail"] == ""
+    assert started["metrics_url"].startswith("http://127.0.0.1:")  # its own Triton's metrics
     folder = clean_env / "replicas" / replica_id
     assert processes_mentioning(str(folder))
 
@@ -109,7 +110,7 @@ def test_start_list_drain_stop(
     monkeypatch.setenv("COLUMNS", "400")  # it fits
     header, row = sluice(capsys, service, "list")[1].splitlines()
     assert header.split()[4:7] == ["ENDPOINT", "METRICS", "LOCAL"]
-    assert row.split()[4:6] == [started["endpoint"], started["metrics_url"] or "-"]
+    assert row.split()[4:6] == [started["endpoint"], started["metrics_url"]]
 
     code, out, _ = sluice(capsys, service, "drain", replica_id)
     assert code == 0 and f"Replica {replica_id} is draining" in out
@@ -126,9 +127,14 @@ def test_start_list_drain_stop(
 def test_an_external_replica_and_the_exit_codes(
     service: str, replica: TritonServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = sluice(capsys, service, "register", "ext-1", MODEL, "1", "--endpoint", replica.grpc_url)
+    code, out, err = sluice(
+        capsys, service, "register", "ext-1", MODEL, "1", "--endpoint", replica.grpc_url,
+        "--metrics-url", replica.metrics_url,
+    )  # fmt: skip
     assert code == 0, err
     assert "ext-1" in out and " ready " in out
+    (listed,) = json.loads(sluice(capsys, service, "list", "--json")[1])["replicas"]
+    assert (listed["replica_id"], listed["metrics_url"]) == ("ext-1", replica.metrics_url)
     code, _, err = sluice(capsys, service, "stop", "ext-1")
     assert code == 1 and "409 replica_conflict" in err and "not started by this control plane" in err
     assert sluice(capsys, service, "remove", "ext-1")[0] == 0

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import tritonclient.grpc.aio as grpcclient
 from litestar.testing import TestClient
@@ -27,6 +28,7 @@ from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import Settings, load_settings
 from sluice.triton.client import GenerateStream, request_tensors
 from sluice.triton.launcher import TritonServer
+from sluice.triton.metrics import replica_stats_from_metrics
 from sluice.triton.verify import verify_replica
 from sluice.weights_digest import weights_digest
 
@@ -143,6 +145,11 @@ def start_drain_and_stop_one(
     for replica_id in ids:
         ready = wait_state(client, replica_id, "ready")
         assert ready["health_detail"] == "" and ready["endpoint"].startswith("127.0.0.1:")
+        # Registered with its own Triton's metrics URL, where gateways read its load (with their parser).
+        assert ready["metrics_url"].startswith("http://127.0.0.1:") and ready["metrics_url"].endswith(
+            "/metrics"
+        )
+        assert replica_stats_from_metrics(httpx.get(ready["metrics_url"]).text, MODEL) is not None
         # What a gateway checks before its first request: this version, these weights.
         assert aio(verify_replica(ready["endpoint"], MODEL, "1", weights_digest(dev_checkpoint))).ok
     assert all(processes_mentioning(str(folder)) for folder in folders)
@@ -224,11 +231,15 @@ def test_what_cannot_be_started_is_refused_with_the_reason(
 def test_an_external_replica_is_registered_checked_at_once_and_removed_not_stopped(
     client: TestClient[Any], replica: TritonServer
 ) -> None:
-    resp = client.put(
-        "/admin/v1/replicas/ext-1", json={"endpoint": replica.grpc_url, "model": MODEL, "version": "1"}
+    body = {"endpoint": replica.grpc_url, "model": MODEL, "version": "1"}
+    assert "metrics_url" in error(
+        client.put("/admin/v1/replicas/ext-1", json={**body, "metrics_url": "h:8002"}), 400
     )
+    assert "ext-1" not in replicas(client)
+    resp = client.put("/admin/v1/replicas/ext-1", json={**body, "metrics_url": replica.metrics_url})
     assert resp.status_code == 200, resp.text
     assert resp.json()["state"] == "ready" and resp.json()["local"] is False
+    assert resp.json()["metrics_url"] == replicas(client)["ext-1"]["metrics_url"] == replica.metrics_url
     assert "not started by this control plane" in error(client.post("/admin/v1/replicas/ext-1/stop"), 409)
     assert client.post("/admin/v1/replicas/ext-1/drain").json()["state"] == "draining"
     assert client.delete("/admin/v1/replicas/ext-1").status_code == 204
