@@ -36,7 +36,9 @@ class ReplicaPools:
         self._make_client = make_client
         self._verify = verify
         self._schedulers: dict[tuple[str, str], ModelScheduler] = {}
-        self._in_rotation: dict[str, tuple[ReplicaTarget, EngineClient]] = {}
+        # replica id -> its target, engine client and key in its scheduler (one key per admission)
+        self._in_rotation: dict[str, tuple[ReplicaTarget, EngineClient, str]] = {}
+        self._num_admissions = 0
         self._refused: dict[str, str] = {}  # replica id -> why this gateway keeps it out of rotation
         self._closing: set[asyncio.Task[None]] = set()
         self._table = RoutingTable(-1)
@@ -69,16 +71,16 @@ class ReplicaPools:
     async def add_static(self, model: str, version: str, engine: EngineClient) -> ModelScheduler:
         """A replica known without a registry (``SLUICE_ROUTING=static``, tests): in rotation at once."""
         scheduler = await self._scheduler_for(model, version)
-        await scheduler.add_replica(engine)
+        await scheduler.add_replica(engine, engine.replica)
         target = ReplicaTarget(engine.replica, engine.replica, model, version, "")
-        self._in_rotation[engine.replica] = (target, engine)
+        self._in_rotation[engine.replica] = (target, engine, engine.replica)
         return scheduler
 
     async def apply(self, table: RoutingTable) -> None:
         """Bring rotation in step with ``table``: verify and add new replicas, drain the ones it dropped."""
         self._table = table
         wanted = table.replicas()
-        for replica_id, (target, _) in list(self._in_rotation.items()):
+        for replica_id, (target, _, _) in list(self._in_rotation.items()):
             if wanted.get(replica_id) != target:
                 self._drain(replica_id)
         for replica_id in list(self._refused):
@@ -98,7 +100,7 @@ class ReplicaPools:
     async def close(self) -> None:
         for scheduler in self._schedulers.values():
             await scheduler.close()
-        for _, engine in self._in_rotation.values():
+        for _, engine, _ in self._in_rotation.values():
             await engine.close()
         self._schedulers.clear()
         self._in_rotation.clear()
@@ -118,15 +120,19 @@ class ReplicaPools:
         engine = self._make_client(target)
         await engine.start()
         self._refused.pop(target.replica_id, None)
-        self._in_rotation[target.replica_id] = (target, engine)
-        await (await self._scheduler_for(target.model, target.version)).add_replica(engine)
+        # NOTE: a key of its own per admission: the replica's previous admission (another client) may
+        # still be draining its requests in the same scheduler.
+        self._num_admissions += 1
+        key = f"{target.replica_id}#{self._num_admissions}"
+        self._in_rotation[target.replica_id] = (target, engine, key)
+        await (await self._scheduler_for(target.model, target.version)).add_replica(engine, key)
         log.info("replica %s (%s version %s) in rotation", target.replica_id, target.model, target.version)
 
     def _drain(self, replica_id: str) -> None:
-        target, _ = self._in_rotation.pop(replica_id)
+        target, _, key = self._in_rotation.pop(replica_id)
         scheduler = self._schedulers.get((target.model, target.version))
         if scheduler is not None:
-            scheduler.drain_replica(replica_id)
+            scheduler.drain_replica(key)
         log.info("replica %s (%s version %s) draining", replica_id, target.model, target.version)
 
     async def _scheduler_for(self, model: str, version: str) -> ModelScheduler:

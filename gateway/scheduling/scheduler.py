@@ -2,8 +2,10 @@
 each replica's load, and the dispatch decisions, all owned here and touched only from the event loop.
 
 Its replicas all serve the same version (the router picked the version before the request queued here):
-``add_replica`` puts one in rotation; ``drain_replica`` takes one out of it (nothing new is dispatched to
-it, what it holds finishes) and hands its engine client to ``on_drained`` once its last request ended.
+``add_replica`` puts one in rotation under a key (one per admission: a replica re-admitted with a new
+client while its old requests finish is two entries); ``drain_replica`` takes one out of it (nothing new
+is dispatched to it, what it holds finishes) and hands its engine client to ``on_drained`` once its last
+request ended.
 
 ``wait_for_dispatch(job)`` admits a request to the queue (or refuses it: 429 ``service_overloaded`` with
 a Retry-After from the measured drain rate) and returns once it is dispatched; a request that can no
@@ -67,6 +69,7 @@ class Slot:
     kv_tokens: int
     dispatched_s: float
     engine: EngineClient
+    replica_key: str  # the scheduler's key of the replica it was dispatched to
     # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
     priority: EnginePriority = EnginePriority.UNDER_SHARE
     has_first_token: bool = False
@@ -135,12 +138,16 @@ class ModelScheduler:
             self._task = None
 
     # ----- replicas -----
-    async def add_replica(self, engine: EngineClient) -> None:
-        """Put ``engine``'s replica in rotation (again, if it was draining), its load read first."""
-        view = self._replicas.get(engine.replica)
+    async def add_replica(self, engine: EngineClient, key: str | None = None) -> None:
+        """Put ``engine``'s replica in rotation under ``key`` (default: ``engine.replica``), its load read
+        first; a key already draining comes back into rotation."""
+        key = key or engine.replica
+        view = self._replicas.get(key)
         if view is None:
-            view = self._replicas[engine.replica] = _ReplicaView(engine, draining=True)
-            await self._read_replica(engine.replica, view)
+            view = self._replicas[key] = _ReplicaView(engine, draining=True)
+            await self._read_replica(key, view)
+        elif view.engine is not engine:
+            raise ValueError(f"replica key {key!r} is held by another engine client")
         view.draining = False
         self._dispatch_pass(time.monotonic())
 
@@ -227,7 +234,7 @@ class ModelScheduler:
         """A delta of ``num_tokens`` arrived for ``slot``, ``gap_s`` after the previous one (None: first)."""
         now = time.monotonic()
         self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
-        view = self._replicas.get(slot.engine.replica)
+        view = self._replicas.get(slot.replica_key)
         if view is not None and gap_s is not None and num_tokens > 0:
             itl_ms = gap_s * 1000 / num_tokens
             previous = view.itl_ms
@@ -238,15 +245,15 @@ class ModelScheduler:
 
     def release(self, slot: Slot) -> None:
         """The request ended (however): its claim on the replica goes."""
-        view = self._replicas.get(slot.engine.replica)
+        view = self._replicas.get(slot.replica_key)
         if view is not None and view.slots.pop(slot.request_id, None) is not None:
             self._num_in_flight.remove(slot.request_class, slot.tenant_id)
-            self._forget_if_drained(slot.engine.replica)
+            self._forget_if_drained(slot.replica_key)
             self._dispatch_pass(time.monotonic())
             self._update_depth()
 
     # ----- decisions -----
-    def _load(self, view: _ReplicaView) -> ReplicaLoad:
+    def _load(self, key: str, view: _ReplicaView) -> ReplicaLoad:
         slots = view.slots.values()
         total = view.total_kv_tokens
         if total:
@@ -257,7 +264,7 @@ class ModelScheduler:
             free = _UNKNOWN_KV_TOKENS
         num_prefilling = sum(1 for s in slots if not s.has_first_token)
         return ReplicaLoad(
-            replica_id=view.engine.replica,
+            replica_id=key,
             free_kv_tokens=free,
             total_kv_tokens=total,
             num_waiting=max(view.num_waiting, num_prefilling),
@@ -272,9 +279,11 @@ class ModelScheduler:
         dispatch = DispatchPass(
             self._queue, now, self._dispatch, min_service, self._settings.fair_share_tolerance
         )
-        in_rotation = [view for view in self._replicas.values() if not view.draining]
+        in_rotation = [(key, view) for key, view in self._replicas.items() if not view.draining]
         while (
-            placed := dispatch.next([self._load(v) for v in in_rotation], self._num_in_flight, self._weights)
+            placed := dispatch.next(
+                [self._load(k, v) for k, v in in_rotation], self._num_in_flight, self._weights
+            )
         ) is not None:
             head = placed.entry
             if head.payload.done():  # its caller left between cancellation and removal
@@ -282,7 +291,8 @@ class ModelScheduler:
                 continue
             self._queue.take(head, now)
             self._drain.observe(now)
-            view = self._replicas[placed.replica.replica_id]
+            key = placed.replica.replica_id
+            view = self._replicas[key]
             slot = Slot(
                 head.request_id,
                 head.tenant_id,
@@ -290,6 +300,7 @@ class ModelScheduler:
                 head.kv_tokens,
                 now,
                 view.engine,
+                key,
                 placed.priority,
             )
             view.slots[slot.request_id] = slot

@@ -329,12 +329,9 @@ def test_each_replicas_load_is_read_from_its_registered_metrics_url(fleet: Fleet
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/routing/pools.py drains a changed target by replica id, but the scheduler keys replicas "
-    "by endpoint (engine.replica): the drain is a no-op and the scheduler keeps the old engine client",
-)
 def test_a_replica_registered_with_another_metrics_url_is_read_from_that_one(fleet: Fleet) -> None:
+    """A changed target is a new admission: the old one drains (its client closes once idle) and the new
+    client, reading the new URL, takes the requests."""
     fleet.route({"1": 5_000, "2": 5_000})
     fake = ThreadingHTTPServer(("127.0.0.1", 0), _FakeMetrics)
     threading.Thread(target=fake.serve_forever, name="fake-metrics", daemon=True).start()

@@ -1,0 +1,57 @@
+"""One version's scheduler over several replicas: dispatch goes to those in rotation, a drained replica
+finishes what it holds and takes nothing new, its client is handed back once idle, and a replica
+re-admitted with a new client is a new entry beside the old one still draining."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fakes import ScriptedFakeEngine
+
+from gateway.metrics import GatewayMetrics
+from gateway.scheduling.scheduler import Admission, ModelScheduler
+from sluice.domain import RequestClass
+from sluice.engine_client import EngineClient
+from sluice.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+
+def _engine(name: str) -> ScriptedFakeEngine:
+    engine = ScriptedFakeEngine(token_id=5, interval_s=0.001)
+    engine.replica = name  # an instance attribute: each fake is its own replica
+    return engine
+
+
+def _admission(request_id: str) -> Admission:
+    now = time.monotonic()
+    return Admission(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
+
+
+async def test_a_drained_replica_finishes_its_requests_takes_nothing_new_and_is_handed_back(
+    tmp_path: Path,
+) -> None:
+    drained: list[EngineClient] = []
+    settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
+    scheduler = ModelScheduler("m", (), settings, GatewayMetrics(), version="1", on_drained=drained.append)
+    a, b = _engine("a"), _engine("b")
+    await scheduler.add_replica(a, "a#1")
+    await scheduler.add_replica(b, "b#1")
+    first = await scheduler.wait_for_dispatch(_admission("r1"))
+    held_key = first.replica_key
+    scheduler.drain_replica(held_key)
+    assert scheduler.replica_ids == [k for k in ("a#1", "b#1") if k != held_key] and drained == []
+    later = [await scheduler.wait_for_dispatch(_admission(f"r{i}")) for i in range(2, 6)]
+    assert {s.replica_key for s in later} == {k for k in ("a#1", "b#1") if k != held_key}
+    scheduler.release(first)  # its last request ends: the client goes back
+    assert drained == [first.engine]
+    # The same replica admitted again with a new client: a new key, while nothing of the old one is left.
+    again = _engine(first.engine.replica)
+    await scheduler.add_replica(again, held_key.replace("#1", "#2"))
+    with pytest.raises(ValueError, match="held by another engine client"):
+        await scheduler.add_replica(_engine("x"), held_key.replace("#1", "#2"))
+    for slot in later:
+        scheduler.release(slot)
+    await scheduler.close()
