@@ -117,6 +117,16 @@ class Settings(BaseSettings):
     batch_floor_share: float = Field(0.1, ge=0, lt=1)  # of dispatched tokens, while both classes wait
     batch_max_wait_s: float = Field(30.0, gt=0)  # ageing: a batch request waiting this long goes first
     replica_poll_interval_ms: float = Field(250.0, ge=10, le=10_000)  # replica metrics read period
+    # Router (issue 12): among the replicas that may take a request, the best weighted score wins; each
+    # term is in [0, 1] (sluice/policy/placement.py). Prefix affinity: a tenant-scoped key of the prompt's
+    # first router_prefix_blocks KV blocks prefers the replica it was last sent to (remembered
+    # router_affinity_ttl_s) until that replica is saturated.
+    router_weight_kv_headroom: float = Field(2.0, ge=0, le=1000)
+    router_weight_waiting: float = Field(2.0, ge=0, le=1000)
+    router_weight_itl: float = Field(1.0, ge=0, le=1000)
+    router_weight_prefix: float = Field(3.0, ge=0, le=1000)  # 0: no prefix affinity
+    router_prefix_blocks: int = Field(4, ge=1, le=1024)
+    router_affinity_ttl_s: float = Field(300.0, gt=0, le=24 * 3600)
 
     # Engine and model.
     # How the gateway knows its replicas: "static" = one replica (triton_grpc_url, or the in-process

@@ -315,4 +315,5 @@ def _admission(job: Job) -> Admission:
         max_tokens=job.max_tokens,
         arrival_s=job.arrival_s,
         deadline_s=job.deadline_s,
+        prefix_key=job.target.scheduler.prefix_key(job.tenant.tenant_id, job.prompt_token_ids),
     )

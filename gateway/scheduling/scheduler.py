@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.errors import refused
@@ -31,9 +31,11 @@ from gateway.metrics import GatewayMetrics
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
+from sluice.policy.affinity import AffinityMemory
 from sluice.policy.dispatch import DispatchConfig, EnginePriority, PriorityLoad, ReplicaLoad
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from sluice.policy.placement import ScoreWeights, prefix_key
 from sluice.policy.rate import RateMeter
 from sluice.policy.share import InFlight
 from sluice.settings import Settings
@@ -57,6 +59,7 @@ class Admission:
     max_tokens: int
     arrival_s: float  # time.monotonic()
     deadline_s: float
+    prefix_key: int | None = None  # ``ModelScheduler.prefix_key`` of its tenant and prompt
 
 
 @dataclass
@@ -117,7 +120,14 @@ class ModelScheduler:
             yield_kv_reserve_fraction=settings.yield_kv_reserve_fraction,
             batch_itl_fraction=settings.batch_itl_fraction,
             over_share_itl_fraction=settings.over_share_itl_fraction,
+            weights=ScoreWeights(
+                kv_headroom=settings.router_weight_kv_headroom,
+                waiting=settings.router_weight_waiting,
+                itl=settings.router_weight_itl,
+                prefix=settings.router_weight_prefix,
+            ),
         )
+        self._affinity = AffinityMemory(ttl_s=settings.router_affinity_ttl_s)
         self._drain = RateMeter(window_s=10.0)
         self._task: asyncio.Task[None] | None = None
         self._on_drained = on_drained
@@ -182,6 +192,11 @@ class ModelScheduler:
         settings = self._settings
         return min_service_s(prompt_tokens, 1, settings.prefill_tokens_per_s, settings.itl_target_ms)
 
+    def prefix_key(self, tenant_id: str, prompt_token_ids: Sequence[int]) -> int | None:
+        """The key this scheduler's prefix affinity places a request by (``placement.prefix_key`` over
+        ``router_prefix_blocks`` blocks); None: the prompt is shorter than one KV block."""
+        return prefix_key(tenant_id, prompt_token_ids, num_blocks=self._settings.router_prefix_blocks)
+
     async def wait_for_dispatch(self, req: Admission) -> Slot:
         """Queue the request and return its slot once dispatched. Raises ``OpenAIError`` (429) if it is
         refused or dropped; if the caller is cancelled while waiting, the request leaves the queue."""
@@ -217,6 +232,7 @@ class ModelScheduler:
                 req.arrival_s,
                 req.deadline_s,
                 future,
+                req.prefix_key,
             )
         )
         self._dispatch_pass(now)
@@ -277,7 +293,12 @@ class ModelScheduler:
         min_service = self._entry_min_service_s
         self._fail_dropped(self._queue.expire(now, min_service))
         dispatch = DispatchPass(
-            self._queue, now, self._dispatch, min_service, self._settings.fair_share_tolerance
+            self._queue,
+            now,
+            self._dispatch,
+            min_service,
+            self._settings.fair_share_tolerance,
+            affinity=self._affinity.view(now),
         )
         in_rotation = [(key, view) for key, view in self._replicas.items() if not view.draining]
         while (
@@ -307,6 +328,8 @@ class ModelScheduler:
             self._num_in_flight.add(head.request_class, head.tenant_id)
             self._weights[head.tenant_id] = head.weight
             view.dispatched_kv_tokens_since_read += slot.kv_tokens
+            if head.prefix_key is not None:
+                self._affinity.record(head.prefix_key, key, now)
             self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)
             head.payload.set_result(slot)
         self._fail_dropped(dispatch.dropped)

@@ -19,17 +19,34 @@ the same fields).
   So a request finds a replica that runs lower-priority work open to it: that work's KV counts as
   free, and neither the latency gate nor waiting work of lower priority holds it back (only waiting
   work of its priority or above counts).
-Among replicas that pass, the one with the most free KV tokens (then the fewest running) wins.
+Among replicas that pass, the best score wins (``placement``: KV headroom, waiting, inter-token latency
+and tenant-scoped prefix affinity, weighted; ties to the smallest replica id).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sluice.domain import RequestClass
 from sluice.engine_client.wire import EnginePriority
+from sluice.policy.load import PriorityLoad, ReplicaLoad
+from sluice.policy.placement import ScoreWeights, best, saturated, score
+
+# Re-exported: callers take the load types and the wire priority from here, beside the gate that reads them.
+__all__ = [
+    "DispatchConfig",
+    "EnginePriority",
+    "PriorityLoad",
+    "ReplicaLoad",
+    "ScoreWeights",
+    "Standing",
+    "accepts",
+    "engine_priority",
+    "pick_replica",
+    "standing",
+]
 
 
 def engine_priority(request_class: RequestClass, holds_share: bool) -> EnginePriority:
@@ -38,36 +55,6 @@ def engine_priority(request_class: RequestClass, holds_share: bool) -> EnginePri
     if request_class is RequestClass.BATCH:
         return EnginePriority.BATCH
     return EnginePriority.OVER_SHARE if holds_share else EnginePriority.UNDER_SHARE
-
-
-@dataclass(frozen=True)
-class PriorityLoad:
-    """A replica's requests of one engine priority that the dispatcher handed over and that have not ended."""
-
-    num_in_flight: int = 0
-    num_waiting: int = 0  # of which not started yet (no first token)
-    kv_tokens: int = 0  # their prompt + max_tokens
-
-
-@dataclass(frozen=True)
-class ReplicaLoad:
-    replica_id: str
-    free_kv_tokens: int
-    total_kv_tokens: int
-    num_waiting: int
-    num_running: int
-    itl_ms: float | None  # recent inter-token latency (step time); None if not measured yet
-    # Indexed by EnginePriority; empty: not known (nothing counts as preemptible).
-    by_priority: tuple[PriorityLoad, ...] = ()
-
-    def below(self, priority: EnginePriority) -> PriorityLoad:
-        """The work of strictly lower priority than ``priority`` (which the engine preempts for it)."""
-        lower = self.by_priority[priority + 1 :]
-        return PriorityLoad(
-            num_in_flight=sum(p.num_in_flight for p in lower),
-            num_waiting=sum(p.num_waiting for p in lower),
-            kv_tokens=sum(p.kv_tokens for p in lower),
-        )
 
 
 class Standing(StrEnum):
@@ -92,8 +79,15 @@ class DispatchConfig:
     batch_itl_fraction: float = 0.9  # batch needs the ITL under this share of the target
     over_share_itl_fraction: float = 0.75  # a tenant over its share needs the ITL under this share
     yield_waiting_reserve_fraction: float = 0.25  # of the waiting places batch and over-share work leave
+    weights: ScoreWeights = field(
+        default_factory=ScoreWeights
+    )  # how replicas that pass are ranked (``placement``)
+    # Affinity yields once a replica has used this share of its KV (``placement.saturated``).
+    saturation_kv_used_fraction: float = 0.9
 
     def __post_init__(self) -> None:
+        if not 0 < self.saturation_kv_used_fraction <= 1:
+            raise ValueError("saturation_kv_used_fraction must be in (0, 1]")
         if self.itl_target_ms <= 0 or self.max_waiting_per_replica < 1:
             raise ValueError("itl_target_ms must be > 0 and max_waiting_per_replica >= 1")
         if not 0 <= self.yield_kv_reserve_fraction < 1:
@@ -153,15 +147,24 @@ def pick_replica(
     standing: Standing,
     config: DispatchConfig,
     priority: EnginePriority = EnginePriority.UNDER_SHARE,
+    *,
+    prefix_key: int | None = None,
+    affinity: Mapping[int, str] | None = None,
 ) -> ReplicaLoad | None:
-    """The replica to send a request of ``kv_tokens`` (prompt + max_tokens) to, or None: keep it queued."""
-    best: ReplicaLoad | None = None
+    """The replica to send a request of ``kv_tokens`` (prompt + max_tokens) to, or None: keep it queued.
+
+    Among the replicas that ``accepts`` it, the best ``placement.score`` wins (ties: the smallest replica
+    id). ``affinity`` (read only; its owner records each dispatch) maps a prefix key to the replica it
+    was last sent to: that replica gets the prefix bonus for a request with the same ``prefix_key``
+    unless it is saturated."""
+    preferred = affinity.get(prefix_key) if affinity is not None and prefix_key is not None else None
+    scored: list[tuple[float, ReplicaLoad]] = []
     for load in loads:
         if not accepts(load, kv_tokens, standing, config, priority):
             continue
-        if best is None or (load.free_kv_tokens, -load.num_running) > (
-            best.free_kv_tokens,
-            -best.num_running,
-        ):
-            best = load
-    return best
+        hit = load.replica_id == preferred and not saturated(
+            load, config.saturation_kv_used_fraction, config.max_waiting_per_replica
+        )
+        value = score(load, hit, config.weights, config.itl_target_ms, config.max_waiting_per_replica)
+        scored.append((value, load))
+    return best(scored)

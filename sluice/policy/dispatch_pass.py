@@ -4,14 +4,16 @@ and the fleet simulator alike.
 The fair queue proposes its head; the head's standing (``dispatch.standing``: batch, over its tenant's
 fair share, or neither) sets the limits it meets, and its engine priority (``dispatch.engine_priority``:
 interactive within its tenant's share even if one more tenant arrived, interactive beyond that, batch)
-which work it may go ahead of; ``pick_replica`` finds a replica or not. A head that
+which work it may go ahead of; ``pick_replica`` finds a replica or not (preferring the replica the head's
+prefix key was last sent to, from ``affinity``: read only, its owner records each dispatch). A head that
 yields and does not fit steps aside for the rest of the pass (its tenant's line, or all batch), so it
 cannot block work that takes the full limits; a head with the full limits that does not fit ends the
 pass (nothing behind it may overtake it).
 
-    dispatch = DispatchPass(queue, now_s, config, min_service_s, tolerance)
+    dispatch = DispatchPass(queue, now_s, config, min_service_s, tolerance, affinity=memory.view(now_s))
     while (placed := dispatch.next(loads, num_in_flight, weights)) is not None:
         queue.take(placed.entry, now_s)   # then hand it over (with placed.priority); update the loads
+        memory.record(placed.entry.prefix_key, placed.replica.replica_id, now_s)  # if it has a key
     handle(dispatch.dropped)       # could no longer meet their deadline: never dispatched
 """
 
@@ -56,6 +58,7 @@ class DispatchPass(Generic[T]):
     min_service_s: MinServiceFn[T]
     fair_share_tolerance: float
     share_aware: bool = True  # False: the FCFS baseline, which knows nothing of tenants' shares
+    affinity: Mapping[int, str] | None = None  # prefix key -> replica id it was last sent to; None: none
     dropped: list[QueueEntry[T]] = field(default_factory=list)
     _allow_batch: bool = True
     _skip: set[str] = field(default_factory=set)
@@ -88,7 +91,15 @@ class DispatchPass(Generic[T]):
             )
             head_standing = standing(head.request_class, over_share)
             priority = engine_priority(head.request_class, holds_share)
-            load = pick_replica(loads, head.kv_tokens, head_standing, self.config, priority)
+            load = pick_replica(
+                loads,
+                head.kv_tokens,
+                head_standing,
+                self.config,
+                priority,
+                prefix_key=head.prefix_key,
+                affinity=self.affinity,
+            )
             if load is not None:
                 return Placement(head, load, priority)
             if head_standing is Standing.UNDER_SHARE:

@@ -45,6 +45,8 @@ class QueueEntry(Generic[T]):
     arrival_s: float
     deadline_s: float
     payload: T  # the caller's: a future in the gateway, a simulated request in the simulator
+    # Tenant-scoped key of the prompt's leading KV blocks (``placement.prefix_key``); None: no full block.
+    prefix_key: int | None = None
 
     @property
     def kv_tokens(self) -> int:
