@@ -9,6 +9,11 @@ drives exactly the code the gateway runs, on simulated time.
 - ``admission``: how deep the queue may get, from the deadline and the measured drain rate, and the
   Retry-After for a refusal.
 - ``dispatch``: which replica (if any) may take the next request, from its KV headroom, its waiting count
-  and its inter-token latency against a target.
+  and its inter-token latency against a target; ``dispatch_pass`` runs it over the queue.
+- ``load``: a replica's load as dispatch sees it; ``placement``: the score that ranks the replicas that
+  may take a request, with tenant-scoped prefix affinity; ``affinity``: the bounded memory of which
+  replica each prefix went to (state, owned by one scheduler, read as a view).
+- ``rollout``: which model version serves a request (sticky per conversation), rollout steps, the guard.
+- ``share``: whether a tenant holds more than its share of the replicas.
 - ``rate``: a sliding-window rate meter (the drain rate).
 """

@@ -228,7 +228,8 @@ def test_one_telemetry_record_per_request(inprocess_gateway: RunningGateway) -> 
     rec = records[0]
     assert rec["tenant_id"] == "acme" and rec["outcome"] == "finished" and rec["replica"] == "inprocess"
     assert rec["ttft_ms"] is not None and rec["ttft_ms"] > 0 and rec["queue_ms"] >= 0
-    assert 0 < rec["replica_ttft_ms"] <= rec["ttft_ms"] - rec["queue_ms"] + 1e-3
+    # Each of the three is rounded to 3 decimals on its own: together they may be off by 1.5e-3.
+    assert 0 < rec["replica_ttft_ms"] <= rec["ttft_ms"] - rec["queue_ms"] + 2e-3
     assert rec["output_tokens"] == resp.usage.completion_tokens  # type: ignore[union-attr]
 
 
