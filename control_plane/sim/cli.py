@@ -1,5 +1,10 @@
 """``sluice sim``: run a fleet scenario, write ``<out>/<scenario>.json`` and ``<out>/<scenario>.png``.
 
+While it runs, progress lines go to stderr (``progress.py``; ``--quiet`` turns them off; they are printed
+whether or not stderr is a terminal, one line each, so a log shows them too). At the end, stdout gets the
+summary table and the targets table (``terminal.py``), then where the files went; with ``--json``, stdout
+gets the same figures as one JSON object instead, and where the files went goes to stderr.
+
 ``register(parser)`` adds it to the ``sluice`` CLI; ``python -m control_plane.sim.cli``
 runs it alone.
 """
@@ -12,7 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from control_plane.sim import terminal
+from control_plane.sim.progress import ProgressLines
 from control_plane.sim.scenarios import SCENARIOS, Options, run_scenario
+from control_plane.sim.workload import SEED_RATE_PER_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="steady: search the fewest replicas meeting TTFT p95 < 500 ms and ITL p95 < 40 ms",
     )
     parser.add_argument("--duration-s", type=float, default=120.0, help="simulated seconds of arrivals")
+    parser.add_argument(
+        "--rate-per-s",
+        type=float,
+        default=SEED_RATE_PER_S,
+        help="interactive arrivals per second (default: the seed's peak, 280); batch-fill sizes its own",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(".sluice/sim"))
-    parser.add_argument("--json", action="store_true", help="print the summary JSON")
+    parser.add_argument("--json", action="store_true", help="print the table's figures as JSON instead")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -35,26 +50,39 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _invalid(args: argparse.Namespace) -> str | None:
     if args.replicas is not None and args.replicas < 1:
-        print("--replicas must be >= 1", file=sys.stderr)
-        return 2
+        return "--replicas must be >= 1"
     if args.duration_s <= 0:
-        print("--duration-s must be > 0", file=sys.stderr)
+        return "--duration-s must be > 0"
+    if args.rate_per_s <= 0:
+        return "--rate-per-s must be > 0"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if (problem := _invalid(args)) is not None:
+        print(problem, file=sys.stderr)
         return 2
     options = Options(
         replicas=args.replicas,
         find_replicas=args.find_replicas,
         duration_s=args.duration_s,
         seed=args.seed,
+        rate_per_s=args.rate_per_s,
+        progress=None if args.quiet else ProgressLines(sys.stderr, args.scenario),
     )
     started = time.monotonic()
     summary = run_scenario(args.scenario, options, args.out)
-    if args.json:
-        summary = {k: v for k, v in summary.items() if k != "definitions"}
-        print(json.dumps(summary, indent=2, sort_keys=True))
     elapsed_s = time.monotonic() - started
-    print(f"wrote {args.out / args.scenario}.json and .png in {elapsed_s:.1f} s", file=sys.stderr)
+    files = [str(args.out / f"{args.scenario}.json"), str(args.out / f"{args.scenario}.png")]
+    wrote = f"wrote {files[0]} and {files[1]} in {elapsed_s:.1f} s"
+    if args.json:
+        print(json.dumps(terminal.as_json(summary, files), indent=2, sort_keys=True))
+        print(wrote, file=sys.stderr)
+    else:
+        print(terminal.render(summary))
+        print(f"\n{wrote}")
     return 0
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 import heapq
 import random
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from control_plane.sim.calibration import Calibration
+from control_plane.sim.progress import Tick
 from control_plane.sim.replica import Replica, ReplicaConfig, StepResult
 from control_plane.sim.workload import (
     BATCH_DEADLINE_S,
@@ -88,8 +90,11 @@ class Fleet:
         calibration: Calibration,
         tenants: dict[str, Tenant],
         streams: list[Stream],
+        on_sample: Callable[[Tick], None] | None = None,
     ) -> None:
+        """``on_sample`` (progress) is told of the fleet at every sample, arrivals' end included."""
         self.config = config
+        self._on_sample = on_sample
         self.cal = calibration
         self.tenants = tenants
         self.replicas = [Replica(f"r{i}", calibration, config.replica) for i in range(config.num_replicas)]
@@ -173,8 +178,14 @@ class Fleet:
         self._charge_decoding()
         on_replicas = sum(r.load().num_running + r.load().num_waiting for r in self.replicas)
         self._samples.append((self.now_s, len(self.queue), on_replicas))
-        if self.now_s < self.config.duration_s:
-            self._push(self.now_s + self.config.sample_period_s, _SAMPLE, 0)
+        if self._on_sample is not None:
+            tick = Tick(
+                self.now_s, self.config.duration_s, len(self.requests), len(self.queue), len(self.replicas)
+            )
+            self._on_sample(tick)
+        if self.now_s < self.config.duration_s:  # the last sample is at the arrivals' end exactly
+            next_s = min(self.now_s + self.config.sample_period_s, self.config.duration_s)
+            self._push(next_s, _SAMPLE, 0)
 
     # ----- gateway: admission -----
     def _arrive(self, i: int) -> None:

@@ -91,6 +91,7 @@ def summarize(run: FleetRun) -> dict[str, Any]:
         "outcomes": dict(sorted(outcomes.items())),
         "ttft_p50_ms": _ms(_percentile(ttfts, 0.50)),
         "ttft_p95_ms": _ms(_percentile(ttfts, 0.95)),
+        "itl_p50_ms": _ms(weighted_percentile(durations, num_decode, 0.50)),
         "itl_p95_ms": _ms(weighted_percentile(durations, num_decode, 0.95)),
         "output_tokens_per_s": round(output_tokens_per_s, 1),
         "peak_output_tokens_per_s_per_replica": round(peak, 1),

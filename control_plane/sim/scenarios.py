@@ -8,13 +8,15 @@ the queue's admission first). The noisy tenant and the batch tenants have no quo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from control_plane.sim.calibration import Calibration, seed_calibration
 from control_plane.sim.fleet import Fleet, FleetConfig, FleetRun
+from control_plane.sim.progress import ProgressSink, Tick
 from control_plane.sim.report import summarize, write_json, write_png
+from control_plane.sim.targets import ITL_P95_TARGET_MS, judge, meets_targets, verdict_json
 from control_plane.sim.workload import (
     SEED_OUTPUT_TOKENS,
     SEED_PROMPT_TOKENS,
@@ -26,9 +28,6 @@ from control_plane.sim.workload import (
 from sluice.domain import RequestClass, Tenant
 
 SCENARIOS = ("steady", "doubling", "noisy-tenant", "batch-fill")
-TTFT_P95_TARGET_MS = 500.0
-ITL_P95_TARGET_MS = 40.0
-MAX_SHED_RATE = 0.001  # the search also requires (almost) nothing refused or dropped
 QUOTA_HEADROOM = 3.0
 NOISY_TENANT = "noisy"
 
@@ -42,6 +41,8 @@ class Options:
     rate_per_s: float = SEED_RATE_PER_S  # the interactive load; tests scale it down
     num_noisy_requests: int = 10_000
     num_tenants: int = 10
+    # Told of every fleet run's samples (``sluice sim`` prints progress lines); not part of the result.
+    progress: ProgressSink | None = field(default=None, compare=False, repr=False)
 
     @property
     def warmup_s(self) -> float:
@@ -72,8 +73,14 @@ def interactive_stream(options: Options, tenants: dict[str, Tenant], **kwargs: A
 
 
 def run_fleet(
-    options: Options, replicas: int, tenants: dict[str, Tenant], streams: list[Stream], **config: Any
+    options: Options,
+    replicas: int,
+    tenants: dict[str, Tenant],
+    streams: list[Stream],
+    label: str = "",
+    **config: Any,
 ) -> FleetRun:
+    """One fleet run; ``label`` names it in progress lines when a scenario runs several."""
     fleet_config = FleetConfig(
         num_replicas=replicas,
         duration_s=options.duration_s,
@@ -81,24 +88,19 @@ def run_fleet(
         seed=options.seed,
         **config,
     )
-    return Fleet(fleet_config, seed_calibration(), tenants, streams).run()
+    sink = options.progress
+
+    def on_sample(tick: Tick) -> None:
+        if sink is not None:
+            sink(label, tick)
+
+    return Fleet(fleet_config, seed_calibration(), tenants, streams, on_sample).run()
 
 
 def lower_bound_replicas(options: Options, cal: Calibration) -> int:
     """Output tokens/s needed / a replica's roofline peak at the ITL target (its prefill included)."""
     peak = cal.peak_output_tokens_per_s(SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS, ITL_P95_TARGET_MS / 1000)
     return max(1, math.ceil(options.rate_per_s * SEED_OUTPUT_TOKENS / peak))
-
-
-def meets_targets(summary: dict[str, Any]) -> bool:
-    ttft, itl = summary["ttft_p95_ms"], summary["itl_p95_ms"]
-    return (
-        ttft is not None
-        and itl is not None
-        and ttft < TTFT_P95_TARGET_MS
-        and itl < ITL_P95_TARGET_MS
-        and summary["shed_rate"] <= MAX_SHED_RATE
-    )
 
 
 def find_replicas(options: Options) -> tuple[int, list[dict[str, Any]]]:
@@ -108,7 +110,8 @@ def find_replicas(options: Options) -> tuple[int, list[dict[str, Any]]]:
     tried: dict[int, dict[str, Any]] = {}
 
     def passes(n: int) -> bool:
-        summary = summarize(run_fleet(options, n, tenants, [interactive_stream(options, tenants)]))
+        run = run_fleet(options, n, tenants, [interactive_stream(options, tenants)], f"search {n} replicas")
+        summary = summarize(run)
         tried[n] = {k: summary[k] for k in ("ttft_p95_ms", "itl_p95_ms", "shed_rate", "utilisation")}
         return meets_targets(summary)
 
@@ -201,7 +204,7 @@ def noisy_tenant(options: Options) -> tuple[dict[str, Any], Runs]:
     others: dict[str, float | None] = {}
     for label, tenant_set, noisy, fair in variants:
         streams = [interactive_stream(options, tenants)] + ([burst] if noisy else [])
-        run = run_fleet(options, replicas, tenant_set, streams, fair=fair)
+        run = run_fleet(options, replicas, tenant_set, streams, label, fair=fair)
         result = summarize(run)
         others[label] = _others_ttft_p95_ms(run.requests, at_s, options.duration_s)
         result["others_ttft_p95_ms_from_burst"] = others[label]
@@ -260,9 +263,12 @@ def batch_fill(options: Options) -> tuple[dict[str, Any], Runs]:
 
 
 def run_scenario(name: str, options: Options, out_dir: Path) -> dict[str, Any]:
+    """Run scenario ``name``, judge it against its targets (``summary["targets"]``, see targets.py) and
+    write ``<out_dir>/<name>.json`` and ``.png``; returns the summary written."""
     functions = {"steady": steady, "doubling": doubling, "noisy-tenant": noisy_tenant}
     functions["batch-fill"] = batch_fill
     summary, runs = functions[name](options)
+    summary["targets"] = verdict_json(judge(name, summary))
     write_json(out_dir / f"{name}.json", summary)
     write_png(out_dir / f"{name}.png", f"sluice sim: {name} ({summary.get('replicas')} replicas)", runs)
     return summary

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from control_plane.sim import cli
 from control_plane.sim.calibration import seed_calibration
+from control_plane.sim.progress import ProgressLines, Tick
 from control_plane.sim.replica import Replica, ReplicaConfig
 from control_plane.sim.scenarios import Options, run_scenario, tenants_for
+from control_plane.sim.targets import judge
 from control_plane.sim.workload import Outcome, SimRequest
 from sluice.domain import RequestClass
 
@@ -154,3 +157,148 @@ def test_same_seed_same_summary(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "doubling.json").read_text() == (tmp_path / "b" / "doubling.json").read_text()
     assert first == again
     assert other["num_arrived"] != first["num_arrived"] or other["ttft_p95_ms"] != first["ttft_p95_ms"]
+
+
+# ----- what the terminal shows (`sluice sim`): progress, the summary table, the targets, --json -----
+# 4 replicas at 20 requests/s over 15 simulated seconds: about 1 s of wall time per run.
+CLI_SMALL = ["--replicas", "4", "--duration-s", "15", "--rate-per-s", "20"]
+TABLE_HEADERS = [
+    "scenario",
+    "replicas",
+    "TTFT p50 ms",
+    "TTFT p95 ms",
+    "ITL p50 ms",
+    "ITL p95 ms",
+    "utilisation",
+    "shed",
+    "$/M out tokens",
+    "targets",
+]
+
+
+def _sim(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[str, str]:
+    assert cli.main([*args, *CLI_SMALL, "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def _cells(line: str) -> list[str]:
+    """A rendered table line's cells: columns are separated by two or more spaces."""
+    return [cell for cell in line.split("  ") if cell.strip()] if line else []
+
+
+def _table(out: str) -> list[dict[str, str]]:
+    lines = out.splitlines()
+    headers = [c.strip() for c in _cells(lines[0])]
+    rows = []
+    for line in lines[1:]:
+        if not line:
+            break
+        rows.append(dict(zip(headers, [c.strip() for c in _cells(line)], strict=True)))
+    return rows
+
+
+def test_sim_prints_progress_on_stderr_then_the_table_the_targets_and_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, err = _sim(tmp_path, capsys, "--scenario", "doubling")
+    assert out.splitlines()[0].split() == " ".join(TABLE_HEADERS).split()
+    [row] = _table(out)
+    summary = json.loads((tmp_path / "doubling.json").read_text())
+    assert summary["targets"]["met"] is True  # the doubling's targets hold even on this small fleet
+    assert row["scenario"] == "doubling" and row["replicas"] == "4" and row["targets"] == "met"
+    assert row["TTFT p95 ms"] == f"{summary['ttft_p95_ms']:,.0f}"
+    assert row["ITL p50 ms"] == f"{summary['itl_p50_ms']:.1f}"
+    assert row["shed"] == f"{summary['shed_rate']:.2%}" and row["shed"] != "0.00%"
+    assert row["$/M out tokens"] == f"${summary['cost_per_m_output_tokens_usd']:,.2f}"
+    assert "interactive finished past deadline = 0" in out and "every refusal has a Retry-After" in out
+    assert out.rstrip().splitlines()[-1].startswith(f"wrote {tmp_path / 'doubling.json'} and ")
+    progress = err.splitlines()  # stderr has the progress lines only
+    assert [line.split("]")[0] for line in progress] == ["[sim doubling"] * 10
+    percents = [int(line.split("] ")[1].split("%")[0]) for line in progress]
+    # one line at the first sample (every simulated second) at or past each tenth: 1.5 s -> t=2 s, 13 %
+    assert [p // 10 for p in percents] == list(range(1, 11)) and percents[0] == 13
+    assert progress[-1].startswith("[sim doubling] 100% (t=15 s of 15): ")
+    assert " requests, queue " in progress[-1] and progress[-1].endswith(", replicas 4")
+
+
+def test_a_missed_target_shows_not_met_and_which_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = _sim(tmp_path, capsys, "--scenario", "steady", "--quiet")
+    [row] = _table(out)
+    assert row["targets"] == "not met"  # 4 replicas are too few for TTFT p95 < 500 ms after the start
+    targets = _table(out.split("\n\n")[1])
+    by_target = {t["targets"]: t for t in targets}
+    assert by_target["TTFT p95 < 500 ms"]["met"] == "not met"
+    assert by_target["ITL p95 < 40 ms"]["met"] == "met"
+
+
+def test_quiet_prints_no_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, err = _sim(tmp_path, capsys, "--scenario", "steady", "--quiet", "--duration-s", "6")
+    assert err == ""
+
+
+def test_json_prints_the_tables_figures_and_nothing_else_on_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, err = _sim(tmp_path, capsys, "--scenario", "noisy-tenant", "--json")
+    printed = json.loads(out)  # stdout is the JSON alone
+    summary = json.loads((tmp_path / "noisy-tenant.json").read_text())
+    assert [(r["scenario"], r["run"]) for r in printed["rows"]] == [
+        ("noisy-tenant", "wfq-baseline"),
+        ("noisy-tenant", "wfq-noisy"),
+        ("noisy-tenant", "fcfs-noisy"),
+    ]
+    verdict = "met" if summary["targets"]["met"] else "not met"
+    assert [r["targets"] for r in printed["rows"]] == [None, verdict, None]  # only wfq-noisy is judged
+    for row in printed["rows"]:
+        run = summary[row["run"]]
+        for key in ("replicas", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "utilisation"):
+            assert row[key] == run[key]
+        assert row["shed_rate"] == run["shed_rate"]
+        assert row["cost_per_m_output_tokens_usd"] == run["cost_per_m_output_tokens_usd"]
+    assert printed["targets"] == summary["targets"]
+    [check] = printed["targets"]["checks"]
+    assert check["value"] == summary["others_ttft_p95_rise"]["wfq"]
+    assert check["met"] == (check["value"] < 0.05) == summary["targets"]["met"]
+    assert printed["files"] == [str(tmp_path / "noisy-tenant.json"), str(tmp_path / "noisy-tenant.png")]
+    assert "definitions" not in printed["summary"] and printed["summary"]["replicas"] == 4
+    labels = {line.split("]")[0] for line in err.splitlines() if line.startswith("[sim")}
+    assert labels == {f"[sim noisy-tenant: {run}" for run in ("wfq-baseline", "wfq-noisy", "fcfs-noisy")}
+    assert err.rstrip().splitlines()[-1].startswith("wrote ")
+
+
+def test_bad_arguments_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--rate-per-s", "0"], ["--replicas", "0"], ["--duration-s", "-1"]):
+        assert cli.main(["--scenario", "steady", *bad, "--out", str(tmp_path)]) == 2
+        assert "must be" in capsys.readouterr().err
+    assert not tmp_path.joinpath("steady.json").exists()
+
+
+def test_progress_lines_every_tenth_of_each_run_labelled() -> None:
+    import io
+
+    stream = io.StringIO()
+    sink = ProgressLines(stream, "steady")
+    for label in ("search 38 replicas", ""):
+        for t in range(0, 41):
+            sink(label, Tick(float(t), 40.0, num_arrived=t * 1_000, queue_depth=t, num_replicas=38))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 20
+    assert (
+        lines[0] == "[sim steady: search 38 replicas] 10% (t=4 s of 40): 4,000 requests, queue 4, replicas 38"
+    )
+    assert lines[10] == "[sim steady] 10% (t=4 s of 40): 4,000 requests, queue 4, replicas 38"
+    assert lines[-1] == "[sim steady] 100% (t=40 s of 40): 40,000 requests, queue 40, replicas 38"
+    with pytest.raises(ValueError, match="every_fraction"):
+        ProgressLines(stream, "steady", every_fraction=0.0)
+
+
+def test_a_target_not_measured_is_not_met() -> None:
+    summary = {"ttft_p95_ms": None, "itl_p95_ms": 30.0, "shed_rate": 0.0}
+    checks = judge("steady", summary)
+    assert [c.met for c in checks] == [False, True, True]
+    assert checks[0].measured == "not measured"
+    with pytest.raises(ValueError, match="no targets"):
+        judge("sideways", summary)
