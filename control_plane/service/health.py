@@ -1,12 +1,28 @@
-"""The control plane's replica health checks: every ``interval_s`` each registered replica in
-``starting``, ``ready``, ``failed`` or ``draining`` is verified (``sluice.triton.verify.verify_replica``:
-Triton reports the registry's version ready AND the model configuration it serves carries the registry's
-weights digest), and the verdict is recorded in the registry (``record_health``):
+"""The control plane's replica health checks: a round starts every ``interval_s`` (start to start; a
+round that overruns is followed at once) and checks each registered replica in ``starting``, ``ready``,
+``failed`` or ``draining``. A check passes when both hold:
 
-- passes: ``ready`` (a ``starting`` or ``failed`` replica comes back; a ``draining`` one stays draining);
-- fails: ``failed`` with the reason in words, except a ``starting`` replica within ``start_grace_s`` of its
-  registration (it is loading: it stays ``starting``, the reason recorded) and a ``draining`` one;
+1. ``sluice.triton.verify.verify_replica``: Triton reports the registry's version ready AND the model
+   configuration it serves carries the registry's weights digest;
+2. ``sluice.triton.probe.probe_replica``: one real generation of one token at that version finishes
+   within ``probe_timeout_s``. Readiness alone cannot see a wedged engine (Triton up, port open, no
+   tokens); the probe does.
+
+The verdict is recorded in the registry (``record_health``):
+
+- fails: ``failed`` with the reason in words at once (one bad check: a wedge is caught by the first round
+  after it, within two intervals while ``probe_timeout_s <= interval_s``), except a ``starting`` replica
+  within ``start_grace_s`` of its registration (it is loading: it stays ``starting``, the reason recorded)
+  and a ``draining`` one;
+- passes: ``ready`` for a ``starting`` or ``ready`` replica; a ``failed`` one comes back only after
+  ``num_good_checks_to_recover`` consecutive passing checks (2 by default: one lucky probe of a flapping
+  replica does not send it work); until then it stays ``failed`` with ``passing again: n of K good
+  checks``. A ``draining`` one stays draining;
 - ``stopped`` replicas are not checked.
+
+The count of consecutive passes is this checker's own state (per replica, reset by a failing check or a
+re-registration, not persisted: a restarted control plane asks a failed replica for K passes again); each
+change of it on a failed replica is one log line.
 
 A replica whose digest differs therefore never becomes ``ready``, and gateways route only ``ready`` ones.
 Each state change is one log line and a count of ``sluice_control_plane_replica_state_changes_total``;
@@ -29,6 +45,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sluice.registry.base import NotFound, Registry, RegistryError, Replica, ReplicaState
+from sluice.triton.probe import DEFAULT_PROBE_TIMEOUT_S, ProbeResult, probe_replica
 from sluice.triton.verify import Verification, verify_replica
 
 log = logging.getLogger("sluice.control_plane.health")
@@ -39,23 +56,35 @@ DEFAULT_INTERVAL_S = 2.0
 # NOTE: longer than a local replica's launch timeout, so the actuator, not this, fails a slow launch.
 DEFAULT_START_GRACE_S = 120.0
 CHECK_TIMEOUT_S = 2.0
+DEFAULT_NUM_GOOD_CHECKS_TO_RECOVER = 2
 MAX_CONCURRENT_CHECKS = 16
 CHECKED_STATES = frozenset(
     {ReplicaState.STARTING, ReplicaState.READY, ReplicaState.FAILED, ReplicaState.DRAINING}
 )
 
 Verify = Callable[[str, str, str, str, float], Awaitable[Verification]]
+# (endpoint, model, version, timeout_s) -> the probe's result
+Probe = Callable[[str, str, str, float], Awaitable[ProbeResult]]
 # A decision on a replica as read under the lock: (new state, detail), or None to write nothing.
 Decide = Callable[[Replica], tuple[ReplicaState, str] | None]
 
 
 def next_state(
-    current: ReplicaState, passed: bool, *, starting_for_s: float, start_grace_s: float
+    current: ReplicaState,
+    passed: bool,
+    *,
+    starting_for_s: float,
+    start_grace_s: float,
+    num_good_checks: int = 1,
+    num_good_checks_to_recover: int = 1,
 ) -> ReplicaState:
-    """The state a health check's verdict leaves a replica in (pure; see the module docstring)."""
+    """The state a health check's verdict leaves a replica in (pure; see the module docstring).
+    ``num_good_checks``: consecutive passing checks, this one included."""
     if current in (ReplicaState.DRAINING, ReplicaState.STOPPED):
         return current
     if passed:
+        if current == ReplicaState.FAILED and num_good_checks < num_good_checks_to_recover:
+            return ReplicaState.FAILED
         return ReplicaState.READY
     if current == ReplicaState.STARTING and starting_for_s < start_grace_s:
         return ReplicaState.STARTING
@@ -150,17 +179,29 @@ class HealthChecker:
         interval_s: float = DEFAULT_INTERVAL_S,
         start_grace_s: float = DEFAULT_START_GRACE_S,
         check_timeout_s: float = CHECK_TIMEOUT_S,
+        probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+        num_good_checks_to_recover: int = DEFAULT_NUM_GOOD_CHECKS_TO_RECOVER,
         verify: Verify = verify_replica,
+        probe: Probe = probe_replica,
     ) -> None:
-        if interval_s <= 0 or start_grace_s < 0 or check_timeout_s <= 0:
-            raise ValueError("interval_s and check_timeout_s must be positive, start_grace_s >= 0")
+        if min(interval_s, check_timeout_s, probe_timeout_s) <= 0 or start_grace_s < 0:
+            raise ValueError(
+                "interval_s, check_timeout_s and probe_timeout_s must be positive, start_grace_s >= 0"
+            )
+        if num_good_checks_to_recover < 1:
+            raise ValueError(f"num_good_checks_to_recover must be >= 1, got {num_good_checks_to_recover}")
         self._states = states
         self._registry = states.registry
         self._metrics = HealthMetrics(metrics_registry)
         self._interval_s = interval_s
         self._start_grace_s = start_grace_s
         self._check_timeout_s = check_timeout_s
+        self._probe_timeout_s = probe_timeout_s
+        self._num_good_checks_to_recover = num_good_checks_to_recover
         self._verify = verify
+        self._probe = probe
+        # replica_id -> (the registration checked: endpoint, model, version; consecutive passing checks)
+        self._good_checks: dict[str, tuple[tuple[str, str, str], int]] = {}
         self._limit = asyncio.Semaphore(MAX_CONCURRENT_CHECKS)
         self._task: asyncio.Task[None] | None = None
 
@@ -176,9 +217,14 @@ class HealthChecker:
 
     async def _run(self) -> None:
         registry_down = False
+        loop = asyncio.get_running_loop()
+        round_started = loop.time()
         while True:
             # Sleep first: a restarting service leaves the recorded states alone for one interval.
-            await asyncio.sleep(self._interval_s)
+            # NOTE: start to start, so a round slowed by a wedged replica's probe does not stretch the next
+            # wait: a wedge is caught within two intervals.
+            await asyncio.sleep(max(0.0, round_started + self._interval_s - loop.time()))
+            round_started = loop.time()
             try:
                 await self.check_round()
                 if registry_down:
@@ -197,6 +243,9 @@ class HealthChecker:
         self._metrics.count_states(list(snapshot.replicas))
         digests = {(v.model, v.version): v.weights_digest for v in snapshot.versions}
         due = [r for r in snapshot.replicas if r.state in CHECKED_STATES]
+        due_ids = {r.replica_id for r in due}
+        for gone in [replica_id for replica_id in self._good_checks if replica_id not in due_ids]:
+            del self._good_checks[gone]
         await asyncio.gather(*(self._check(r, digests.get((r.model, r.version), "")) for r in due))
 
     async def check(self, replica: Replica) -> Replica | None:
@@ -204,12 +253,34 @@ class HealthChecker:
         version = await self._registry.get_version(replica.model, replica.version)
         return await self._check(replica, version.weights_digest)
 
-    async def _check(self, replica: Replica, digest: str) -> Replica | None:
+    async def _verdict(self, replica: Replica, digest: str) -> Verification:
+        """Verified, then probed (a replica that fails verification is not sent a generation)."""
         async with self._limit:
-            result = await self._verify(
+            verified = await self._verify(
                 replica.endpoint, replica.model, replica.version, digest, self._check_timeout_s
             )
+            if not verified.ok:
+                return verified
+            probed = await self._probe(
+                replica.endpoint, replica.model, replica.version, self._probe_timeout_s
+            )
+        return Verification(probed.ok, probed.detail)
+
+    def _count_good_check(self, replica: Replica, passed: bool) -> tuple[int, int]:
+        """Record one check's verdict; (consecutive passes before it, consecutive passes now)."""
+        registration = (replica.endpoint, replica.model, replica.version)
+        known, before = self._good_checks.get(replica.replica_id, (registration, 0))
+        if known != registration:
+            before = 0  # re-registered: its history is another replica's
+        now = before + 1 if passed else 0
+        self._good_checks[replica.replica_id] = (registration, now)
+        return before, now
+
+    async def _check(self, replica: Replica, digest: str) -> Replica | None:
+        result = await self._verdict(replica, digest)
         self._metrics.checks.labels("pass" if result.ok else "fail").inc()
+        num_before, num_good = self._count_good_check(replica, result.ok)
+        needed = self._num_good_checks_to_recover
 
         def decide(current: Replica) -> tuple[ReplicaState, str] | None:
             if (current.endpoint, current.model, current.version) != (
@@ -220,14 +291,22 @@ class HealthChecker:
                 return None  # re-registered or stopped while this check ran: the next round sees it
             starting_for_s = (datetime.now(UTC) - current.updated_at).total_seconds()
             state = next_state(
-                current.state, result.ok, starting_for_s=starting_for_s, start_grace_s=self._start_grace_s
-            )
+                current.state, result.ok, starting_for_s=starting_for_s, start_grace_s=self._start_grace_s,
+                num_good_checks=num_good, num_good_checks_to_recover=needed,
+            )  # fmt: skip
+            if state == ReplicaState.FAILED and result.ok:
+                return state, f"passing again: {num_good} of {needed} good checks before it is ready"
             return state, result.detail
 
         changed = await self._states.update(replica.replica_id, decide, actor=HEALTH_ACTOR)
         if changed is None:
             return None
         before, after = changed
+        if before.state == after.state == ReplicaState.FAILED and num_before != num_good:
+            log.info(
+                "replica %s: %d of %d consecutive good checks before it is ready",
+                after.replica_id, num_good, needed,
+            )  # fmt: skip
         if before.state != after.state:
             self._metrics.state_changes.labels(str(after.state)).inc()
             level = logging.WARNING if after.state == ReplicaState.FAILED else logging.INFO

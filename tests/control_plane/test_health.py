@@ -1,8 +1,9 @@
 """The control plane's replica health checks against a real tritonserver (the session's ``replica``) and a
 real registry (SQLite and PostgreSQL): a replica is marked ready only once Triton reports its version
-ready and serves the registry's digest; failed with the reason when not, and back to ready when it passes
-again; a replica serving other weights never becomes ready; a draining replica stays draining. Each state
-change is one log line and a metric."""
+ready, serves the registry's digest and answers a real inference probe; failed with the reason when not,
+and back to ready after two consecutive passing checks; a wedged engine (Triton ready, no token) is
+failed within two intervals; a replica serving other weights never becomes ready; a draining replica
+stays draining. Each state change is one log line and a metric."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client import CollectorRegistry
 from tcp_proxy import ProxyThread
+from wedge import wedged_engine
 
 from control_plane.service.health import HealthChecker, ReplicaStates, next_state
 from sluice.registry.base import Registry, ReplicaState
 from sluice.registry.postgres import PostgresRegistry
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.triton.launcher import TritonServer
+from sluice.triton.probe import ProbeResult
 from sluice.triton.verify import Verification
 from sluice.weights_digest import weights_digest
 
@@ -51,6 +54,27 @@ def test_next_state(
     current: ReplicaState, passed: bool, starting_for_s: float, expected: ReplicaState
 ) -> None:
     assert next_state(current, passed, starting_for_s=starting_for_s, start_grace_s=10.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("current", "num_good_checks", "expected"),
+    [
+        (ReplicaState.FAILED, 1, ReplicaState.FAILED),  # one good check is not enough to come back
+        (ReplicaState.FAILED, 2, ReplicaState.READY),
+        (ReplicaState.FAILED, 5, ReplicaState.READY),
+        (ReplicaState.STARTING, 1, ReplicaState.READY),  # a new replica is not a recovering one
+        (ReplicaState.READY, 1, ReplicaState.READY),
+        (ReplicaState.DRAINING, 3, ReplicaState.DRAINING),
+    ],
+)
+def test_a_failed_replica_comes_back_after_k_consecutive_good_checks(
+    current: ReplicaState, num_good_checks: int, expected: ReplicaState
+) -> None:
+    state = next_state(
+        current, True, starting_for_s=0.0, start_grace_s=10.0, num_good_checks=num_good_checks,
+        num_good_checks_to_recover=2,
+    )  # fmt: skip
+    assert state == expected
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -116,14 +140,19 @@ def test_a_replica_is_ready_once_verified_failed_when_unreachable_and_back_when_
 
         proxy.restore()
         deadline = time.monotonic() + 10  # gRPC may wait out a short reconnect backoff: a few rounds
+        num_rounds_passing = 0
         while aio(registry.get_replica("r-1")).state != ReplicaState.READY:
             assert time.monotonic() < deadline, aio(registry.get_replica("r-1")).health_detail
             time.sleep(0.2)
             aio(health.check_round())
+            num_rounds_passing += "passing again" in aio(registry.get_replica("r-1")).health_detail
+        assert num_rounds_passing == 1  # the first good check left it failed: two are needed
     finally:
         proxy.close()
-    changes = [r.getMessage() for r in caplog.records if r.name == "sluice.control_plane.health"]
-    assert len(changes) == 3, changes  # one line per state change, none for the repeated failure
+    lines = [r.getMessage() for r in caplog.records if r.name == "sluice.control_plane.health"]
+    changes = [line for line in lines if " -> " in line]
+    assert len(changes) == 3, lines  # one line per state change, none for the repeated failure
+    assert "replica r-1: 1 of 2 consecutive good checks before it is ready" in lines
     assert "replica r-1 (sluice-tiny version 1" in changes[0] and "starting -> ready" in changes[0]
     assert "ready -> failed: " in changes[1] and "failed -> ready" in changes[2]
     assert state_changes(metrics, "ready") == 2 and state_changes(metrics, "failed") == 1
@@ -185,7 +214,10 @@ def test_stopped_replicas_are_not_checked(registry: Registry, dev_checkpoint: Pa
         calls.append(endpoint)
         raise AssertionError("a stopped replica must not be checked")
 
-    health = HealthChecker(ReplicaStates(registry), CollectorRegistry(), verify=verify)
+    async def probe(endpoint: str, *_: object) -> Any:
+        raise AssertionError("a stopped replica must not be probed")
+
+    health = HealthChecker(ReplicaStates(registry), CollectorRegistry(), verify=verify, probe=probe)
     aio(registry.register_replica(
         "r-s", endpoint="127.0.0.1:1", model=MODEL, version="1", actor="test", state=ReplicaState.STOPPED
     ))  # fmt: skip
@@ -208,7 +240,10 @@ def test_a_check_in_flight_never_undoes_a_drain(
             await drained.wait()
             return Verification(True, "")
 
-        health = HealthChecker(states, CollectorRegistry(), verify=verify)
+        async def probe(*_: object) -> ProbeResult:
+            return ProbeResult(True, "", 0.01)
+
+        health = HealthChecker(states, CollectorRegistry(), verify=verify, probe=probe)
         await registry.register_replica(
             "r-1", endpoint="127.0.0.1:1", model=MODEL, version="1", actor="test", state=ReplicaState.READY
         )
@@ -220,3 +255,82 @@ def test_a_check_in_flight_never_undoes_a_drain(
         return (await registry.get_replica("r-1")).state
 
     assert aio(run()) == ReplicaState.DRAINING
+
+
+def test_a_replica_that_fails_verification_is_not_probed(registry: Registry, aio: Aio[Any]) -> None:
+    add_version(aio, registry, "1", WRONG_DIGEST, Path("/nonexistent"))
+    probed: list[str] = []
+
+    async def verify(*_: object) -> Verification:
+        return Verification(False, "model sluice-tiny version 1 is not ready")
+
+    async def probe(endpoint: str, *_: object) -> ProbeResult:
+        probed.append(endpoint)
+        return ProbeResult(True, "", 0.01)
+
+    health = HealthChecker(ReplicaStates(registry), CollectorRegistry(), verify=verify, probe=probe)
+    aio(registry.register_replica(
+        "r-n", endpoint="127.0.0.1:1", model=MODEL, version="1", actor="test", state=ReplicaState.READY
+    ))  # fmt: skip
+    aio(health.check_round())
+    found = aio(registry.get_replica("r-n"))
+    assert probed == [] and found.state == ReplicaState.FAILED and "is not ready" in found.health_detail
+
+
+@pytest.fixture(scope="module")
+def wedge_replica(start_replica: Callable[[str], TritonServer]) -> TritonServer:
+    """A replica of its own: its engine gets frozen, the session's replica must not be."""
+    return start_replica("health_wedge")
+
+
+INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 0.5
+
+
+def test_a_wedged_engine_is_failed_within_two_intervals_and_back_after_two_good_probes(
+    registry: Registry,
+    wedge_replica: TritonServer,
+    dev_checkpoint: Path,
+    aio: Aio[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The checker's own loop, on a real tritonserver whose engine threads are frozen: Triton stays up and
+    reports the model ready, so only the probe can tell."""
+    add_version(aio, registry, "1", weights_digest(dev_checkpoint), dev_checkpoint)
+    caplog.set_level(logging.INFO, logger="sluice.control_plane.health")
+    health = HealthChecker(
+        ReplicaStates(registry), CollectorRegistry(), interval_s=INTERVAL_S, probe_timeout_s=PROBE_TIMEOUT_S
+    )
+
+    async def wait_for(state: ReplicaState, within_s: float) -> float:
+        started = time.monotonic()
+        while (found := await registry.get_replica("r-w")).state != state:
+            assert time.monotonic() - started < within_s, (state, found.state, found.health_detail)
+            await asyncio.sleep(0.02)
+        return time.monotonic() - started
+
+    async def run() -> tuple[float, float, str]:
+        await registry.register_replica(
+            "r-w", endpoint=wedge_replica.grpc_url, model=MODEL, version="1", actor="test"
+        )
+        await health.start()
+        try:
+            await wait_for(ReplicaState.READY, within_s=3 * INTERVAL_S)
+            with wedged_engine(wedge_replica.config.effective_shm_prefix):
+                caught_after_s = await wait_for(ReplicaState.FAILED, within_s=2 * INTERVAL_S)
+                detail = (await registry.get_replica("r-w")).health_detail
+                await asyncio.sleep(2 * INTERVAL_S)  # still wedged: it stays failed
+                assert (await registry.get_replica("r-w")).state == ReplicaState.FAILED
+            back_after_s = await wait_for(ReplicaState.READY, within_s=4 * INTERVAL_S)
+            return caught_after_s, back_after_s, detail
+        finally:
+            await health.close()
+
+    caught_after_s, back_after_s, detail = aio(run())
+    assert caught_after_s <= 2 * INTERVAL_S and detail == f"wedged: no token within {PROBE_TIMEOUT_S:.1f} s"
+    # two good rounds, one interval apart (the first may be a probe sent just before the thaw)
+    assert back_after_s > INTERVAL_S - PROBE_TIMEOUT_S
+    lines = [r.getMessage() for r in caplog.records if r.name == "sluice.control_plane.health"]
+    recovery = lines[lines.index(next(line for line in lines if "ready -> failed" in line)) :]
+    assert "replica r-w: 1 of 2 consecutive good checks before it is ready" in recovery
+    assert "failed -> ready" in recovery[-1]
