@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     router_weight_prefix: float = Field(3.0, ge=0, le=1000)  # 0: no prefix affinity
     router_prefix_blocks: int = Field(4, ge=1, le=1024)
     router_affinity_ttl_s: float = Field(300.0, gt=0, le=24 * 3600)
+    # The rule among those replicas: "score" (the above), or a baseline to measure it against:
+    # "least_loaded" (most free KV, then fewest running; no affinity), "random" (a hash of the request id).
+    router_placement: Literal["score", "least_loaded", "random"] = "score"
 
     # Engine and model.
     # How the gateway knows its replicas: "static" = one replica (triton_grpc_url, or the in-process

@@ -35,7 +35,7 @@ from sluice.policy.affinity import AffinityMemory
 from sluice.policy.dispatch import DispatchConfig, EnginePriority, PriorityLoad, ReplicaLoad
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
-from sluice.policy.placement import ScoreWeights, prefix_key
+from sluice.policy.placement import PlacementRule, ScoreWeights, prefix_key
 from sluice.policy.rate import RateMeter
 from sluice.policy.share import InFlight
 from sluice.settings import Settings
@@ -126,6 +126,7 @@ class ModelScheduler:
                 itl=settings.router_weight_itl,
                 prefix=settings.router_weight_prefix,
             ),
+            placement=PlacementRule(settings.router_placement),
         )
         self._affinity = AffinityMemory(ttl_s=settings.router_affinity_ttl_s)
         self._drain = RateMeter(window_s=10.0)

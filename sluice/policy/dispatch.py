@@ -20,7 +20,8 @@ the same fields).
   free, and neither the latency gate nor waiting work of lower priority holds it back (only waiting
   work of its priority or above counts).
 Among replicas that pass, the best score wins (``placement``: KV headroom, waiting, inter-token latency
-and tenant-scoped prefix affinity, weighted; ties to the smallest replica id).
+and tenant-scoped prefix affinity, weighted; ties to the smallest replica id), unless
+``DispatchConfig.placement`` names a baseline rule (``least_loaded``, ``random``) to measure it against.
 """
 
 from __future__ import annotations
@@ -32,12 +33,21 @@ from enum import StrEnum
 from sluice.domain import RequestClass
 from sluice.engine_client.wire import EnginePriority
 from sluice.policy.load import PriorityLoad, ReplicaLoad
-from sluice.policy.placement import ScoreWeights, best, saturated, score
+from sluice.policy.placement import (
+    PlacementRule,
+    ScoreWeights,
+    best,
+    hashed,
+    least_loaded,
+    saturated,
+    score,
+)
 
 # Re-exported: callers take the load types and the wire priority from here, beside the gate that reads them.
 __all__ = [
     "DispatchConfig",
     "EnginePriority",
+    "PlacementRule",
     "PriorityLoad",
     "ReplicaLoad",
     "ScoreWeights",
@@ -84,6 +94,7 @@ class DispatchConfig:
     )  # how replicas that pass are ranked (``placement``)
     # Affinity yields once a replica has used this share of its KV (``placement.saturated``).
     saturation_kv_used_fraction: float = 0.9
+    placement: PlacementRule = PlacementRule.SCORE  # the rule among replicas that pass (``pick_replica``)
 
     def __post_init__(self) -> None:
         if not 0 < self.saturation_kv_used_fraction <= 1:
@@ -150,13 +161,22 @@ def pick_replica(
     *,
     prefix_key: int | None = None,
     affinity: Mapping[int, str] | None = None,
+    request_id: str | None = None,
 ) -> ReplicaLoad | None:
     """The replica to send a request of ``kv_tokens`` (prompt + max_tokens) to, or None: keep it queued.
 
     Among the replicas that ``accepts`` it, the best ``placement.score`` wins (ties: the smallest replica
     id). ``affinity`` (read only; its owner records each dispatch) maps a prefix key to the replica it
     was last sent to: that replica gets the prefix bonus for a request with the same ``prefix_key``
-    unless it is saturated."""
+    unless it is saturated. With ``config.placement`` a baseline, that rule chooses instead
+    (``placement.least_loaded``; ``placement.hashed`` of ``request_id``, which it then requires)."""
+    if config.placement is PlacementRule.LEAST_LOADED:
+        return least_loaded([load for load in loads if accepts(load, kv_tokens, standing, config, priority)])
+    if config.placement is PlacementRule.RANDOM:
+        if request_id is None:
+            raise ValueError("placement 'random' hashes the request id: pass request_id")
+        passing = [load for load in loads if accepts(load, kv_tokens, standing, config, priority)]
+        return hashed(passing, request_id)
     preferred = affinity.get(prefix_key) if affinity is not None and prefix_key is not None else None
     scored: list[tuple[float, ReplicaLoad]] = []
     for load in loads:

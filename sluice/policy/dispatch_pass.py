@@ -99,6 +99,7 @@ class DispatchPass(Generic[T]):
                 priority,
                 prefix_key=head.prefix_key,
                 affinity=self.affinity,
+                request_id=head.request_id,
             )
             if load is not None:
                 return Placement(head, load, priority)

@@ -21,6 +21,11 @@ fraction is what bites, since ``accepts`` lets a replica take work down to its l
 
 The prefix key is scoped by tenant: two tenants with the same prompt get different keys, so one tenant's
 traffic never steers another's placement (llm-d's router keys by prompt alone).
+
+``PlacementRule`` (``SLUICE_ROUTER_PLACEMENT``) picks the rule: ``score`` (the above), or one of two
+baselines to measure it against (bench/placement_bench.py): ``least_loaded`` (most free KV tokens, then
+fewest running, then the smallest replica id; no affinity), ``random`` (``hashed``: a stable hash of the
+request id over the replicas that pass, deterministic per request, with no RNG state to own).
 """
 
 from __future__ import annotations
@@ -31,11 +36,20 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sluice.policy.load import ReplicaLoad
 
 DEFAULT_BLOCK_SIZE_TOKENS = 16  # the engines' KV block size (the CPU engine's and TensorRT-LLM's default)
 _SCORE_DECIMALS = 9  # scores are compared rounded: equal scores must not be ordered by rounding noise
+
+
+class PlacementRule(StrEnum):
+    """How a replica is chosen among those that pass the dispatch gate."""
+
+    SCORE = "score"  # weighted load terms plus tenant-scoped prefix affinity (the default)
+    LEAST_LOADED = "least_loaded"  # baseline: most free KV tokens, then fewest running; no affinity
+    RANDOM = "random"  # baseline: a stable hash of the request id; no load, no affinity
 
 
 def prefix_key(
@@ -120,3 +134,22 @@ def best(scored: Sequence[tuple[float, ReplicaLoad]]) -> ReplicaLoad | None:
     if not scored:
         return None
     return min(scored, key=lambda pair: (-pair[0], pair[1].replica_id))[1]
+
+
+def least_loaded(loads: Sequence[ReplicaLoad]) -> ReplicaLoad | None:
+    """The most free KV tokens, then the fewest running, then the smallest replica id (the rule before
+    scoring, with the id tie-break added so the choice does not depend on the order of ``loads``)."""
+    if not loads:
+        return None
+    return min(loads, key=lambda load: (-load.free_kv_tokens, load.num_running, load.replica_id))
+
+
+def hashed(loads: Sequence[ReplicaLoad], request_id: str) -> ReplicaLoad | None:
+    """One of ``loads`` by a stable hash of ``request_id`` (BLAKE2b, the same in every process): requests
+    spread evenly and blindly, like a random choice, yet a request asks again for the same replica while
+    the set that passes stays the same (replayable; no RNG state)."""
+    if not loads:
+        return None
+    ordered = sorted(loads, key=lambda load: load.replica_id)  # not the caller's order: a stable mapping
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return ordered[int.from_bytes(digest, "little") % len(ordered)]
