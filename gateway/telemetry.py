@@ -45,6 +45,9 @@ class TelemetryRecord:
     attempt: int = 1  # with an Idempotency-Key: this attempt's number
     superseded_output_tokens: int = 0  # waste: what the abandoned previous attempt had generated
     idempotency_key: str | None = None  # the client's Idempotency-Key, as on the usage row
+    # Prompt tokens the replica served from its prefix cache (its final response's num_cached_tokens);
+    # None: it reported none (no final response, or an engine that does not count them).
+    cached_tokens: int | None = None
 
 
 class TelemetryWriter:

@@ -62,6 +62,7 @@ class _Ending:
     finish_reason: str | None = None
     error: str | None = None
     num_output_tokens: int = 0
+    num_cached_tokens: int | None = None  # from the final delta: prompt tokens its prefix cache served
     reached_replica: bool = False
     texts: list[str] = field(default_factory=list)  # sent: kept only with an Idempotency-Key, for replays
     verdict: Verdict | None = None
@@ -116,6 +117,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                 text = detok.push(delta.token_ids)
                 if delta.finish_reason is not None:
                     text += detok.finish()
+                    end.num_cached_tokens = delta.num_cached_tokens
                 emit, hit_stop = stops.feed(text)
                 if hit_stop:
                     end.outcome, end.finish_reason, ended = Outcome.FINISHED, "stop", True
@@ -230,6 +232,7 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         end.error,
         end.reached_replica,
         end.slot.engine if end.slot is not None else None,
+        end.num_cached_tokens,
     )
     await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
 

@@ -29,6 +29,7 @@ class Ended:
     error: str | None
     reached_replica: bool
     engine: EngineClient | None = None  # the replica it was dispatched to; None: never dispatched
+    num_cached_tokens: int | None = None  # prompt tokens the replica's prefix cache served; None: unknown
 
 
 def usage_record(
@@ -108,6 +109,7 @@ async def record_request(
         attempt=attempt.attempt if attempt else 1,
         superseded_output_tokens=attempt.superseded_output_tokens if attempt else 0,
         idempotency_key=job.idempotency_key,
+        cached_tokens=ended.num_cached_tokens,
     )
     try:
         gw.telemetry.write(record)
