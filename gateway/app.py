@@ -52,7 +52,7 @@ from sluice.settings import Settings, redact_secrets
 from sluice.storage import open_ledger, open_tenant_store
 from sluice.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
-from sluice.triton.verify import Verification, grpc_target, verify_replica
+from sluice.triton.verify import Verification, verify_replica
 
 log = logging.getLogger("sluice.gateway")
 
@@ -189,9 +189,7 @@ async def _open_routing(
 def _replica_client(target: ReplicaTarget) -> EngineClient:
     # A replica registered without a metrics URL: its load is not read, so the scheduler's KV gate stays
     # open for it and the replica's own admission applies.
-    client = TritonEngineClient(
-        grpc_target(target.endpoint), target.model, metrics_url=target.metrics_url or None
-    )
+    client = TritonEngineClient(target.endpoint, target.model, metrics_url=target.metrics_url or None)
     client.model_version = target.version
     return client
 

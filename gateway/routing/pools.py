@@ -2,10 +2,10 @@
 one engine client per replica, kept in step with each new table by ``apply``. Owned by the event loop.
 
 A replica enters rotation only after this gateway verified it (``verify``: ready at the version, serving
-its weights digest); one that fails stays out and is tried again at the next ``apply`` or ``recheck``. A
-replica the table no longer names is drained (its requests finish, nothing new goes to it) and its
-client closed once it holds nothing. A (model, version) whose scheduler is empty and no longer routed is
-closed the same way.
+its weights digest); one that fails stays out and is tried again at the next ``apply`` (the registry
+follower re-reads every poll interval). A replica the table no longer names is drained (its requests
+finish, nothing new goes to it) and its client closed once it holds nothing. A (model, version) whose
+scheduler is empty and no longer routed is closed the same way.
 """
 
 from __future__ import annotations
@@ -92,10 +92,6 @@ class ReplicaPools:
             if not routed and not scheduler.replica_ids and scheduler.num_in_flight == 0:
                 del self._schedulers[key]
                 self._spawn(scheduler.close())
-
-    async def recheck(self) -> None:
-        """Try again the replicas this gateway refused (e.g. not ready yet when the table named them)."""
-        await self.apply(self._table)
 
     async def close(self) -> None:
         for scheduler in self._schedulers.values():

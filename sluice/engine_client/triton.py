@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
 from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
-from sluice.triton.client import GenerateStream, request_tensors
+from sluice.triton.client import GenerateStream, grpc_target, request_tensors
 from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger(__name__)
@@ -35,13 +35,6 @@ log = logging.getLogger(__name__)
 # distribution). Any top_p at or below this keeps only the most likely token (whose probability is at
 # least 1 / vocabulary size), so it is sent as this instead.
 MIN_SENT_TOP_P = 1e-6
-
-
-def _strip_scheme(url: str) -> str:
-    for scheme in ("grpc://", "http://"):
-        if url.startswith(scheme):
-            return url[len(scheme) :]
-    return url
 
 
 class TritonEngineClient(EngineClient):
@@ -55,7 +48,7 @@ class TritonEngineClient(EngineClient):
         *,
         metrics_url: str | None = None,
     ) -> None:
-        self.replica = _strip_scheme(grpc_url)
+        self.replica = grpc_target(grpc_url)
         self._model_name = model_name
         self._stream_timeout_s = stream_timeout_s
         self._metrics_url = metrics_url

@@ -37,6 +37,23 @@ from tritonclient.utils import np_to_triton_dtype
 from sluice.engine_client.wire import EngineError, EngineErrorKind
 
 
+def grpc_target(endpoint: str) -> str:
+    """host:port from an endpoint that may carry a grpc:// or http:// scheme."""
+    for scheme in ("grpc://", "http://"):
+        if endpoint.startswith(scheme):
+            return endpoint[len(scheme) :]
+    return endpoint
+
+
+def check_client(endpoint: str) -> grpcclient.InferenceServerClient:
+    """A client for one health check (verification, probe): the caller closes it.
+    NOTE: a subchannel pool of its own: gRPC otherwise shares one reconnect backoff between channels to an
+    address, so the first checks after a replica comes up could fail without trying."""
+    return grpcclient.InferenceServerClient(
+        grpc_target(endpoint), channel_args=[("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
 @dataclass(frozen=True)
 class TokenChunk:
     """The tokens one response carried; the totals only on the response with the request's last tokens."""

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from sluice.engine_client.wire import EngineError, EnginePriority
-from sluice.triton.client import chunk_from_result, request_tensors, to_infer_inputs
-from sluice.triton.verify import grpc_target
+from sluice.triton.client import check_client, chunk_from_result, request_tensors, to_infer_inputs
 
 PROBE_CACHE_SCOPE = "sluice-health-probe"
 # NOTE: small ids, inside every vocabulary we serve (the dev checkpoint has 8192); what they mean is moot.
@@ -57,11 +55,7 @@ async def probe_replica(
     ``model`` at ``version``; it passes only if the token comes and the stream ends within ``timeout_s``."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    # NOTE: a subchannel pool of its own, as verify_replica's: a shared reconnect backoff could fail a
-    # probe without trying.
-    client = grpcclient.InferenceServerClient(
-        grpc_target(endpoint), channel_args=[("grpc.use_local_subchannel_pool", 1)]
-    )
+    client = check_client(endpoint)
     progress = _Progress()
     started = time.monotonic()
     call: Any = None

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from sluice.triton.client import check_client
+
 DIGEST_PARAMETER = "weights_digest"
 
 
@@ -24,24 +26,12 @@ class Verification:
     detail: str  # why not, in words ("" when ok)
 
 
-def grpc_target(endpoint: str) -> str:
-    """host:port from an endpoint that may carry a grpc:// or http:// scheme."""
-    for scheme in ("grpc://", "http://"):
-        if endpoint.startswith(scheme):
-            return endpoint[len(scheme) :]
-    return endpoint
-
-
 async def verify_replica(
     endpoint: str, model: str, version: str, expected_digest: str, timeout_s: float = 2.0
 ) -> Verification:
     """Check the replica at ``endpoint`` (its Triton gRPC address) serves ``model`` at ``version`` with
     weights digesting to ``expected_digest``."""
-    # NOTE: a subchannel pool of its own: gRPC otherwise shares one reconnect backoff between channels to
-    # an address, so the first checks after a replica comes up could fail without trying.
-    client = grpcclient.InferenceServerClient(
-        grpc_target(endpoint), channel_args=[("grpc.use_local_subchannel_pool", 1)]
-    )
+    client = check_client(endpoint)
     try:
         return await asyncio.wait_for(_verify(client, model, version, expected_digest), timeout_s)
     except TimeoutError:
