@@ -48,7 +48,13 @@ class AdminApi:
         except httpx.HTTPError as exc:
             raise AdminApiError(f"the admin API at {self.base_url} is unreachable: {exc}") from None
         if response.status_code >= 400:
-            raise AdminApiError(_error_message(response), response.status_code)
+            message = _error_message(response)
+            if response.status_code == 401 and not self.token:
+                message += (
+                    " Pass --token or set SLUICE_ADMIN_TOKEN (`make run` prints the dev token; "
+                    "`sluice admin-tokens create NAME --role ROLE` makes one)."
+                )
+            raise AdminApiError(message, response.status_code)
         return response.json() if response.content else None
 
 

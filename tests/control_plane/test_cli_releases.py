@@ -250,3 +250,4 @@ def test_refusals_and_an_unreachable_service_exit_1(
     code = main(["rollout", "status", "tiny", "--admin-url", service.url])  # no token
     _out, err = capsys.readouterr()
     assert code == 1 and "401 invalid_admin_token" in err
+    assert "set SLUICE_ADMIN_TOKEN" in err  # what to do, said by the CLI
