@@ -18,13 +18,15 @@ class GatewayMetrics:
         )
         self.ttft_s = Histogram(
             "sluice_gateway_time_to_first_token_seconds",
-            "From the request's arrival to its first output token",
+            "From the request's arrival to its first output token, by model, version and class",
+            ["model", "version", "request_class"],
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
         self.inter_token_s = Histogram(
             "sluice_gateway_inter_token_seconds",
-            "Time between output tokens",
+            "Time between output tokens, by model, version and class",
+            ["model", "version", "request_class"],
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
@@ -52,8 +54,8 @@ class GatewayMetrics:
         )
         self.queue_wait_s = Histogram(
             "sluice_gateway_queue_wait_seconds",
-            "From arrival to dispatch to a replica, by class",
-            ["request_class"],
+            "From arrival to dispatch to a replica, by model, version and class",
+            ["model", "version", "request_class"],
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )

@@ -123,10 +123,12 @@ async def record_request(
     metrics.output_tokens.inc(ended.num_output_tokens)
     if attempt is not None and attempt.superseded_output_tokens:
         metrics.wasted_output_tokens.inc(attempt.superseded_output_tokens)
+    labels = (job.model, job.model_version, job.request_class)
     if ttft_s is not None:
-        metrics.ttft_s.observe(ttft_s)
+        metrics.ttft_s.labels(*labels).observe(ttft_s)
+    inter_token_s = metrics.inter_token_s.labels(*labels)
     for gap_s in timing.gaps_s:
-        metrics.inter_token_s.observe(gap_s)
+        inter_token_s.observe(gap_s)
     # Last: once the usage row is visible, the metrics are counted and the telemetry record is queued
     # (the writer thread appends it; tests flush it before reading).
     if not ended.reached_replica:

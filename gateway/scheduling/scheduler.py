@@ -331,7 +331,8 @@ class ModelScheduler:
             view.dispatched_kv_tokens_since_read += slot.kv_tokens
             if head.prefix_key is not None:
                 self._affinity.record(head.prefix_key, key, now)
-            self._metrics.queue_wait_s.labels(head.request_class).observe(now - head.arrival_s)
+            queue_wait_s = self._metrics.queue_wait_s.labels(self.model, self.version, head.request_class)
+            queue_wait_s.observe(now - head.arrival_s)
             head.payload.set_result(slot)
         self._fail_dropped(dispatch.dropped)
 
