@@ -52,6 +52,14 @@ class ReplicaState(StrEnum):
     FAILED = "failed"
 
 
+class ReplicaPool(StrEnum):
+    """Which requests a replica takes (gateway.routing): a version's replicas are split by workload shape."""
+
+    GENERAL = "general"  # every request (the default)
+    LONG_PROMPT = "long-prompt"  # prompts at or above the gateway's SLUICE_LONG_PROMPT_MIN_TOKENS
+    WARM = "warm"  # loaded and verified, routed nothing: a reserve the autoscaler promotes (set_replica_pool)
+
+
 # The version lifecycle. NOTE: draining -> serving is the rollback of a finished rollout; warming -> staged
 # abandons a warm-up. A retired version never comes back: register a new version instead.
 VERSION_TRANSITIONS: Mapping[VersionState, frozenset[VersionState]] = {
@@ -75,6 +83,7 @@ class ChangeAction(StrEnum):
     ROUTE_SET = "route.set"
     REPLICA_REGISTER = "replica.register"
     REPLICA_STATE = "replica.state"
+    REPLICA_POOL = "replica.pool"
     REPLICA_REMOVE = "replica.remove"
     # A rollout's moves (sluice.registry.rollouts): each changes the rollout, the route and versions' states.
     ROLLOUT_START = "rollout.start"
@@ -118,6 +127,7 @@ class Replica:
     # Where its load is read (Triton's metrics endpoint, e.g. "http://10.0.0.7:8002/metrics"); "" unknown:
     # gateways then route to it without reading its load.
     metrics_url: str = ""
+    pool: ReplicaPool = ReplicaPool.GENERAL  # which requests gateways route to it (warm: none)
 
 
 @dataclass(frozen=True)
@@ -432,10 +442,17 @@ class Registry(RolloutVerbs):
         state: ReplicaState = ReplicaState.STARTING,
         detail: str = "",
         metrics_url: str = "",
+        pool: ReplicaPool = ReplicaPool.GENERAL,
     ) -> Replica:
         """Insert the replica, or replace what it was registered as (a replica restarting, or loading another
-        version), ``metrics_url`` included ("" when not given: ``check_metrics_url``): always a change. The
-        version must exist and not be retired."""
+        version), ``metrics_url`` and ``pool`` included ("" and general when not given): always a change.
+        The version must exist and not be retired."""
+
+    @abstractmethod
+    async def set_replica_pool(self, replica_id: str, pool: ReplicaPool, *, actor: str) -> Replica:
+        """Move the replica to ``pool`` in one write: how the autoscaler promotes a warm replica to general
+        (gateways route to it from that generation on). The same pool: no change. ``NotFound`` without
+        the replica, ``InvalidChange`` for an unknown pool."""
 
     @abstractmethod
     async def record_health(

@@ -24,6 +24,7 @@ from sluice.registry.base import (
     ModelVersion,
     NotFound,
     Replica,
+    ReplicaPool,
     ReplicaState,
     Route,
     VersionState,
@@ -143,10 +144,11 @@ def replica_json(r: Replica) -> dict[str, Any]:
         "state": str(r.state),
         "health_detail": r.health_detail,
         "metrics_url": r.metrics_url,
+        "pool": str(r.pool),
     }
 
 
-def _enum(kind: type[VersionState] | type[ReplicaState], value: object) -> Any:
+def _enum(kind: type[VersionState] | type[ReplicaState] | type[ReplicaPool], value: object) -> Any:
     try:
         return kind(str(value))
     except ValueError:
@@ -314,6 +316,7 @@ def plan_register_replica(
     replica_state: object,
     detail: str,
     metrics_url: str,
+    pool: object = ReplicaPool.GENERAL,
     now: datetime,
 ) -> Change[Replica]:
     check_replica_id(replica_id)
@@ -321,6 +324,7 @@ def plan_register_replica(
     check_metrics_url(metrics_url)
     check_text("detail", detail)
     new_state = _enum(ReplicaState, replica_state)
+    new_pool = _enum(ReplicaPool, pool)
     loaded = state.require_version(version)
     if loaded.state == VersionState.RETIRED:
         raise InvalidChange(f"{state.name}@{version} is retired: no replica may load it")
@@ -335,6 +339,7 @@ def plan_register_replica(
         registered_at=now,
         updated_at=now,
         metrics_url=metrics_url,
+        pool=new_pool,
     )
     return Change(
         ChangeAction.REPLICA_REGISTER,
@@ -362,6 +367,24 @@ def plan_health(replica: Replica, replica_state: object, detail: str, now: datet
     before, after = (replica_json(replica), replica_json(updated)) if changed else (None, None)
     return Change(
         action, replica.model, f"replica {replica.replica_id}", before, after, (PutReplica(updated),), updated
+    )
+
+
+def plan_replica_pool(replica: Replica, pool: object, now: datetime) -> Change[Replica]:
+    """The replica in ``pool``; its state and health stay as they are. The same pool: not a change."""
+    new_pool = _enum(ReplicaPool, pool)
+    subject = f"replica {replica.replica_id}"
+    if new_pool == replica.pool:
+        return Change(None, replica.model, subject, None, None, (), replica)
+    updated = dataclasses.replace(replica, pool=new_pool, updated_at=now)
+    return Change(
+        ChangeAction.REPLICA_POOL,
+        replica.model,
+        subject,
+        replica_json(replica),
+        replica_json(updated),
+        (PutReplica(updated),),
+        updated,
     )
 
 

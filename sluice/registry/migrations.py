@@ -19,6 +19,7 @@ from sluice.registry.base import (
     Model,
     ModelVersion,
     Replica,
+    ReplicaPool,
     ReplicaState,
     Route,
     RouteEntry,
@@ -112,6 +113,12 @@ _ROLLOUTS_DDL = f"""
 # Where a replica's load is read (its Triton metrics URL); "" for the replicas registered before it.
 _REPLICA_METRICS_URL_DDL = "ALTER TABLE registry_replicas ADD COLUMN metrics_url TEXT NOT NULL DEFAULT ''"
 
+# Which requests a replica takes (ReplicaPool); the replicas registered before it are general.
+_REPLICA_POOL_DDL = (
+    "ALTER TABLE registry_replicas ADD COLUMN pool TEXT NOT NULL DEFAULT 'general'"
+    f" CHECK (pool IN ({_in(list(ReplicaPool))}))"
+)
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -130,6 +137,12 @@ MIGRATIONS: list[Migration] = [
         name="registry: each replica's metrics URL",
         sqlite=_REPLICA_METRICS_URL_DDL,
         postgres=_REPLICA_METRICS_URL_DDL,
+    ),
+    Migration(
+        version=4,
+        name="registry: each replica's pool (general, long-prompt, warm)",
+        sqlite=_REPLICA_POOL_DDL,
+        postgres=_REPLICA_POOL_DDL,
     ),
 ]
 
@@ -155,6 +168,7 @@ REPLICA_COLUMNS = (
     "registered_at",
     "updated_at",
     "metrics_url",
+    "pool",
 )
 ROUTE_COLUMNS = ("model", "version", "weight_bp")
 AUDIT_COLUMNS = ("generation", "at", "actor", "action", "model", "subject", "before", "after")
@@ -225,9 +239,8 @@ class RowCodec:
         )
 
     def replica(self, row: Sequence[Any]) -> Replica:
-        replica_id, endpoint, model, version, state, detail, health_at, registered_at, updated_at, metrics = (
-            row
-        )
+        (replica_id, endpoint, model, version, state, detail, health_at, registered_at, updated_at, metrics,
+         pool) = row  # fmt: skip
         return Replica(
             replica_id=replica_id,
             endpoint=endpoint,
@@ -239,6 +252,7 @@ class RowCodec:
             registered_at=self.to_utc(registered_at),
             updated_at=self.to_utc(updated_at),
             metrics_url=metrics,
+            pool=ReplicaPool(pool),
         )
 
     def replica_row(self, r: Replica) -> tuple[Any, ...]:
@@ -253,6 +267,7 @@ class RowCodec:
             self.to_db_time(r.registered_at),
             self.to_db_time(r.updated_at),
             r.metrics_url,
+            str(r.pool),
         )
 
     def audit(self, row: Sequence[Any]) -> AuditEntry:

@@ -27,6 +27,7 @@ from sluice.registry.base import (
     RegistrySnapshot,
     RegistryUnavailable,
     Replica,
+    ReplicaPool,
     ReplicaState,
     Route,
     VersionState,
@@ -47,6 +48,7 @@ from sluice.registry.changes import (
     plan_health,
     plan_register_replica,
     plan_remove_replica,
+    plan_replica_pool,
     plan_route,
     plan_version_state,
 )
@@ -306,6 +308,7 @@ class PostgresRegistry(Registry):
         state: ReplicaState = ReplicaState.STARTING,
         detail: str = "",
         metrics_url: str = "",
+        pool: ReplicaPool = ReplicaPool.GENERAL,
     ) -> Replica:
         async def decide(conn: Conn, now: datetime) -> Change[Replica]:
             return plan_register_replica(
@@ -317,6 +320,7 @@ class PostgresRegistry(Registry):
                 replica_state=state,
                 detail=detail,
                 metrics_url=metrics_url,
+                pool=pool,
                 now=now,
             )
 
@@ -327,6 +331,12 @@ class PostgresRegistry(Registry):
     ) -> Replica:
         async def decide(conn: Conn, now: datetime) -> Change[Replica]:
             return plan_health(await _require_replica(conn, replica_id), state, detail, now)
+
+        return await self._write(actor, decide)
+
+    async def set_replica_pool(self, replica_id: str, pool: ReplicaPool, *, actor: str) -> Replica:
+        async def decide(conn: Conn, now: datetime) -> Change[Replica]:
+            return plan_replica_pool(await _require_replica(conn, replica_id), pool, now)
 
         return await self._write(actor, decide)
 

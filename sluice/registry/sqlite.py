@@ -25,6 +25,7 @@ from sluice.registry.base import (
     RegistrySnapshot,
     RegistryUnavailable,
     Replica,
+    ReplicaPool,
     ReplicaState,
     Route,
     VersionState,
@@ -46,6 +47,7 @@ from sluice.registry.changes import (
     plan_health,
     plan_register_replica,
     plan_remove_replica,
+    plan_replica_pool,
     plan_route,
     plan_version_state,
 )
@@ -272,6 +274,7 @@ class SqliteRegistry(Registry):
         state: ReplicaState = ReplicaState.STARTING,
         detail: str = "",
         metrics_url: str = "",
+        pool: ReplicaPool = ReplicaPool.GENERAL,
     ) -> Replica:
         def decide(conn: sqlite3.Connection, now: datetime) -> Change[Replica]:
             return plan_register_replica(
@@ -283,6 +286,7 @@ class SqliteRegistry(Registry):
                 replica_state=state,
                 detail=detail,
                 metrics_url=metrics_url,
+                pool=pool,
                 now=now,
             )
 
@@ -293,6 +297,11 @@ class SqliteRegistry(Registry):
     ) -> Replica:
         return await self._write(
             actor, lambda conn, now: plan_health(_require_replica(conn, replica_id), state, detail, now)
+        )
+
+    async def set_replica_pool(self, replica_id: str, pool: ReplicaPool, *, actor: str) -> Replica:
+        return await self._write(
+            actor, lambda conn, now: plan_replica_pool(_require_replica(conn, replica_id), pool, now)
         )
 
     async def get_replica(self, replica_id: str) -> Replica:

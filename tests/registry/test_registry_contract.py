@@ -19,6 +19,7 @@ from sluice.registry.base import (
     InvalidChange,
     NotFound,
     Registry,
+    ReplicaPool,
     ReplicaState,
     RouteEntry,
     VersionState,
@@ -263,6 +264,51 @@ async def test_replicas_register_report_health_and_are_removed(registry: Registr
             await call()
 
 
+async def test_a_replicas_pool_is_registered_and_changed_in_one_write(registry: Registry) -> None:
+    await registry.create_model("tiny", actor="alice")
+    await serving(registry, "v1")
+    general = await registry.register_replica("r1", endpoint="h1:1", model="tiny", version="v1", actor="a")
+    assert general.pool == ReplicaPool.GENERAL  # the default
+    warm = await registry.register_replica(
+        "r2", endpoint="h2:1", model="tiny", version="v1", actor="a", state=ReplicaState.READY,
+        pool=ReplicaPool.WARM,
+    )  # fmt: skip
+    (registered,) = await registry.audit(limit=1)
+    assert registered.after["pool"] == "warm" and warm.pool == ReplicaPool.WARM
+
+    # The autoscaler's promotion: one write, one generation, one audit row; state and health kept.
+    before = await registry.generation()
+    promoted = await registry.set_replica_pool("r2", ReplicaPool.GENERAL, actor="autoscaler")
+    assert await registry.generation() == before + 1
+    assert (promoted.pool, promoted.state, promoted.endpoint) == (
+        ReplicaPool.GENERAL,
+        ReplicaState.READY,
+        "h2:1",
+    )
+    assert promoted.updated_at > warm.updated_at and promoted.last_health_at == warm.last_health_at
+    assert await registry.get_replica("r2") == promoted
+    assert (await registry.snapshot()).replicas[1].pool == ReplicaPool.GENERAL
+    (entry,) = await registry.audit(limit=1)
+    assert (entry.action, entry.actor, entry.subject) == (
+        ChangeAction.REPLICA_POOL,
+        "autoscaler",
+        "replica r2",
+    )
+    assert (entry.before["pool"], entry.after["pool"]) == ("warm", "general")
+
+    # The same pool again: not a change.
+    assert await registry.set_replica_pool("r2", ReplicaPool.GENERAL, actor="autoscaler") == promoted
+    assert await registry.generation() == before + 1
+    # A health report keeps the pool; registering again replaces it (general when not given).
+    await registry.set_replica_pool("r1", ReplicaPool.LONG_PROMPT, actor="oncall")
+    ready = await registry.record_health("r1", ReplicaState.READY, actor="health")
+    assert ready.pool == ReplicaPool.LONG_PROMPT
+    again = await registry.register_replica("r1", endpoint="h1:1", model="tiny", version="v1", actor="a")
+    assert again.pool == ReplicaPool.GENERAL
+    with pytest.raises(NotFound):
+        await registry.set_replica_pool("r9", ReplicaPool.GENERAL, actor="a")
+
+
 async def test_snapshot_holds_everything_at_its_generation(registry: Registry) -> None:
     await registry.create_model("tiny", actor="alice")
     await registry.create_model("small", actor="alice")
@@ -381,6 +427,23 @@ async def _refusals(registry: Registry) -> list[tuple[str, str, Call]]:
             for url in BAD_METRICS_URLS
         ),
         ("an unknown replica state", "unknown ReplicaState", lambda: health("r1", up, actor="h")),
+        (
+            "an unknown pool",
+            "unknown ReplicaPool",
+            lambda: registry.set_replica_pool("r1", paused, actor="a"),
+        ),
+        (
+            "an unknown pool at registration",
+            "unknown ReplicaPool",
+            lambda: registry.register_replica(
+                "r2", endpoint="h:1", model="tiny", version="v1", actor="a", pool=paused
+            ),
+        ),
+        (
+            "a pool change without an actor",
+            "actor",
+            lambda: registry.set_replica_pool("r1", ReplicaPool.WARM, actor=no_actor),
+        ),
         ("a blank actor", "actor", lambda: registry.create_model("small", actor=" ")),
         ("no actor", "actor", lambda: registry.create_model("small", actor=no_actor)),
     ]

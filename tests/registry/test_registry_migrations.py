@@ -10,7 +10,7 @@ import pytest
 from registry_backends import RegistryBackend
 
 from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
-from sluice.registry.base import ReplicaState
+from sluice.registry.base import ReplicaPool, ReplicaState
 from sluice.registry.migrations import COMPONENT, MIGRATIONS
 
 pytestmark = pytest.mark.anyio
@@ -69,4 +69,23 @@ async def test_replicas_registered_before_metrics_urls_have_none(
         assert {r.replica_id: r.metrics_url for r in await registry.list_replicas()} == {
             "r-new": "http://10.0.0.8:8002/metrics",
             "r-old": "",
+        }
+
+
+async def test_replicas_registered_before_pools_are_general(backend: RegistryBackend, tmp_path: Path) -> None:
+    await _write_schema_2(backend, tmp_path / "sluice.db")
+    async with backend.opened() as registry:
+        old = await registry.get_replica("r-old")
+        assert (old.state, old.pool) == (ReplicaState.READY, ReplicaPool.GENERAL)
+        await registry.register_replica(
+            "r-long",
+            endpoint="10.0.0.9:8001",
+            model="tiny",
+            version="1",
+            actor="t",
+            pool=ReplicaPool.LONG_PROMPT,
+        )
+        assert {r.replica_id: r.pool for r in (await registry.snapshot()).replicas} == {
+            "r-long": ReplicaPool.LONG_PROMPT,
+            "r-old": ReplicaPool.GENERAL,
         }
