@@ -16,4 +16,5 @@ drives exactly the code the gateway runs, on simulated time.
 - ``rollout``: which model version serves a request (sticky per conversation), rollout steps, the guard.
 - ``share``: whether a tenant holds more than its share of the replicas.
 - ``rate``: a sliding-window rate meter (the drain rate).
+- ``autoscale``: how many replicas a model version should have (queue and TTFT against the SLO), warm pool.
 """
