@@ -1,0 +1,380 @@
+"""What ``sluice top`` shows, from what it read: the admin API's replica list and two scrapes of each source
+(every replica's metrics URL, every gateway's ``/metrics``) turned into one row per model version and one
+per replica, then into a table or JSON. Pure: no I/O, no clock (``top.py`` reads the sources).
+
+Per replica, from its own metrics (the TensorRT-LLM backend's families, which the CPU engine exports under
+the same names): requests running and waiting (``nv_trt_llm_request_metrics``), KV blocks in use
+(``nv_trt_llm_kv_cache_block_metrics``), tokens/s (the CPU engine's ``sluice_engine_generated_tokens``
+counter) and TTFT p95 when Triton exports its first-response histogram. Per version: the sums over its
+replicas, requests queued at the gateways (``sluice_gateway_queue_depth``), and TTFT and inter-token p95
+from the gateways' histograms (every request class). Rates and percentiles cover the window between the
+two scrapes; a source read once only (the first refresh) shows ``-`` there.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from control_plane.cli.table import render_table
+from control_plane.cli.top_metrics import (
+    Metrics,
+    bucket_counts,
+    bucket_increase,
+    histogram_quantile,
+    increase,
+)
+
+GATEWAY_TTFT = "sluice_gateway_time_to_first_token_seconds"
+GATEWAY_ITL = "sluice_gateway_inter_token_seconds"
+GATEWAY_QUEUE_DEPTH = "sluice_gateway_queue_depth"
+GATEWAY_OUTPUT_TOKENS = "sluice_gateway_output_tokens_total"
+REPLICA_REQUESTS = "nv_trt_llm_request_metrics"
+REPLICA_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+REPLICA_TOKENS = "sluice_engine_generated_tokens_total"
+# Triton's per-model first-response latency (decoupled models), with --metrics-config histogram_latencies.
+REPLICA_TTFT_MS = "nv_inference_first_response_histogram_ms"
+QUANTILE = 0.95
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One read of one source: its samples, or why there are none."""
+
+    url: str
+    at_s: float  # monotonic seconds, when the answer came
+    metrics: Metrics | None
+    error: str | None = None  # in words, when metrics is None
+
+
+@dataclass(frozen=True)
+class Window:
+    """Two reads of one source; ``before`` is None on the first refresh."""
+
+    before: Scrape | None
+    after: Scrape
+
+    @property
+    def span_s(self) -> float | None:
+        if self.before is None or self.before.metrics is None or self.after.metrics is None:
+            return None
+        span_s = self.after.at_s - self.before.at_s
+        return span_s if span_s > 0 else None
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Everything one refresh read."""
+
+    admin_url: str
+    replicas: list[dict[str, Any]] | None  # the admin API's replica views; None: not read
+    admin_error: str | None
+    replica_windows: dict[str, Window]  # by metrics URL
+    gateway_windows: list[Window]
+
+
+@dataclass(frozen=True)
+class TopRow:
+    """A version's row (``replica`` "") or a replica's; None: not known in this window."""
+
+    model: str
+    version: str
+    replica: str
+    state: str  # a replica's registry state; a version's "N/M ready"
+    num_running: int | None
+    num_waiting: int | None  # at the replica(s)
+    num_queued: int | None  # at the gateways, not yet dispatched (version rows)
+    kv_used_pct: float | None
+    ttft_p95_ms: float | None
+    itl_p95_ms: float | None
+    tokens_per_s: float | None
+    health: str  # the registry's last health detail, and why metrics are missing
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    kind: str  # admin, gateway, replica
+    url: str
+    error: str | None  # None: read
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    rows: list[TopRow]
+    sources: list[SourceStatus]
+    window_s: float | None  # the widest window a rate covers; None on a first read
+    gateway_output_tokens_per_s: float | None  # every model, summed over the gateways
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------ replicas
+
+
+def _load(metrics: Metrics, model: str) -> dict[str, float | None]:
+    active = metrics.total(REPLICA_REQUESTS, model=model, request_type="active")
+    waiting = metrics.total(REPLICA_REQUESTS, model=model, request_type="waiting")
+    used = metrics.total(REPLICA_KV_BLOCKS, model=model, kv_cache_block_type="used")
+    max_blocks = metrics.total(REPLICA_KV_BLOCKS, model=model, kv_cache_block_type="max")
+    return {
+        "running": None if active is None or waiting is None else active - waiting,
+        "waiting": waiting,
+        "kv_used": used,
+        "kv_max": max_blocks if max_blocks else None,
+    }
+
+
+def _replica_row(replica: dict[str, Any], window: Window | None) -> tuple[TopRow, dict[str, float | None]]:
+    """The replica's row, and its raw figures (for its version's sums)."""
+    model, health = replica["model"], replica["health_detail"] or ""
+    figures: dict[str, float | None] = {"running": None, "waiting": None, "kv_used": None, "kv_max": None}
+    tokens_per_s = ttft_ms = None
+    if window is None:
+        health = _join(health, "no metrics URL")
+    elif window.after.metrics is None:
+        health = _join(health, f"metrics: {window.after.error}")
+    else:
+        after = window.after.metrics
+        figures = _load(after, model)
+        span_s = window.span_s
+        if span_s is not None and window.before is not None and window.before.metrics is not None:
+            before = window.before.metrics
+            num_tokens = increase(
+                before.total(REPLICA_TOKENS, model=model), after.total(REPLICA_TOKENS, model=model)
+            )
+            tokens_per_s = None if num_tokens is None else num_tokens / span_s
+            buckets = bucket_increase(
+                bucket_counts(before, REPLICA_TTFT_MS, model=model),
+                bucket_counts(after, REPLICA_TTFT_MS, model=model),
+            )
+            ttft_ms = histogram_quantile(QUANTILE, buckets)
+    figures["tokens_per_s"] = tokens_per_s
+    row = TopRow(
+        model=model,
+        version=replica["version"],
+        replica=replica["replica_id"],
+        state=str(replica["state"]),
+        num_running=_int(figures["running"]),
+        num_waiting=_int(figures["waiting"]),
+        num_queued=None,
+        kv_used_pct=_pct(figures["kv_used"], figures["kv_max"]),
+        ttft_p95_ms=ttft_ms,
+        itl_p95_ms=None,
+        tokens_per_s=tokens_per_s,
+        health=health,
+    )
+    return row, figures
+
+
+# ------------------------------------------------------------------------------------------ gateways
+
+
+def _gateway_latency_ms(windows: list[Window], histogram: str, model: str, version: str) -> float | None:
+    """The p95 over every gateway's buckets' increase in its window (all request classes)."""
+    summed: dict[float, float] = defaultdict(float)
+    for window in windows:
+        if window.span_s is None or window.before is None or window.before.metrics is None:
+            continue
+        assert window.after.metrics is not None  # span_s says both were read
+        before = bucket_counts(window.before.metrics, histogram, model=model, version=version)
+        after = bucket_counts(window.after.metrics, histogram, model=model, version=version)
+        for bound, count in bucket_increase(before, after).items():
+            summed[bound] += count
+    seconds = histogram_quantile(QUANTILE, summed)
+    return None if seconds is None else seconds * 1000
+
+
+def _gateway_versions(windows: list[Window]) -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+    for window in windows:
+        if window.after.metrics is not None:
+            for name in (f"{GATEWAY_TTFT}_count", GATEWAY_QUEUE_DEPTH):
+                found |= {(m, v) for m, v in window.after.metrics.label_values(name, "model", "version")}
+    return {(m, v) for m, v in found if m and v}
+
+
+def _queued(windows: list[Window], model: str, version: str) -> int | None:
+    totals = [
+        w.after.metrics.total(GATEWAY_QUEUE_DEPTH, model=model, version=version)
+        for w in windows
+        if w.after.metrics is not None
+    ]
+    return _int(_sum(totals))
+
+
+def _output_tokens_per_s(windows: list[Window]) -> float | None:
+    rates = []
+    for window in windows:
+        span_s = window.span_s
+        if span_s is None or window.before is None or window.before.metrics is None:
+            continue
+        assert window.after.metrics is not None
+        num_tokens = increase(
+            window.before.metrics.total(GATEWAY_OUTPUT_TOKENS),
+            window.after.metrics.total(GATEWAY_OUTPUT_TOKENS),
+        )
+        rates.append(None if num_tokens is None else num_tokens / span_s)
+    return _sum(rates)
+
+
+# ------------------------------------------------------------------------------------------ snapshot
+
+
+def build_snapshot(sources: Sources, model: str | None = None) -> Snapshot:
+    """Rows ordered by model, version (numbers by value), each version's row before its replicas';
+    only ``model``'s when given (the gateways report every model)."""
+    replica_rows: dict[tuple[str, str], list[tuple[TopRow, dict[str, float | None]]]] = defaultdict(list)
+    for replica in sources.replicas or []:
+        window = sources.replica_windows.get(replica["metrics_url"]) if replica["metrics_url"] else None
+        row, figures = _replica_row(replica, window)
+        replica_rows[(row.model, row.version)].append((row, figures))
+    gateways = sources.gateway_windows
+    rows: list[TopRow] = []
+    versions = set(replica_rows) | _gateway_versions(gateways)
+    for name, version in sorted(versions, key=_version_order):
+        if model is not None and name != model:
+            continue
+        members = sorted(replica_rows.get((name, version), []), key=lambda pair: pair[0].replica)
+        rows.append(_version_row(name, version, members, gateways))
+        rows.extend(row for row, _ in members)
+    windows = [*sources.replica_windows.values(), *gateways]
+    spans = [w.span_s for w in windows if w.span_s is not None]
+    read_once = not spans and any(w.after.metrics is not None for w in windows)
+    return Snapshot(
+        rows=rows,
+        sources=_statuses(sources),
+        window_s=max(spans) if spans else None,
+        gateway_output_tokens_per_s=_output_tokens_per_s(gateways),
+        notes=["rates and p95s need a second read: they show from the next refresh"] if read_once else [],
+    )
+
+
+def _version_row(
+    model: str, version: str, members: list[tuple[TopRow, dict[str, float | None]]], gateways: list[Window]
+) -> TopRow:
+    def summed(key: str) -> float | None:
+        return _sum(figures[key] for _, figures in members)
+
+    num_ready = sum(1 for row, _ in members if row.state == "ready")
+    return TopRow(
+        model=model,
+        version=version,
+        replica="",
+        state=f"{num_ready}/{len(members)} ready" if members else "no replicas",
+        num_running=_int(summed("running")),
+        num_waiting=_int(summed("waiting")),
+        num_queued=_queued(gateways, model, version),
+        kv_used_pct=_pct(summed("kv_used"), summed("kv_max")),
+        ttft_p95_ms=_gateway_latency_ms(gateways, GATEWAY_TTFT, model, version),
+        itl_p95_ms=_gateway_latency_ms(gateways, GATEWAY_ITL, model, version),
+        tokens_per_s=summed("tokens_per_s"),
+        health="",
+    )
+
+
+def _statuses(sources: Sources) -> list[SourceStatus]:
+    statuses = [SourceStatus("admin", sources.admin_url, sources.admin_error)]
+    statuses += [SourceStatus("gateway", w.after.url, w.after.error) for w in sources.gateway_windows]
+    statuses += [
+        SourceStatus("replica", url, w.after.error) for url, w in sorted(sources.replica_windows.items())
+    ]
+    return statuses
+
+
+# ------------------------------------------------------------------------------------------ output
+
+HEADERS = (
+    "MODEL", "VERSION", "REPLICA", "STATE", "RUNNING", "WAITING", "QUEUED", "KV %",
+    "TTFT p95 ms", "ITL p95 ms", "TOK/S", "HEALTH",
+)  # fmt: skip
+
+
+def render(snapshot: Snapshot, title: str) -> str:
+    """``title``, the table (a version's row, then its replicas indented), and a line per source that
+    could not be read."""
+    cells = [
+        [
+            row.model if not row.replica else "",
+            row.version if not row.replica else "",
+            f"  {row.replica}" if row.replica else "(all)",
+            row.state,
+            _count(row.num_running),
+            _count(row.num_waiting),
+            _count(row.num_queued),
+            _number(row.kv_used_pct, 1),
+            _number(row.ttft_p95_ms, 1),
+            _number(row.itl_p95_ms, 1),
+            _number(row.tokens_per_s, 1),
+            row.health or "-",
+        ]
+        for row in snapshot.rows
+    ]
+    lines = [title, ""]
+    lines.append(
+        render_table(HEADERS, cells)
+        if cells
+        else "No model versions: no replica registered, no gateway traffic."
+    )
+    lines.append("")
+    rate = _number(snapshot.gateway_output_tokens_per_s, 1)
+    num_gateways = sum(1 for s in snapshot.sources if s.kind == "gateway")
+    num_read = sum(1 for s in snapshot.sources if s.kind == "gateway" and s.error is None)
+    lines.append(f"gateways: {num_read}/{num_gateways} read, {rate} output tokens/s")
+    lines += [f"{s.kind} {s.url}: {s.error}" for s in snapshot.sources if s.error is not None]
+    lines += snapshot.notes
+    return "\n".join(lines)
+
+
+def as_json(snapshot: Snapshot, taken_at: str) -> dict[str, Any]:
+    """What ``--json`` prints: the rows (numbers rounded to 0.1; null where unknown) and every source."""
+    return {
+        "taken_at": taken_at,
+        "window_s": _round(snapshot.window_s),
+        "gateway_output_tokens_per_s": _round(snapshot.gateway_output_tokens_per_s),
+        "rows": [
+            {k: _round(v) if isinstance(v, float) else v for k, v in asdict(row).items()}
+            for row in snapshot.rows
+        ],
+        "sources": [asdict(s) for s in snapshot.sources],
+        "notes": snapshot.notes,
+    }
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _version_order(key: tuple[str, str]) -> tuple[str, bool, int, str]:
+    """Numbered versions by number (2 before 10), then named ones by name."""
+    model, version = key
+    numbered = version.isdigit()
+    return (model, not numbered, int(version) if numbered else 0, version)
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _pct(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else 100 * part / whole
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _join(first: str, second: str) -> str:
+    return f"{first}; {second}" if first else second
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
