@@ -140,6 +140,10 @@ class FairQueue(Generic[T]):
     def counter(self, tenant_id: str, request_class: RequestClass) -> float:
         return self._classes[request_class].counters.get(self._line(tenant_id), 0.0)
 
+    def oldest_arrival_s(self, request_class: RequestClass) -> float | None:
+        """When the longest-waiting request of ``request_class`` arrived; None: none waits."""
+        return self._classes[request_class].oldest_arrival_s()
+
     # ----- verbs -----
     def push(self, entry: QueueEntry[T]) -> None:
         if entry.request_id in self._by_id:
