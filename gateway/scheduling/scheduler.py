@@ -399,6 +399,12 @@ class ModelScheduler:
             stats.num_kv_tokens_free
         )
 
+    # ----- read by the gateway's overload detector (gateway/degradation.py) -----
+    def oldest_wait_s(self, now: float, request_class: RequestClass = RequestClass.INTERACTIVE) -> float:
+        """How long the longest-waiting request of ``request_class`` queued here has waited (0: none)."""
+        oldest_s = self._queue.oldest_arrival_s(request_class)
+        return 0.0 if oldest_s is None else now - oldest_s
+
 
 def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:
     """This gateway's requests on the replica per engine priority (``ReplicaLoad.by_priority``)."""
