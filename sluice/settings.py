@@ -145,6 +145,10 @@ class Settings(BaseSettings):
     model_name: str = "sluice-tiny"
     checkpoint_dir: Path  # default <state_dir>/models/<model_name>
     # The CPU engine's number format (the in-process engine, and the Triton model `make run` renders):
+    # Pools by workload shape (issue 12): a prompt of at least this many tokens is queued for its
+    # version's long-prompt replicas (registry pool "long-prompt"), shorter ones for its general replicas,
+    # so short prompts' first tokens never wait behind long prefills. None: off (every prompt is short).
+    long_prompt_min_tokens: int | None = Field(None, ge=1, le=1_000_000)
     # auto = bfloat16 where the CPU has AVX-512 BF16 or AMX-BF16, float32 elsewhere (faster there).
     engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
