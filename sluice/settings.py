@@ -17,6 +17,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sluice.policy.degrade import Fallbacks, parse_degradation
+
 ENV_PREFIX = "SLUICE_"
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -117,6 +119,11 @@ class Settings(BaseSettings):
     batch_floor_share: float = Field(0.1, ge=0, lt=1)  # of dispatched tokens, while both classes wait
     batch_max_wait_s: float = Field(30.0, gt=0)  # ageing: a batch request waiting this long goes first
     replica_poll_interval_ms: float = Field(250.0, ge=10, le=10_000)  # replica metrics read period
+    # Degradation under persistent overload (issue 12): JSON of model -> fallbacks taken only while that
+    # model is overloaded (sluice/policy/degrade.py), e.g. {"sluice-tiny": {"max_tokens_cap": 64,
+    # "to_batch": true, "alias_to": "sluice-nano", "overload_wait_s": 2, "enter_after_s": 10,
+    # "exit_after_s": 30}}; unset: no model degrades.
+    degradation: str | None = None
     # Router (issue 12): among the replicas that may take a request, the best weighted score wins; each
     # term is in [0, 1] (sluice/policy/placement.py). Prefix affinity: a tenant-scoped key of the prompt's
     # first router_prefix_blocks KV blocks prefers the replica it was last sent to (remembered
@@ -166,6 +173,27 @@ class Settings(BaseSettings):
     safety_classifier_model: str = "sluice-guard"  # the Triton model behind the "triton" classifier
     safety_holdback_chars: int = Field(64, ge=1, le=4096)  # streamed text withheld until screened
 
+    # Autoscaler (issue 12; control_plane/autoscaler, docs/operations.md "Autoscaling"): off by default.
+    # Every autoscaler_interval_s it scrapes the gateways' /metrics (comma-separated URLs) and sets each
+    # routed model version's replicas from interactive TTFT p95 and queue wait p95 against their targets
+    # and the queue depth per ready replica; min/max bound the routed replicas, the warm pool is on top.
+    autoscaler: Literal["off", "on"] = "off"
+    autoscaler_actuator: Literal["local", "kubernetes"] = "local"
+    autoscaler_gateway_metrics_urls: str = "http://127.0.0.1:8080/metrics"
+    autoscaler_interval_s: float = Field(15.0, ge=0.5, le=3600)
+    autoscaler_min_replicas: int = Field(1, ge=0, le=10_000)
+    autoscaler_max_replicas: int = Field(8, ge=1, le=10_000)
+    autoscaler_warm_pool_replicas: int = Field(1, ge=0, le=1_000)
+    autoscaler_ttft_slo_ms: float = Field(500.0, gt=0, le=600_000)
+    autoscaler_queue_wait_target_ms: float = Field(250.0, gt=0, le=600_000)
+    autoscaler_queue_depth_per_replica: float = Field(4.0, gt=0, le=100_000)
+    autoscaler_scale_down_cooldown_s: float = Field(300.0, ge=0, le=24 * 3600)
+    autoscaler_drain_timeout_s: float = Field(120.0, gt=0, le=24 * 3600)  # then a drained replica stops
+    # Kubernetes: one Deployment per model version, named by this template ({model}, {version}; made a
+    # DNS-1123 name), scaled through apps/v1 deployments/scale in this namespace.
+    autoscaler_kube_namespace: str = "default"
+    autoscaler_kube_deployment: str = "sluice-{model}-{version}"
+
     def __init__(self, **values: Any) -> None:
         check_unknown_env(os.environ)
         super().__init__(**values)
@@ -211,6 +239,13 @@ class Settings(BaseSettings):
             raise ValueError("must be an http(s):// URL, e.g. http://127.0.0.1:8002/metrics")
         return v
 
+    @field_validator("degradation")
+    @classmethod
+    def _check_degradation(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_degradation(v)  # a ValueError names the model and the field at fault
+        return v
+
     @field_validator("model_name")
     @classmethod
     def _check_model_name(cls, v: str) -> str:
@@ -253,6 +288,11 @@ class Settings(BaseSettings):
         if self.max_prompt_chars is not None:
             return self.max_prompt_chars
         return PROMPT_CHARS_PER_TOKEN * self.max_prompt_tokens
+
+    @property
+    def degradation_fallbacks(self) -> dict[str, Fallbacks]:
+        """``degradation`` parsed: each degrading model's fallbacks (empty: none degrades)."""
+        return parse_degradation(self.degradation) if self.degradation is not None else {}
 
     @property
     def sqlite_path(self) -> Path:
