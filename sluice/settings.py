@@ -146,16 +146,16 @@ class Settings(BaseSettings):
     # How often a gateway following the registry re-reads it when no change notice came (and retries the
     # replicas it could not verify).
     registry_poll_interval_s: float = Field(5.0, gt=0, le=300)
+    # Pools by workload shape (issue 12): a prompt of at least this many tokens is queued for its
+    # version's long-prompt replicas (registry pool "long-prompt"), shorter ones for its general replicas,
+    # so short prompts' first tokens never wait behind long prefills. None: off (every prompt is short).
+    long_prompt_min_tokens: int | None = Field(None, ge=1, le=1_000_000)
     engine_client: Literal["triton", "inprocess"] = "triton"
     triton_grpc_url: str = "127.0.0.1:8001"
     triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
     model_name: str = "sluice-tiny"
     checkpoint_dir: Path  # default <state_dir>/models/<model_name>
     # The CPU engine's number format (the in-process engine, and the Triton model `make run` renders):
-    # Pools by workload shape (issue 12): a prompt of at least this many tokens is queued for its
-    # version's long-prompt replicas (registry pool "long-prompt"), shorter ones for its general replicas,
-    # so short prompts' first tokens never wait behind long prefills. None: off (every prompt is short).
-    long_prompt_min_tokens: int | None = Field(None, ge=1, le=1_000_000)
     # auto = bfloat16 where the CPU has AVX-512 BF16 or AMX-BF16, float32 elsewhere (faster there).
     engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
