@@ -135,6 +135,20 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.degraded = Counter(
+            "sluice_gateway_degraded",
+            "Requests admitted with a fallback of their overloaded model, by that model and fallback "
+            "(alias_to, max_tokens_cap, to_batch)",
+            ["model", "action"],
+            registry=self.registry,
+        )
+        self.degraded_mode = Gauge(
+            "sluice_gateway_degraded_mode",
+            "1 while the model is overloaded and its configured fallbacks apply (SLUICE_DEGRADATION)",
+            ["model"],
+            registry=self.registry,
+        )
+
     def count_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()
 
