@@ -65,6 +65,18 @@ class GatewayMetrics:
             ["model", "version", "replica"],
             registry=self.registry,
         )
+        self.redispatches = Counter(
+            "sluice_gateway_redispatches",
+            "Requests dispatched again after their replica failed before a first token, by model and version",
+            ["model", "version"],
+            registry=self.registry,
+        )
+        self.replica_suspensions = Counter(
+            "sluice_gateway_replica_suspensions",
+            "Replicas this gateway stopped dispatching to after a request could not reach them",
+            ["model", "version"],
+            registry=self.registry,
+        )
         self.registry_generation = Gauge(
             "sluice_gateway_registry_generation",
             "The registry generation this gateway routes by (-1: none read yet; static routing: not set)",

@@ -48,6 +48,10 @@ class TelemetryRecord:
     # Prompt tokens the replica served from its prefix cache (its final response's num_cached_tokens);
     # None: it reported none (no final response, or an engine that does not count them).
     cached_tokens: int | None = None
+    # Failover: dispatches to a replica (0: never dispatched; more than 1: its replica failed before a
+    # first token and it went to another); ``replica`` is the last one, the one that served or failed it.
+    num_dispatches: int = 0
+    failed_replicas: tuple[str, ...] = ()  # the replicas that could not be reached, in order
 
 
 class TelemetryWriter:

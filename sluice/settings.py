@@ -124,6 +124,12 @@ class Settings(BaseSettings):
     # "to_batch": true, "alias_to": "sluice-nano", "overload_wait_s": 2, "enter_after_s": 10,
     # "exit_after_s": 30}}; unset: no model degrades.
     degradation: str | None = None
+    # Failover (issue 12): a request whose replica fails before its first token is dispatched again to
+    # another replica, at most max_redispatches times (0: never); a replica a request could not reach
+    # takes nothing new from this gateway until it answers a readiness check, asked every
+    # replica_suspension_ms.
+    max_redispatches: int = Field(2, ge=0, le=10)
+    replica_suspension_ms: float = Field(1_000.0, ge=10, le=60_000)
     # Router (issue 12): among the replicas that may take a request, the best weighted score wins; each
     # term is in [0, 1] (sluice/policy/placement.py). Prefix affinity: a tenant-scoped key of the prompt's
     # first router_prefix_blocks KV blocks prefers the replica it was last sent to (remembered

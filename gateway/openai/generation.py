@@ -8,6 +8,12 @@ the idempotency record and writes the usage record, the telemetry line and the m
 ``generate_text`` is an async generator; callers must close it (``contextlib.aclosing``). A refusal is
 raised (``OpenAIError``) before the first event, so it can still be an HTTP error. A client disconnect
 reaches it as a cancellation at its current ``await``.
+
+Failover: a replica that cannot be reached (``EngineErrorKind.UNAVAILABLE``: refused, reset, died) is
+suspended in the scheduler at once. If the request had no token yet, it goes back to the head of the
+queue and on to another replica (``_next_delta``), at most ``max_redispatches`` times and never past its
+deadline, keeping its usage record, quota grant and idempotency attempt: the client sees a later first
+token. Otherwise (or when the re-dispatches are spent) it fails with the replica's error.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ class _Ending:
     num_output_tokens: int = 0
     num_cached_tokens: int | None = None  # from the final delta: prompt tokens its prefix cache served
     reached_replica: bool = False
+    num_dispatches: int = 0  # to a replica: 1 + its re-dispatches
+    failed_replicas: list[str] = field(default_factory=list)  # the replicas that could not be reached
     texts: list[str] = field(default_factory=list)  # sent: kept only with an Idempotency-Key, for replays
     verdict: Verdict | None = None
     attempt: IdempotentAttempt | None = None
@@ -97,7 +105,7 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
             ended = False
             try:
                 async with asyncio.timeout(job.deadline_s - time.monotonic()):
-                    delta: Delta = await anext(end.engine_deltas)
+                    delta = await _next_delta(job, gw, end, timing)
             except TimeoutError:
                 end.outcome, end.finish_reason = Outcome.DEADLINE, "length"
                 emit, ended = stops.flush() + detok.finish(), True
@@ -193,6 +201,7 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
             return begun
         end.attempt = begun
     end.slot = await job.target.scheduler.wait_for_dispatch(_admission(job))
+    end.num_dispatches = 1
     end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
     end.reached_replica = True
     return None
@@ -233,8 +242,47 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         end.reached_replica,
         end.slot.engine if end.slot is not None else None,
         end.num_cached_tokens,
+        end.num_dispatches,
+        tuple(end.failed_replicas),
     )
     await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
+
+
+async def _next_delta(job: Job, gw: GatewayState, end: _Ending, timing: Timing) -> Delta:
+    """The generation's next delta. A replica that cannot be reached is suspended; before the request's
+    first token it is replaced (``_redispatch``) while re-dispatches are left, else its error is raised."""
+    scheduler = job.target.scheduler
+    while True:
+        assert end.engine_deltas is not None and end.slot is not None
+        try:
+            return await anext(end.engine_deltas)
+        except EngineError as exc:
+            if exc.kind is not EngineErrorKind.UNAVAILABLE:
+                raise
+            scheduler.suspend(end.slot)  # it takes nothing new from this gateway until it answers again
+            end.failed_replicas.append(end.slot.engine.replica)
+            if end.num_output_tokens > 0 or end.num_dispatches > gw.settings.max_redispatches:
+                raise
+            await _redispatch(job, end, timing, exc)
+
+
+async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError) -> None:
+    """Back to the head of the queue, then the engine call on the replica it is dispatched to next. Raises
+    ``lost`` when its deadline drops it first (the error it would have had without a re-dispatch)."""
+    assert end.engine_deltas is not None and end.slot is not None
+    with suppress(Exception):
+        await end.engine_deltas.aclose()
+    scheduler = job.target.scheduler
+    scheduler.release(end.slot)  # NOTE: end.slot stays the released one until the next: release is idempotent
+    log.info("request %s lost replica %s before its first token: dispatching it again", job.request_id,
+             end.slot.replica_key)  # fmt: skip
+    try:
+        end.slot = await scheduler.wait_for_dispatch(_admission(job), redispatch=True)
+    except OpenAIError:
+        raise lost from None
+    end.num_dispatches += 1
+    end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))
+    timing.engine_start_s = time.monotonic()
 
 
 async def _num_unread_tokens(deltas: AsyncGenerator[Delta, None]) -> int:

@@ -28,8 +28,10 @@ class Ended:
     num_output_tokens: int
     error: str | None
     reached_replica: bool
-    engine: EngineClient | None = None  # the replica it was dispatched to; None: never dispatched
+    engine: EngineClient | None = None  # the replica it was dispatched to last; None: never dispatched
     num_cached_tokens: int | None = None  # prompt tokens the replica's prefix cache served; None: unknown
+    num_dispatches: int = 0  # to a replica: 1 + its re-dispatches after a replica failed before a token
+    failed_replicas: tuple[str, ...] = ()  # replicas that could not be reached, in order
 
 
 def usage_record(
@@ -110,6 +112,8 @@ async def record_request(
         superseded_output_tokens=attempt.superseded_output_tokens if attempt else 0,
         idempotency_key=job.idempotency_key,
         cached_tokens=ended.num_cached_tokens,
+        num_dispatches=ended.num_dispatches,
+        failed_replicas=ended.failed_replicas,
     )
     try:
         gw.telemetry.write(record)

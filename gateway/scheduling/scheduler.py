@@ -15,6 +15,11 @@ pure policies in ``sluice.policy``, the same code the fleet simulator runs.
 The replica's load combines its metrics (read every ``replica_poll_interval_ms``) with what this gateway
 knows sooner: requests it dispatched since the last read, requests dispatched that have no first token
 yet (waiting or in prefill inside the replica), and the inter-token gaps it observes.
+
+Failover: a replica a request could not reach (a connection-level error) is ``suspend``ed at once: out of
+the dispatch pass until it answers a readiness check (``gateway.scheduling.replicas``). A request that
+lost its replica before its first token comes back through ``wait_for_dispatch(..., redispatch=True)``: it
+goes ahead of the fair queue (with its arrival, tenant, class and deadline) and on to another replica.
 """
 
 from __future__ import annotations
@@ -24,15 +29,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.errors import refused
 from gateway.metrics import GatewayMetrics
+from gateway.scheduling.replicas import ReplicaView, Slot
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
 from sluice.policy.affinity import AffinityMemory
-from sluice.policy.dispatch import DispatchConfig, EnginePriority, PriorityLoad, ReplicaLoad
+from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.placement import PlacementRule, ScoreWeights, prefix_key
@@ -42,9 +48,10 @@ from sluice.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_ITL_EWMA_WEIGHT = 0.1  # of each new inter-token gap in the replica's latency estimate
 _EXPIRE_PERIOD_S = 0.05  # how often waiting requests are checked against their deadlines
-_UNKNOWN_KV_TOKENS = 2**62
+_READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer: suspended again
+
+__all__ = ["Admission", "ModelScheduler", "Slot"]
 
 
 @dataclass(frozen=True)
@@ -60,35 +67,6 @@ class Admission:
     arrival_s: float  # time.monotonic()
     deadline_s: float
     prefix_key: int | None = None  # ``ModelScheduler.prefix_key`` of its tenant and prompt
-
-
-@dataclass
-class Slot:
-    """A dispatched request's claim on one replica, until ``release``; ``engine`` is how to reach it."""
-
-    request_id: str
-    tenant_id: str
-    request_class: RequestClass
-    kv_tokens: int
-    dispatched_s: float
-    engine: EngineClient
-    replica_key: str  # the scheduler's key of the replica it was dispatched to
-    # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
-    priority: EnginePriority = EnginePriority.UNDER_SHARE
-    has_first_token: bool = False
-
-
-@dataclass
-class _ReplicaView:
-    engine: EngineClient
-    draining: bool = False  # out of rotation: nothing new is dispatched to it
-    total_kv_tokens: int = 0  # 0: not read yet
-    free_kv_tokens: int = 0
-    num_waiting: int = 0
-    read_at_s: float = -1.0
-    dispatched_kv_tokens_since_read: int = 0
-    itl_ms: float | None = None
-    slots: dict[str, Slot] = field(default_factory=dict)
 
 
 class ModelScheduler:
@@ -113,6 +91,8 @@ class ModelScheduler:
             ),
             fair=fair,
         )
+        # Requests whose replica lost them before a first token: dispatched ahead of ``_queue``.
+        self._redispatched: FairQueue[asyncio.Future[Slot]] = FairQueue(self._queue.config, fair=fair)
         self._admission = AdmissionConfig()
         self._dispatch = DispatchConfig(
             itl_target_ms=settings.itl_target_ms,
@@ -132,7 +112,7 @@ class ModelScheduler:
         self._drain = RateMeter(window_s=10.0)
         self._task: asyncio.Task[None] | None = None
         self._on_drained = on_drained
-        self._replicas: dict[str, _ReplicaView] = {e.replica: _ReplicaView(e) for e in engines}
+        self._replicas: dict[str, ReplicaView] = {e.replica: ReplicaView(e) for e in engines}
         self._num_in_flight = InFlight()  # dispatched, not yet released
         self._weights: dict[str, float] = {}
 
@@ -155,7 +135,7 @@ class ModelScheduler:
         key = key or engine.replica
         view = self._replicas.get(key)
         if view is None:
-            view = self._replicas[key] = _ReplicaView(engine, draining=True)
+            view = self._replicas[key] = ReplicaView(engine, draining=True)
             await self._read_replica(key, view)
         elif view.engine is not engine:
             raise ValueError(f"replica key {key!r} is held by another engine client")
@@ -169,6 +149,18 @@ class ModelScheduler:
         if view is not None:
             view.draining = True
             self._forget_if_drained(replica_id)
+
+    def suspend(self, slot: Slot) -> None:
+        """A request on ``slot``'s replica failed to reach it (a connection-level error): the replica takes
+        nothing new from this gateway until it answers a readiness check, the first one
+        ``replica_suspension_ms`` from now (a repeat failure restarts that wait)."""
+        view = self._replicas.get(slot.replica_key)
+        if view is not None and view.suspend(time.monotonic(), self._settings.replica_suspension_ms / 1000):
+            log.warning(
+                "replica %s (%s version %s) suspended: a request could not reach it",
+                slot.replica_key, self.model, self.version,
+            )  # fmt: skip
+            self._metrics.replica_suspensions.labels(self.model, self.version).inc()
 
     @property
     def replica_ids(self) -> list[str]:
@@ -198,10 +190,48 @@ class ModelScheduler:
         ``router_prefix_blocks`` blocks); None: the prompt is shorter than one KV block."""
         return prefix_key(tenant_id, prompt_token_ids, num_blocks=self._settings.router_prefix_blocks)
 
-    async def wait_for_dispatch(self, req: Admission) -> Slot:
+    async def wait_for_dispatch(self, req: Admission, *, redispatch: bool = False) -> Slot:
         """Queue the request and return its slot once dispatched. Raises ``OpenAIError`` (429) if it is
-        refused or dropped; if the caller is cancelled while waiting, the request leaves the queue."""
+        refused or dropped; if the caller is cancelled while waiting, the request leaves the queue.
+
+        ``redispatch``: its replica lost it before its first token (released, and suspended by the
+        caller). It waits ahead of the fair queue, is never refused for the queue's length, and is counted
+        in ``sluice_gateway_redispatches``; a deadline it can no longer meet still drops it (429)."""
         now = time.monotonic()
+        if redispatch:
+            queue = self._redispatched
+            self._metrics.redispatches.labels(self.model, self.version).inc()
+        else:
+            self._refuse_if_full(req, now)
+            queue = self._queue
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        queue.push(
+            QueueEntry(
+                req.request_id,
+                req.tenant_id,
+                req.weight,
+                req.request_class,
+                req.prompt_tokens,
+                req.max_tokens,
+                req.arrival_s,
+                req.deadline_s,
+                future,
+                req.prefix_key,
+            )
+        )
+        self._dispatch_pass(now)
+        self._update_depth()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            queue.remove(req.request_id)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result())  # dispatched in the same instant the caller left
+            self._update_depth()
+            raise
+
+    def _refuse_if_full(self, req: Admission, now: float) -> None:
+        """429 ``service_overloaded`` when the queue ahead leaves too little time before its deadline."""
         position = self._queue.position(req.tenant_id, req.weight, req.request_class)
         refusal = check_queue(
             position,
@@ -221,31 +251,6 @@ class ModelScheduler:
                 f"{refusal.retry_after_s:.1f} s.",
                 refusal.retry_after_s,
             )
-        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        self._queue.push(
-            QueueEntry(
-                req.request_id,
-                req.tenant_id,
-                req.weight,
-                req.request_class,
-                req.prompt_tokens,
-                req.max_tokens,
-                req.arrival_s,
-                req.deadline_s,
-                future,
-                req.prefix_key,
-            )
-        )
-        self._dispatch_pass(now)
-        self._update_depth()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._queue.remove(req.request_id)
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.release(future.result())  # dispatched in the same instant the caller left
-            self._update_depth()
-            raise
 
     def on_tokens(self, slot: Slot, num_tokens: int, gap_s: float | None) -> None:
         """A delta of ``num_tokens`` arrived for ``slot``, ``gap_s`` after the previous one (None: first)."""
@@ -253,9 +258,7 @@ class ModelScheduler:
         self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
         view = self._replicas.get(slot.replica_key)
         if view is not None and gap_s is not None and num_tokens > 0:
-            itl_ms = gap_s * 1000 / num_tokens
-            previous = view.itl_ms
-            view.itl_ms = itl_ms if previous is None else previous + _ITL_EWMA_WEIGHT * (itl_ms - previous)
+            view.observe_gap(gap_s, num_tokens)
         if not slot.has_first_token:
             slot.has_first_token = True
             self._dispatch_pass(now)  # one fewer request waiting inside the replica
@@ -270,48 +273,34 @@ class ModelScheduler:
             self._update_depth()
 
     # ----- decisions -----
-    def _load(self, key: str, view: _ReplicaView) -> ReplicaLoad:
-        slots = view.slots.values()
-        total = view.total_kv_tokens
-        if total:
-            reserved = sum(s.kv_tokens for s in slots)
-            free = view.free_kv_tokens - view.dispatched_kv_tokens_since_read
-            free = min(free, total - reserved)  # never promise more than this gateway has not reserved
-        else:  # not read yet: the KV gate is open (the replica's own admission still applies)
-            free = _UNKNOWN_KV_TOKENS
-        num_prefilling = sum(1 for s in slots if not s.has_first_token)
-        return ReplicaLoad(
-            replica_id=key,
-            free_kv_tokens=free,
-            total_kv_tokens=total,
-            num_waiting=max(view.num_waiting, num_prefilling),
-            num_running=len(view.slots),
-            itl_ms=view.itl_ms if view.slots else None,
-            by_priority=_by_priority(slots),
-        )
-
     def _dispatch_pass(self, now: float) -> None:
+        """Re-dispatched requests first (they were at the head), then the fair queue, unless an interactive
+        re-dispatched request still waits: nothing behind it overtakes it (a batch one does not hold the
+        fair queue back: it may yield for a long time)."""
+        for queue in (self._redispatched, self._queue):
+            self._fail_dropped(queue.expire(now, self._entry_min_service_s))
+        self._dispatch_from(self._redispatched, now)
+        if self._redispatched.num_waiting(RequestClass.INTERACTIVE) == 0:
+            self._dispatch_from(self._queue, now)
+
+    def _dispatch_from(self, queue: FairQueue[asyncio.Future[Slot]], now: float) -> None:
         min_service = self._entry_min_service_s
-        self._fail_dropped(self._queue.expire(now, min_service))
         dispatch = DispatchPass(
-            self._queue,
+            queue,
             now,
             self._dispatch,
             min_service,
             self._settings.fair_share_tolerance,
             affinity=self._affinity.view(now),
         )
-        in_rotation = [(key, view) for key, view in self._replicas.items() if not view.draining]
+        in_rotation = [(key, view) for key, view in self._replicas.items() if view.takes_work]
         while (
-            placed := dispatch.next(
-                [self._load(k, v) for k, v in in_rotation], self._num_in_flight, self._weights
-            )
+            placed := dispatch.next([v.load(k) for k, v in in_rotation], self._num_in_flight, self._weights)
         ) is not None:
             head = placed.entry
+            queue.take(head, now)
             if head.payload.done():  # its caller left between cancellation and removal
-                self._queue.take(head, now)
                 continue
-            self._queue.take(head, now)
             self._drain.observe(now)
             key = placed.replica.replica_id
             view = self._replicas[key]
@@ -362,7 +351,7 @@ class ModelScheduler:
     def _update_depth(self) -> None:
         for request_class in RequestClass:
             depth = self._metrics.queue_depth.labels(self.model, self.version, request_class)
-            depth.set(self._queue.num_waiting(request_class))
+            depth.set(self._queue.num_waiting(request_class) + self._redispatched.num_waiting(request_class))
 
     # ----- background: replica reads, deadline checks -----
     async def _background(self) -> None:
@@ -378,9 +367,26 @@ class ModelScheduler:
 
     async def _read_replicas(self) -> None:
         for replica_id, view in list(self._replicas.items()):
+            if view.due_for_check(time.monotonic()):
+                await self._check_suspended(replica_id, view)
             await self._read_replica(replica_id, view)
 
-    async def _read_replica(self, replica_id: str, view: _ReplicaView) -> None:
+    async def _check_suspended(self, replica_id: str, view: ReplicaView) -> None:
+        """Resume a suspended replica that answers ready; suspend it again otherwise."""
+        try:
+            async with asyncio.timeout(_READY_CHECK_TIMEOUT_S):
+                ready = await view.engine.ready()
+        except Exception:  # TimeoutError included: no answer is not ready
+            ready = False
+        if ready:
+            view.resume()
+            log.info(
+                "replica %s (%s version %s) resumed: it answers ready", replica_id, self.model, self.version
+            )
+        else:
+            view.suspend(time.monotonic(), self._settings.replica_suspension_ms / 1000)
+
+    async def _read_replica(self, replica_id: str, view: ReplicaView) -> None:
         try:
             stats: ReplicaStats | None = await view.engine.replica_stats()
         except Exception:  # a bad read must not stop dispatch
@@ -389,12 +395,8 @@ class ModelScheduler:
         if stats is not None:
             self._apply_stats(view, stats)
 
-    def _apply_stats(self, view: _ReplicaView, stats: ReplicaStats) -> None:
-        view.total_kv_tokens = stats.num_kv_tokens_total
-        view.free_kv_tokens = stats.num_kv_tokens_free
-        view.num_waiting = stats.num_waiting
-        view.read_at_s = time.monotonic()
-        view.dispatched_kv_tokens_since_read = 0
+    def _apply_stats(self, view: ReplicaView, stats: ReplicaStats) -> None:
+        view.apply_stats(stats, time.monotonic())
         self._metrics.replica_kv_free_tokens.labels(self.model, self.version, view.engine.replica).set(
             stats.num_kv_tokens_free
         )
@@ -404,14 +406,3 @@ class ModelScheduler:
         """How long the longest-waiting request of ``request_class`` queued here has waited (0: none)."""
         oldest_s = self._queue.oldest_arrival_s(request_class)
         return 0.0 if oldest_s is None else now - oldest_s
-
-
-def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:
-    """This gateway's requests on the replica per engine priority (``ReplicaLoad.by_priority``)."""
-    counts = [[0, 0, 0] for _ in EnginePriority]
-    for slot in slots:
-        count = counts[slot.priority]
-        count[0] += 1
-        count[1] += not slot.has_first_token
-        count[2] += slot.kv_tokens
-    return tuple(PriorityLoad(*count) for count in counts)

@@ -1,0 +1,119 @@
+"""This gateway's view of one replica of a model version, owned by its ``ModelScheduler`` (event loop only):
+the engine client that reaches it, whether it takes new work, its load as last read plus what this gateway
+knows sooner, and the requests it holds (``Slot``s, one per dispatched request until released).
+
+A replica takes new work unless it is draining (the routing table dropped it: for good) or suspended (a
+request to it failed with a connection-level error: ``suspend``). A suspension is local to this gateway
+and short: once ``suspension_s`` has passed, the scheduler asks the replica whether it is ready
+(``due_for_check``) and ``resume``s it when it is, or suspends it again; so a transient blip does not take a
+replica out for good, while a dead one stays out until the control plane's health check fails it in the
+registry and the routing table drains it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sluice.domain import RequestClass
+from sluice.engine_client import EngineClient, ReplicaStats
+from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
+
+_ITL_EWMA_WEIGHT = 0.1  # of each new inter-token gap in the replica's latency estimate
+_UNKNOWN_KV_TOKENS = 2**62
+
+
+@dataclass
+class Slot:
+    """A dispatched request's claim on one replica, until ``release``; ``engine`` is how to reach it."""
+
+    request_id: str
+    tenant_id: str
+    request_class: RequestClass
+    kv_tokens: int
+    dispatched_s: float
+    engine: EngineClient
+    replica_key: str  # the scheduler's key of the replica it was dispatched to
+    # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
+    priority: EnginePriority = EnginePriority.UNDER_SHARE
+    has_first_token: bool = False
+
+
+@dataclass
+class ReplicaView:
+    engine: EngineClient
+    draining: bool = False  # out of rotation for good: nothing new is dispatched to it
+    suspended_until_s: float | None = None  # None: not suspended; else when to ask it whether it is ready
+    total_kv_tokens: int = 0  # 0: not read yet
+    free_kv_tokens: int = 0
+    num_waiting: int = 0
+    read_at_s: float = -1.0
+    dispatched_kv_tokens_since_read: int = 0
+    itl_ms: float | None = None
+    slots: dict[str, Slot] = field(default_factory=dict)
+
+    # ----- taking work -----
+    @property
+    def takes_work(self) -> bool:
+        """In the dispatch pass: neither draining nor suspended."""
+        return not self.draining and self.suspended_until_s is None
+
+    def suspend(self, now_s: float, suspension_s: float) -> bool:
+        """Out of the dispatch pass until a readiness check after ``suspension_s`` passes; True when it was
+        taking work until now (a new suspension, not a repeat from another failed request)."""
+        was_suspended = self.suspended_until_s is not None
+        self.suspended_until_s = now_s + suspension_s
+        return not was_suspended
+
+    def due_for_check(self, now_s: float) -> bool:
+        return self.suspended_until_s is not None and now_s >= self.suspended_until_s
+
+    def resume(self) -> None:
+        self.suspended_until_s = None
+
+    # ----- load -----
+    def load(self, key: str) -> ReplicaLoad:
+        """The replica's load for the dispatch policy: its last read, corrected by what this gateway
+        dispatched since and by the requests it holds that have no first token yet."""
+        slots = self.slots.values()
+        total = self.total_kv_tokens
+        if total:
+            reserved = sum(s.kv_tokens for s in slots)
+            free = self.free_kv_tokens - self.dispatched_kv_tokens_since_read
+            free = min(free, total - reserved)  # never promise more than this gateway has not reserved
+        else:  # not read yet: the KV gate is open (the replica's own admission still applies)
+            free = _UNKNOWN_KV_TOKENS
+        num_prefilling = sum(1 for s in slots if not s.has_first_token)
+        return ReplicaLoad(
+            replica_id=key,
+            free_kv_tokens=free,
+            total_kv_tokens=total,
+            num_waiting=max(self.num_waiting, num_prefilling),
+            num_running=len(self.slots),
+            itl_ms=self.itl_ms if self.slots else None,
+            by_priority=_by_priority(slots),
+        )
+
+    def observe_gap(self, gap_s: float, num_tokens: int) -> None:
+        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests."""
+        itl_ms = gap_s * 1000 / num_tokens
+        previous = self.itl_ms
+        self.itl_ms = itl_ms if previous is None else previous + _ITL_EWMA_WEIGHT * (itl_ms - previous)
+
+    def apply_stats(self, stats: ReplicaStats, now_s: float) -> None:
+        self.total_kv_tokens = stats.num_kv_tokens_total
+        self.free_kv_tokens = stats.num_kv_tokens_free
+        self.num_waiting = stats.num_waiting
+        self.read_at_s = now_s
+        self.dispatched_kv_tokens_since_read = 0
+
+
+def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:
+    """This gateway's requests on the replica per engine priority (``ReplicaLoad.by_priority``)."""
+    counts = [[0, 0, 0] for _ in EnginePriority]
+    for slot in slots:
+        count = counts[slot.priority]
+        count[0] += 1
+        count[1] += not slot.has_first_token
+        count[2] += slot.kv_tokens
+    return tuple(PriorityLoad(*count) for count in counts)
