@@ -1,13 +1,14 @@
 """What every request handler shares: settings, the router (which model version serves a request: its
 scheduler, replicas and tokenizer), the ledger (read) and the usage meter (its only writer), the tenant
-resolver, telemetry, metrics, the quota store, the safety policies and the idempotency store. Built once
-in ``gateway.app``; handlers reach it as ``app.state.gw``."""
+resolver, telemetry, metrics, the quota store, the safety policies, the idempotency store, and the models'
+overload detectors (degradation). Built once in ``gateway.app``; handlers reach it as ``app.state.gw``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from gateway.degradation import Degradation
 from gateway.metrics import GatewayMetrics
 from gateway.routing.follower import RegistryFollower
 from gateway.routing.router import Router
@@ -42,3 +43,8 @@ class GatewayState:
     safety: dict[str, SafetyPolicy]  # by name; a tenant names one (Tenant.safety_policy)
     idempotency: IdempotencyStore
     meter: UsageMeter  # usage records go through it (durable outbox), never straight to the ledger
+    # Each configured model's overload state and fallbacks (SLUICE_DEGRADATION), read at admission.
+    degradation: Degradation = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.degradation = Degradation(self.settings.degradation_fallbacks, self.router, self.metrics)

@@ -52,6 +52,9 @@ class TelemetryRecord:
     # first token and it went to another); ``replica`` is the last one, the one that served or failed it.
     num_dispatches: int = 0
     failed_replicas: tuple[str, ...] = ()  # the replicas that could not be reached, in order
+    # The fallbacks its overloaded model imposed, as the Sluice-Degraded header names them (e.g.
+    # "max_tokens_cap=64, to_batch"); None: served as asked.
+    degraded: str | None = None
 
 
 class TelemetryWriter:

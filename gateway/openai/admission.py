@@ -23,6 +23,7 @@ from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, uns
 from gateway.routing.router import Target
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
+from sluice.policy.degrade import Degraded
 from sluice.policy.rollout import conversation_key
 from sluice.text import ChatTemplateError
 
@@ -47,7 +48,7 @@ async def admit_chat(
     idempotency_key: str | None = None,
     conversation_id: str | None = None,
 ) -> Job:
-    target, request_id = _check_common(req, tenant, gw, "chatcmpl", conversation_id)
+    target, request_id, degraded = _check_common(req, tenant, gw, "chatcmpl", conversation_id)
     if not req.messages:
         raise invalid_request("'messages' must hold at least one message.", param="messages")
     messages: list[dict[str, Any]] = []
@@ -67,7 +68,7 @@ async def admit_chat(
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     prompt = _Prompt(token_ids, screened, "messages")
     return _job(request_id, target, "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param),
-                arrival_s, idempotency_key)  # fmt: skip
+                arrival_s, idempotency_key, degraded)  # fmt: skip
 
 
 async def admit_completion(
@@ -78,7 +79,7 @@ async def admit_completion(
     idempotency_key: str | None = None,
     conversation_id: str | None = None,
 ) -> Job:
-    target, request_id = _check_common(req, tenant, gw, "cmpl", conversation_id)
+    target, request_id, degraded = _check_common(req, tenant, gw, "cmpl", conversation_id)
     given = req.prompt
     if isinstance(given, list) and given and all(isinstance(p, int) for p in given):
         token_ids = [int(t) for t in given]
@@ -101,7 +102,7 @@ async def admit_completion(
         prompt = _Prompt(await _prepare(len(given), target.codec.encode, given), given, "prompt")
     limit = (req.max_tokens, "max_tokens")
     return _job(request_id, target, "/v1/completions", req, tenant, gw, prompt, limit, arrival_s,
-                idempotency_key)  # fmt: skip
+                idempotency_key, degraded)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,18 +145,22 @@ def _check_common(
     gw: GatewayState,
     id_prefix: str,
     conversation_id: str | None,
-) -> tuple[Target, str]:
+) -> tuple[Target, str, Degraded | None]:
     """The request's checks that need no prompt, and its target: the model version that serves it (404 for
     a model the tenant may not use or routing does not know, 503 when none of its versions has a replica),
-    chosen by its conversation (``X-Conversation-Id``, else ``user``, else the request alone). Returns the
-    target and the request's id."""
+    chosen by its conversation (``X-Conversation-Id``, else ``user``, else the request alone); while the
+    model is overloaded, its alias's when configured (``gateway.degradation``). Returns the target, the
+    request's id and the overloaded model's fallbacks (None: not overloaded)."""
     bad = unsupported_params(req)
     if bad is not None:
         raise invalid_request(bad[1], param=bad[0], code="unsupported_parameter")
     # NOTE: every attempt has its own id, with or without an Idempotency-Key: each is billed on its own
     # ledger row (a replay answers with the stored result's id instead).
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-    target = gw.router.route(req.model, tenant, conversation_key(conversation_id, req.user, request_id))
+    key = conversation_key(conversation_id, req.user, request_id)
+    target = gw.router.route(req.model, tenant, key)
+    # While the model is overloaded: its fallbacks, and maybe its alias's target (gateway.degradation).
+    target, degraded = gw.degradation.route(target, tenant, key, req.service_tier)
     if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
         raise invalid_request("temperature must be in [0, 2].", param="temperature")
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
@@ -167,7 +172,7 @@ def _check_common(
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
     if any(len(stop) > MAX_STOP_CHARS for stop in stops):
         raise invalid_request(f"A stop string may be at most {MAX_STOP_CHARS} characters.", param="stop")
-    return target, request_id
+    return target, request_id, degraded
 
 
 def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant) -> RequestClass:
@@ -201,6 +206,7 @@ def _job(
     max_tokens_and_param: tuple[int | None, str],
     arrival_s: float,
     idempotency_key: str | None,
+    degraded: Degraded | None = None,
 ) -> Job:
     settings = gw.settings
     token_ids = prompt.token_ids
@@ -235,6 +241,10 @@ def _job(
                 param=prompt.param,
             )
     chosen_class = request_class(req, tenant)
+    # While the model is overloaded: its fallbacks (a capped max_tokens, the batch class), counted.
+    max_tokens, chosen_class, degraded_as = gw.degradation.apply(
+        req.model, degraded, max_tokens, chosen_class
+    )
     deadline_s = (
         settings.batch_request_deadline_s
         if chosen_class is RequestClass.BATCH
@@ -246,7 +256,7 @@ def _job(
         request_id=request_id,
         route=route,
         tenant=tenant,
-        model=req.model,
+        model=target.model,  # an alias of an overloaded model names itself
         target=target,
         prompt_token_ids=token_ids,
         max_tokens=max_tokens,
@@ -261,4 +271,5 @@ def _job(
         prompt_text=prompt.text,
         idempotency_key=idempotency_key,
         fingerprint=fingerprint(route, req) if idempotency_key is not None else "",
+        degraded=degraded_as,
     )

@@ -263,11 +263,14 @@ async def _whole(
 
 def _request_headers(job: Job, timing: Timing) -> dict[str, str]:
     # Server-Timing splits the time to the first token into the gateway's part and the replica's.
-    return {
+    headers = {
         "X-Request-Id": job.request_id,
         "Server-Timing": timing.server_timing(),
         "Sluice-Model-Version": job.model_version,
     }
+    if job.degraded:  # the fallbacks its overloaded model imposed (gateway.degradation)
+        headers["Sluice-Degraded"] = job.degraded
+    return headers
 
 
 async def _until_disconnect(request: Request[Any, Any, Any], work: Callable[[], Awaitable[Any]]) -> bool:

@@ -44,6 +44,9 @@ class Job:
     # With an Idempotency-Key (see gateway.openai.idempotency): the key and the body's fingerprint.
     idempotency_key: str | None = None
     fingerprint: str = ""
+    # The fallbacks its overloaded model imposed, as the Sluice-Degraded header names them (e.g.
+    # "max_tokens_cap=64, to_batch"); "": served as asked (gateway.degradation).
+    degraded: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 

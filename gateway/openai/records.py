@@ -114,6 +114,7 @@ async def record_request(
         cached_tokens=ended.num_cached_tokens,
         num_dispatches=ended.num_dispatches,
         failed_replicas=ended.failed_replicas,
+        degraded=job.degraded or None,
     )
     try:
         gw.telemetry.write(record)
