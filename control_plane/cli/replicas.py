@@ -1,8 +1,8 @@
-"""``sluice replicas list|start|drain|stop|register|remove``: the replicas serving the registry's versions,
-through the admin API (``/admin/v1/replicas``).
+"""``sluice replicas list|start|drain|stop|register|remove|pool``: the replicas serving the registry's
+versions, through the admin API (``/admin/v1/replicas``).
 
-``sluice replicas list [--model M]``: each replica's state, endpoint, last health check and, when the table
-fits the terminal, the metrics URL gateways read its load from (``--json`` always has it).
+``sluice replicas list [--model M]``: each replica's state, endpoint, pool, last health check and, when the
+table fits the terminal, the metrics URL gateways read its load from (``--json`` always has it).
 ``sluice replicas start MODEL VERSION [--count N] [--checkpoint DIR]`` starts local tritonserver replicas
 on the control plane's machine and waits until each is ready and verified (serving the version's
 weights digest), or exits 1 naming the one that failed and why; ``--no-wait`` returns once they are
@@ -10,7 +10,9 @@ registered ``starting``. ``drain REPLICA``: gateways send it nothing new. ``stop
 for its requests (``--timeout-s``), stop its process and remove it (a replica this control plane
 started). ``register REPLICA --endpoint HOST:PORT [--metrics-url URL] MODEL VERSION`` / ``remove
 REPLICA``: a replica started elsewhere (its Triton metrics URL, e.g. http://HOST:8002/metrics, lets
-gateways read its load; without one they route to it without reading it).
+gateways read its load; without one they route to it without reading it). ``start`` and ``register``
+take ``--pool general|long-prompt|warm`` (default general); ``pool REPLICA POOL`` moves a replica to
+another pool in one registry write (``pool REPLICA general`` promotes a warm one into rotation).
 
 Exit codes: 0 done; 1 the service refused or failed, a replica failed, or a wait timed out; 2 usage.
 """
@@ -26,8 +28,11 @@ from typing import Any
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, add_options, fail, print_json, when
 from control_plane.cli.table import render_table
+from sluice.registry.base import ReplicaPool
 
-HEADERS = ("REPLICA", "MODEL", "VERSION", "STATE", "ENDPOINT", "METRICS", "LOCAL", "LAST CHECK", "DETAIL")
+HEADERS = (
+    "REPLICA", "MODEL", "VERSION", "STATE", "ENDPOINT", "METRICS", "LOCAL", "POOL", "LAST CHECK", "DETAIL",
+)  # fmt: skip
 _METRICS_COLUMN = HEADERS.index("METRICS")
 POLL_INTERVAL_S = 0.5
 STOP_GRACE_S = 60.0  # beyond --timeout-s: the process's own stop, and the removal
@@ -42,6 +47,7 @@ def _row(replica: dict[str, Any]) -> list[str]:
         replica["endpoint"],
         replica["metrics_url"] or "-",
         "yes" if replica["local"] else "no",
+        replica["pool"],
         when(replica["last_health_at"], "never"),
         replica["health_detail"] or "-",
     ]
@@ -77,7 +83,10 @@ def _list(api: AdminApi, args: argparse.Namespace) -> int:
 
 def _start(api: AdminApi, args: argparse.Namespace) -> int:
     checkpoint = str(Path(args.checkpoint).resolve()) if args.checkpoint else None
-    body = {"model": args.model, "version": args.version, "count": args.count, "checkpoint": checkpoint}
+    body = {
+        "model": args.model, "version": args.version, "count": args.count, "checkpoint": checkpoint,
+        "pool": args.pool,
+    }  # fmt: skip
     started = api.call("POST", "/replicas", body)["replicas"]
     ids = [r["replica_id"] for r in started]
     if not args.no_wait:
@@ -153,7 +162,7 @@ def _stop(api: AdminApi, args: argparse.Namespace) -> int:
 
 
 def _register(api: AdminApi, args: argparse.Namespace) -> int:
-    body = {"endpoint": args.endpoint, "model": args.model, "version": args.version}
+    body = {"endpoint": args.endpoint, "model": args.model, "version": args.version, "pool": args.pool}
     if args.metrics_url is not None:
         body["metrics_url"] = args.metrics_url
     replica = api.call("PUT", f"/replicas/{args.replica}", body)
@@ -163,6 +172,15 @@ def _register(api: AdminApi, args: argparse.Namespace) -> int:
     print_replicas([replica])
     if replica["state"] != "ready":
         print("Not ready yet: the health checks mark it ready once it serves the version's weights.")
+    return EXIT_OK
+
+
+def _pool(api: AdminApi, args: argparse.Namespace) -> int:
+    replica = api.call("POST", f"/replicas/{args.replica}/pool", {"pool": args.pool})
+    if args.json:
+        print_json(replica)
+    else:
+        print(f"Replica {args.replica} is in the {replica['pool']} pool.")
     return EXIT_OK
 
 
@@ -192,6 +210,10 @@ def _seconds(text: str) -> float:
     return value
 
 
+_POOLS = [str(p) for p in ReplicaPool]
+_POOL_HELP = "general (every request; the default), long-prompt (long prompts), warm (loaded, routed nothing)"
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the subcommands under ``parser`` (``sluice replicas``)."""
     sub = parser.add_subparsers(dest="replicas_command", metavar="COMMAND", required=True)
@@ -208,6 +230,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     start.add_argument("--no-wait", action="store_true", help="return once registered, before they are ready")
     start.add_argument("--timeout-s", type=_seconds, default=180.0, help="how long to wait (default 180)")
+    start.add_argument("--pool", choices=_POOLS, default=str(ReplicaPool.GENERAL), help=_POOL_HELP)
     add_options(start, _start)
 
     drain = sub.add_parser("drain", help="gateways send the replica nothing new")
@@ -230,7 +253,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="its Triton metrics, http(s)://host:port/path (e.g. http://HOST:8002/metrics): where gateways "
         "read its load; without it they do not",
     )
+    register_.add_argument("--pool", choices=_POOLS, default=str(ReplicaPool.GENERAL), help=_POOL_HELP)
     add_options(register_, _register)
+
+    pool = sub.add_parser("pool", help="move a replica to another pool (general promotes a warm one)")
+    pool.add_argument("replica", metavar="REPLICA")
+    pool.add_argument("pool", metavar="POOL", choices=_POOLS, help=_POOL_HELP)
+    add_options(pool, _pool)
 
     remove = sub.add_parser("remove", help="remove a replica started elsewhere from the registry")
     remove.add_argument("replica", metavar="REPLICA")

@@ -42,7 +42,7 @@ from control_plane.service.local_replica import (
     local_artifact_dir,
     triton_version,
 )
-from sluice.registry.base import NotFound, RegistryError, Replica, ReplicaState, VersionState
+from sluice.registry.base import NotFound, RegistryError, Replica, ReplicaPool, ReplicaState, VersionState
 from sluice.triton.render import CpuEngineModelSettings, DTypeSetting
 from sluice.triton.verify import Verification, verify_replica
 from sluice.weights_digest import weights_digest
@@ -160,10 +160,17 @@ class LocalReplicas:
     # ---------------------------------------------------------------------------------------- start
 
     async def start(
-        self, model: str, version: str, count: int, checkpoint: Path | None, *, actor: str
+        self,
+        model: str,
+        version: str,
+        count: int,
+        checkpoint: Path | None,
+        *,
+        actor: str,
+        pool: ReplicaPool = ReplicaPool.GENERAL,
     ) -> list[Replica]:
-        """Register ``count`` replicas ``starting`` and launch them in the background (module docstring).
-        ``InvalidReplicaRequest`` for what cannot be started; the registry's ``NotFound``."""
+        """Register ``count`` replicas ``starting`` in ``pool`` and launch them in the background (module
+        docstring). ``InvalidReplicaRequest`` for what cannot be started; the registry's ``NotFound``."""
         number = triton_version(version)
         if not 1 <= count <= MAX_REPLICAS_PER_START:
             raise InvalidReplicaRequest(f"count must be in 1..{MAX_REPLICAS_PER_START}, got {count}")
@@ -194,9 +201,11 @@ class LocalReplicas:
                 f"the checkpoint at {folder} digests to {digest}, but {model} version {version} is "
                 f"{found.weights_digest}: a version's weights never change (register them as a new version)"
             )
-        return [await self._launch(settings, version, actor) for _ in range(count)]
+        return [await self._launch(settings, version, actor, pool) for _ in range(count)]
 
-    async def _launch(self, settings: CpuEngineModelSettings, version: str, actor: str) -> Replica:
+    async def _launch(
+        self, settings: CpuEngineModelSettings, version: str, actor: str, pool: ReplicaPool
+    ) -> Replica:
         local = await self._run(
             LocalReplica.prepare, self._root, settings, version, self._triton_state_dir, self._ready_timeout_s
         )
@@ -209,6 +218,14 @@ class LocalReplicas:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+        if pool != replica.pool:  # while it is starting: no gateway routes to it before this
+            try:
+                replica = await self._registry.set_replica_pool(replica_id, pool, actor=actor)
+            except BaseException:
+                with contextlib.suppress(RegistryError):
+                    await self._states.remove(replica_id, actor=actor)
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
         self._local[replica_id] = local
         local.launch = asyncio.create_task(self._bring_up(local, actor), name=f"launch-{replica_id}")
         log.info("replica %s (%s version %s) starting at %s", replica_id, model, version, local.endpoint)

@@ -3,12 +3,15 @@
 - ``GET /replicas`` (viewer): every registered replica (``?model=`` for one model's), with its state,
   last health report, metrics URL (where gateways read its load; "" unknown), and whether this control
   plane started it (``local``).
-- ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?}``: start ``count`` local
-  tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
+- ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?, pool?}``: start ``count``
+  local tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
   ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
-- ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version, metrics_url?}``: register a
-  replica started elsewhere (its Triton gRPC address, and its Triton metrics URL for gateways to read its
-  load: without one they route to it blind); checked at once, then by every health round.
+- ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version, metrics_url?, pool?}``:
+  register a replica started elsewhere (its Triton gRPC address, and its Triton metrics URL for gateways to
+  read its load: without one they route to it blind); checked at once, then by every health round.
+- ``POST /replicas/{replica_id}/pool`` (release-manager) ``{pool}``: move it to another pool in one
+  registry write (``general``, ``long-prompt``, ``warm``: see ``sluice.registry.base.ReplicaPool``);
+  promoting a warm replica to ``general`` puts it in rotation.
 - ``POST /replicas/{replica_id}/drain`` (release-manager): gateways send it nothing new.
 - ``POST /replicas/{replica_id}/stop`` (release-manager) ``{timeout_s?, wait?}``: drain, wait until it
   holds no request (or the timeout), stop its process, remove it; only for local replicas (409
@@ -53,6 +56,7 @@ from sluice.registry.base import (
     RegistryError,
     RegistryUnavailable,
     Replica,
+    ReplicaPool,
     ReplicaState,
 )
 from sluice.settings import Settings
@@ -88,6 +92,7 @@ class ReplicaView(msgspec.Struct):
     model: str
     version: str
     state: ReplicaState
+    pool: ReplicaPool  # which requests gateways route to it (warm: none)
     health_detail: str  # why, in words, when the last report said something
     last_health_at: datetime | None
     registered_at: datetime
@@ -104,6 +109,7 @@ class StartReplicasBody(msgspec.Struct, forbid_unknown_fields=True):
     version: str  # a registered version whose name is a positive integer (Triton's version)
     count: int = 1  # 1..MAX_REPLICAS_PER_START
     checkpoint: str | None = None  # a folder on the control plane's machine; default the version's artifact
+    pool: ReplicaPool = ReplicaPool.GENERAL  # the pool they join (warm: loaded, routed nothing)
 
 
 class RegisterReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -111,6 +117,11 @@ class RegisterReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str
     version: str
     metrics_url: str = ""  # http(s)://host:port/path of its Triton metrics; "" none (its load is not read)
+    pool: ReplicaPool = ReplicaPool.GENERAL
+
+
+class ReplicaPoolBody(msgspec.Struct, forbid_unknown_fields=True):
+    pool: ReplicaPool
 
 
 class StopReplicaBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,6 +144,7 @@ def replica_view(replica: Replica, services: ReplicaServices) -> ReplicaView:
         model=replica.model,
         version=replica.version,
         state=replica.state,
+        pool=replica.pool,
         health_detail=replica.health_detail,
         last_health_at=replica.last_health_at,
         registered_at=replica.registered_at,
@@ -214,7 +226,7 @@ class ReplicasController(Controller):
             raise AdminError(400, f"count must be in 1..{MAX_REPLICAS_PER_START}", param="count")
         try:
             started = await services.local.start(
-                data.model, data.version, data.count, checkpoint, actor=_actor(request)
+                data.model, data.version, data.count, checkpoint, actor=_actor(request), pool=data.pool
             )
         except (RegistryError, InvalidReplicaRequest) as exc:
             raise _admin_error(exc) from exc
@@ -240,10 +252,29 @@ class ReplicasController(Controller):
                 actor=_actor(request), state=ReplicaState.STARTING, detail="registered; not checked yet",
                 metrics_url=data.metrics_url,
             )  # fmt: skip
+            if data.pool != replica.pool:  # before its first check: it is starting, routed nothing yet
+                replica = await services.states.registry.set_replica_pool(
+                    replica_id, data.pool, actor=_actor(request)
+                )
             checked = await services.health.check(replica)
         except RegistryError as exc:
             raise _admin_error(exc) from exc
         return replica_view(checked or replica, services)
+
+    @post("/{replica_id:str}/pool", opt=needs(Role.RELEASE_MANAGER), status_code=200,
+          responses=_responses(400, 401, 403, 404, 503))  # fmt: skip
+    async def set_replica_pool(
+        self, request: Request[Any, Any, Any], replica_id: FromPath[str], data: JSONBody[ReplicaPoolBody]
+    ) -> ReplicaView:
+        """Move the replica to another pool in one registry write (a warm one to general: in rotation)."""
+        services = _services(request)
+        try:
+            replica = await services.states.registry.set_replica_pool(
+                replica_id, data.pool, actor=_actor(request)
+            )
+        except RegistryError as exc:
+            raise _admin_error(exc, param="pool") from exc
+        return replica_view(replica, services)
 
     @post("/{replica_id:str}/drain", opt=needs(Role.RELEASE_MANAGER), status_code=200,
           responses=_responses(401, 403, 404, 409, 503))  # fmt: skip
