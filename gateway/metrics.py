@@ -93,6 +93,13 @@ class GatewayMetrics:
             ["model", "version"],
             registry=self.registry,
         )
+        self.pool_fallbacks = Counter(
+            "sluice_gateway_pool_fallbacks",
+            "Requests queued for their version's other pool: the pool their prompt length asks for "
+            "(long-prompt or general) had no replica in rotation",
+            ["model", "version", "wanted_pool", "pool"],
+            registry=self.registry,
+        )
         self.quota_fail_open = Counter(
             "sluice_gateway_quota_fail_open",
             "Quota decisions served from the local fallback because the quota store was unreachable",
