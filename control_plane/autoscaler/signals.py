@@ -1,0 +1,161 @@
+"""The autoscaler's signals, read from the gateways' ``/metrics``: per model version, the interactive queue
+depth now (``sluice_gateway_queue_depth``, summed over gateways) and the p95 of queue wait and TTFT over
+the window since the previous scrape (``sluice_gateway_queue_wait_seconds`` and
+``sluice_gateway_time_to_first_token_seconds``: bucket counts now minus the counts at the previous scrape,
+summed over gateways; a gateway that restarted counts from zero).
+
+The p95 is the upper bound of the bucket the 95th percentile falls in (conservative: the SLO is judged
+against the worst the histogram allows); past the last finite bucket, that bound. No request in the
+window: None (the policy reads it as "nothing measured"). A gateway's first scrape only sets its base.
+
+``parse_gateway_metrics`` and ``window_p95_s`` are pure; ``GatewayScraper`` does the HTTP and keeps each
+gateway's previous counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("sluice.control_plane.autoscaler")
+
+QUEUE_DEPTH = "sluice_gateway_queue_depth"
+QUEUE_WAIT = "sluice_gateway_queue_wait_seconds"
+TTFT = "sluice_gateway_time_to_first_token_seconds"
+SCALED_CLASS = "interactive"  # batch waits by design: its queue is not a reason to scale
+SCRAPE_TIMEOUT_S = 2.0
+
+VersionKey = tuple[str, str]  # (model, version)
+Buckets = dict[float, float]  # upper bound (le) -> cumulative count
+
+
+@dataclass
+class GatewaySample:
+    """One gateway's interactive figures per version: queue depth, cumulative histogram buckets."""
+
+    queue_depth: dict[VersionKey, float] = field(default_factory=dict)
+    queue_wait: dict[VersionKey, Buckets] = field(default_factory=dict)
+    ttft: dict[VersionKey, Buckets] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WindowSignals:
+    """What the gateways said about one version: queue depth now, p95s over the last window."""
+
+    queue_depth: float = 0.0
+    queue_wait_p95_s: float | None = None
+    ttft_p95_s: float | None = None
+
+
+def parse_gateway_metrics(text: str) -> GatewaySample:
+    """The interactive samples of the three families, by (model, version); other lines are ignored."""
+    sample = GatewaySample()
+    histograms = {f"{QUEUE_WAIT}_bucket": sample.queue_wait, f"{TTFT}_bucket": sample.ttft}
+    for family in text_string_to_metric_families(text):
+        if family.name not in (QUEUE_DEPTH, QUEUE_WAIT, TTFT):
+            continue
+        for s in family.samples:
+            labels = s.labels
+            if labels.get("request_class") != SCALED_CLASS or "model" not in labels:
+                continue
+            key = (labels["model"], labels.get("version", ""))
+            if s.name == QUEUE_DEPTH:
+                sample.queue_depth[key] = sample.queue_depth.get(key, 0.0) + s.value
+            elif s.name in histograms:
+                histograms[s.name].setdefault(key, {})[float(labels["le"])] = s.value
+    return sample
+
+
+def bucket_delta(now: Buckets, before: Buckets | None) -> Buckets:
+    """Counts added since ``before``; all of ``now`` when a count went down (the gateway restarted)."""
+    if before is None:
+        return {}
+    if any(now.get(le, 0.0) < count for le, count in before.items()):
+        return dict(now)
+    return {le: count - before.get(le, 0.0) for le, count in now.items()}
+
+
+def window_p95_s(buckets: Buckets, q: float = 0.95) -> float | None:
+    """The upper bound of the bucket holding the ``q`` quantile of cumulative ``buckets``; None if empty."""
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]  # +Inf: every observation
+    if total <= 0:
+        return None
+    finite = [b for b in bounds if math.isfinite(b)]
+    for bound in finite:
+        if buckets[bound] >= q * total:
+            return bound
+    return finite[-1] if finite else None
+
+
+def _sum_buckets(parts: Iterable[Buckets]) -> Buckets:
+    total: Buckets = defaultdict(float)
+    for part in parts:
+        for le, count in part.items():
+            total[le] += count
+    return dict(total)
+
+
+def combine(
+    samples: Mapping[str, GatewaySample], previous: Mapping[str, GatewaySample]
+) -> dict[VersionKey, WindowSignals]:
+    """Every version any gateway reported: depths summed, window p95s over the summed bucket deltas."""
+    keys: set[VersionKey] = set()
+    for sample in samples.values():
+        keys |= sample.queue_depth.keys() | sample.queue_wait.keys() | sample.ttft.keys()
+    result = {}
+    for key in sorted(keys):
+        depth = sum(s.queue_depth.get(key, 0.0) for s in samples.values())
+        waits, ttfts = [], []
+        for url, sample in samples.items():
+            before = previous.get(url)  # None: its first scrape, which only sets the base
+            if key in sample.queue_wait:
+                base = None if before is None else before.queue_wait.get(key, {})
+                waits.append(bucket_delta(sample.queue_wait[key], base))
+            if key in sample.ttft:
+                base = None if before is None else before.ttft.get(key, {})
+                ttfts.append(bucket_delta(sample.ttft[key], base))
+        result[key] = WindowSignals(
+            depth, window_p95_s(_sum_buckets(waits)), window_p95_s(_sum_buckets(ttfts))
+        )
+    return result
+
+
+class GatewayScraper:
+    """Scrapes every gateway's metrics; keeps each one's previous sample for the windows."""
+
+    def __init__(self, urls: list[str], client: httpx.AsyncClient | None = None) -> None:
+        self.urls = urls
+        self._client = client or httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S)
+        self._previous: dict[str, GatewaySample] = {}
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def read(self) -> dict[VersionKey, WindowSignals] | None:
+        """The signals since the last read; None when no gateway answered (nothing is known)."""
+        results = await asyncio.gather(*(self._scrape(url) for url in self.urls))
+        samples = {url: s for url, s in zip(self.urls, results, strict=True) if s is not None}
+        if not samples:
+            return None
+        signals = combine(samples, self._previous)
+        self._previous.update(samples)
+        return signals
+
+    async def _scrape(self, url: str) -> GatewaySample | None:
+        try:
+            response = await self._client.get(url)
+            response.raise_for_status()
+            return parse_gateway_metrics(response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("autoscaler: gateway metrics %s not read: %s", url, exc)
+            return None
