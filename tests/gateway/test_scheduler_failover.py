@@ -1,0 +1,218 @@
+"""Failover in one version's scheduler and in the request path, over named fake engines: a replica a request
+could not reach is suspended at once and resumes only once it answers ready; a re-dispatched request goes
+ahead of the fair queue and is still dropped at its deadline; through the API, a request that lost its
+replica before its first token completes on the next dispatch with one usage row, one that keeps losing
+it fails with 503 after SLUICE_MAX_REDISPATCHES and no usage row, and one that loses it mid-stream ends
+with an error event the openai SDK raises and a usage row of the tokens it had."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import openai
+import pytest
+from fakes import ScriptedFakeEngine
+from harness import MODEL, RunningGateway, start_gateway
+from metrics_text import read_metric
+
+from gateway.errors import OpenAIError
+from gateway.metrics import GatewayMetrics
+from gateway.scheduling.scheduler import Admission, ModelScheduler
+from sluice.domain import RequestClass
+from sluice.engine_client import Delta, EngineClient, EngineError, EngineErrorKind, GenerateRequest
+from sluice.settings import Settings
+from sluice.text import TextCodec
+
+
+class UnreachableFakeEngine(ScriptedFakeEngine):
+    """A ``ScriptedFakeEngine`` whose first ``num_unreachable_calls`` generations fail as a replica that
+    cannot be reached does (UNAVAILABLE, no token), or, with ``lost_after`` tokens, lose the connection
+    mid-stream; ``reachable`` is what its readiness check answers."""
+
+    def __init__(
+        self,
+        token_id: int,
+        *,
+        num_unreachable_calls: int = 0,
+        lost_after: int | None = None,
+        interval_s: float = 0.001,
+    ) -> None:
+        super().__init__(token_id, interval_s)
+        self.num_unreachable_calls = num_unreachable_calls
+        self.lost_after = lost_after
+        self.reachable = True
+        self.num_calls = 0
+
+    async def ready(self) -> bool:
+        return self.reachable
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
+        self.num_calls += 1
+        if self.num_calls <= self.num_unreachable_calls:
+            self.requests.append(request)
+            raise EngineError(EngineErrorKind.UNAVAILABLE, "StatusCode.UNAVAILABLE: Connection refused")
+        num_sent = 0
+        async for delta in super().generate(request):
+            if self.lost_after is not None and num_sent == self.lost_after:
+                raise EngineError(EngineErrorKind.UNAVAILABLE, "StatusCode.UNAVAILABLE: Socket closed")
+            num_sent += len(delta.token_ids)
+            yield delta
+
+
+def _engine(name: str) -> UnreachableFakeEngine:
+    engine = UnreachableFakeEngine(5)
+    engine.replica = name  # an instance attribute: each fake is its own replica
+    return engine
+
+
+def _admission(request_id: str, arrival_s: float | None = None, deadline_in_s: float = 30.0) -> Admission:
+    now = time.monotonic()
+    arrival_s = now if arrival_s is None else arrival_s
+    return Admission(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, arrival_s, now + deadline_in_s)
+
+
+def _scheduler(tmp_path: Path, metrics: GatewayMetrics, **overrides: object) -> ModelScheduler:
+    settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path, **overrides)
+    return ModelScheduler("m", (), settings, metrics, version="1")
+
+
+async def _dispatched_to(scheduler: ModelScheduler, request_id: str) -> EngineClient:
+    """Where a request is dispatched (released at once: it holds nothing)."""
+    slot = await scheduler.wait_for_dispatch(_admission(request_id))
+    scheduler.release(slot)
+    return slot.engine
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_replica_is_suspended_at_once_and_resumes_only_once_it_answers_ready(
+    tmp_path: Path,
+) -> None:
+    metrics = GatewayMetrics()
+    scheduler = _scheduler(tmp_path, metrics, replica_poll_interval_ms=10, replica_suspension_ms=50)
+    a, b = _engine("a"), _engine("b")
+    await scheduler.start()
+    await scheduler.add_replica(a)
+    await scheduler.add_replica(b)
+    first = await scheduler.wait_for_dispatch(_admission("r0"))
+    lost, other = (a, b) if first.engine is a else (b, a)
+    lost.reachable = False
+    scheduler.suspend(first)
+    scheduler.suspend(first)  # a second request failing on it: still one suspension
+    scheduler.release(first)
+    assert metrics.replica_suspensions.labels("m", "1")._value.get() == 1
+    engines = [await _dispatched_to(scheduler, f"r{i}") for i in range(4)]
+    await asyncio.sleep(0.3)  # several suspension periods: it is asked, says not ready, stays out
+    engines += [await _dispatched_to(scheduler, f"s{i}") for i in range(4)]
+    assert set(engines) == {other}
+    lost.reachable = True  # the blip is over: back within a suspension period and a poll
+    deadline = time.monotonic() + 5
+    while await _dispatched_to(scheduler, "later") is not lost:
+        assert time.monotonic() < deadline, "the replica did not come back after answering ready"
+        await asyncio.sleep(0.02)
+    await scheduler.close()
+
+
+@pytest.mark.anyio
+async def test_a_redispatched_request_goes_ahead_of_the_fair_queue(tmp_path: Path) -> None:
+    metrics = GatewayMetrics()
+    scheduler = _scheduler(tmp_path, metrics, max_waiting_per_replica=1)
+    await scheduler.add_replica(_engine("a"))
+    busy = await scheduler.wait_for_dispatch(_admission("busy"))  # no first token: the gate is shut
+    earlier_s = time.monotonic() - 1.0
+    queued = asyncio.create_task(scheduler.wait_for_dispatch(_admission("queued")))
+    await asyncio.sleep(0)
+    # Lost by another replica before its first token; it arrived before "queued".
+    again = asyncio.create_task(scheduler.wait_for_dispatch(_admission("again", earlier_s), redispatch=True))
+    await asyncio.sleep(0)
+    assert not queued.done() and not again.done()
+    scheduler.release(busy)  # one place: the re-dispatched request takes it
+    await asyncio.sleep(0)
+    assert again.done() and not queued.done()
+    assert metrics.redispatches.labels("m", "1")._value.get() == 1
+    scheduler.release(again.result())
+    scheduler.release(await queued)
+    await scheduler.close()
+
+
+@pytest.mark.anyio
+async def test_a_redispatched_request_with_no_replica_is_dropped_at_its_deadline(tmp_path: Path) -> None:
+    scheduler = _scheduler(tmp_path, GatewayMetrics())
+    await scheduler.start()  # its background pass drops what can no longer meet its deadline
+    began = time.monotonic()
+    with pytest.raises(OpenAIError) as refused:
+        await scheduler.wait_for_dispatch(_admission("lost", deadline_in_s=0.3), redispatch=True)
+    assert refused.value.status_code == 429 and time.monotonic() - began < 2.0
+    await scheduler.close()
+
+
+# ----- through the API: one gateway over one fake replica, re-dispatched to it once it answers again -----
+@pytest.fixture(scope="module")
+def codec(dev_checkpoint: Path) -> TextCodec:
+    return TextCodec.from_checkpoint(dev_checkpoint)
+
+
+def _gateway(tmp_path: Path, dev_checkpoint: Path, engine: UnreachableFakeEngine) -> RunningGateway:
+    return start_gateway(
+        tmp_path, dev_checkpoint, engine=engine, replica_poll_interval_ms=10, replica_suspension_ms=20
+    )
+
+
+def test_a_request_that_lost_its_replica_before_a_token_completes_with_one_usage_row(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    engine = UnreachableFakeEngine(codec.encode("ab")[0], num_unreachable_calls=2)
+    gateway = _gateway(tmp_path, dev_checkpoint, engine)
+    try:
+        stream = gateway.client().completions.create(
+            model=MODEL, prompt="hello", max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+        request_id = chunks[0].id
+        assert [r.request_id for r in engine.requests] == [request_id] * 3  # one request, three dispatches
+        rows = [r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]
+        assert len(rows) == 1 and rows[0]["output_tokens"] == 6 and rows[0]["status"] == "finished"
+        [record] = [r for r in gateway.telemetry() if r["request_id"] == request_id]
+        assert record["num_dispatches"] == 3 and record["failed_replicas"] == ["fake", "fake"]
+        assert read_metric(gateway.base_url + "/metrics", "sluice_gateway_redispatches_total") == 2
+    finally:
+        gateway.stop()
+
+
+def test_a_request_whose_replica_stays_unreachable_gets_503_after_its_redispatches_and_no_usage_row(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    engine = UnreachableFakeEngine(codec.encode("ab")[0], num_unreachable_calls=100)
+    gateway = _gateway(tmp_path, dev_checkpoint, engine)
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
+        assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
+        assert engine.num_calls == 3  # the first dispatch and SLUICE_MAX_REDISPATCHES (2) more
+        [record] = gateway.telemetry()
+        assert record["outcome"] == "failed" and record["num_dispatches"] == 3
+        assert gateway.usage(limit="100")["data"] == []
+    finally:
+        gateway.stop()
+
+
+def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and_bills_its_tokens(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    engine = UnreachableFakeEngine(codec.encode("ab")[0], lost_after=3)
+    gateway = _gateway(tmp_path, dev_checkpoint, engine)
+    try:
+        stream = gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=20, stream=True)
+        request_id = ""
+        with pytest.raises(openai.APIError, match="unavailable"):
+            for chunk in stream:
+                request_id = chunk.id
+        assert engine.num_calls == 1  # it had tokens: not re-dispatched
+        row = gateway.usage_row(request_id)
+        assert row["output_tokens"] == 3 and row["status"] == "failed"
+        assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
+    finally:
+        gateway.stop()
