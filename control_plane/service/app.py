@@ -6,7 +6,8 @@ the SQLite file under ``SLUICE_STATE_DIR``: the same database the gateway's tena
 its own). A PostgreSQL down at start does not stop it: the stores open in the background and the admin
 API answers 503 until they do. Tests may pass their own ``token_store`` / ``registry``; the app opens and
 closes them the same way. The replica health checks run every ``health_interval_s`` as a background task;
-the local replicas it started stop with it.
+the local replicas it started stop with it. With ``SLUICE_AUTOSCALER=on`` the autoscaler
+(``control_plane.autoscaler``) runs as another background task, stopped before the replicas.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from litestar.logging.config import LoggingConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
+from control_plane.autoscaler.service import open_autoscaler
 from control_plane.service.auth import SECURITY_SCHEME, check_roles_declared
 from control_plane.service.errors import exception_handlers
 from control_plane.service.health import DEFAULT_INTERVAL_S
@@ -66,6 +68,7 @@ def create_app(
                 settings, opened_registry, metrics, stack, health_interval_s=health_interval_s
             )
             rollouts = await open_rollout_services(settings, opened_registry, stack)
+            autoscaler = await open_autoscaler(settings, opened_registry, replicas, metrics, stack)
             app.state.cp = ControlPlaneState(
                 settings=settings,
                 tokens=tokens,
@@ -73,6 +76,7 @@ def create_app(
                 metrics=metrics,
                 replicas=replicas,
                 rollouts=rollouts,
+                autoscaler=autoscaler,
             )
             _log_start(settings)
             yield

@@ -1,6 +1,6 @@
-"""What every handler shares: settings, the admin token store, the model registry, the metrics and the
-replica services (health checks, local actuator). Built once in ``control_plane.service.app``; handlers
-reach it as ``app.state.cp`` (``state_of``)."""
+"""What every handler shares: settings, the admin token store, the model registry, the metrics, the
+replica services (health checks, local actuator) and the autoscaler when it runs. Built once in
+``control_plane.service.app``; handlers reach it as ``app.state.cp`` (``state_of``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from litestar.connection import ASGIConnection
 
+from control_plane.autoscaler.loop import Autoscaler
 from control_plane.service.health import HealthChecker, ReplicaStates
 from control_plane.service.local_replicas import LocalReplicas
 from control_plane.service.metrics import ControlPlaneMetrics
@@ -33,6 +34,7 @@ class ControlPlaneState:
     metrics: ControlPlaneMetrics
     replicas: ReplicaServices
     rollouts: RolloutServices  # the usage ledger and the rollout guard
+    autoscaler: Autoscaler | None = None  # running when SLUICE_AUTOSCALER=on
 
 
 def state_of(connection: ASGIConnection[Any, Any, Any, Any]) -> ControlPlaneState:
