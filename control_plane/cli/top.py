@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,8 @@ def scrape(client: httpx.Client, url: str) -> Scrape:
     except httpx.HTTPStatusError as exc:
         return Scrape(url, time.monotonic(), None, f"HTTP {exc.response.status_code}")
     except httpx.HTTPError as exc:
-        return Scrape(url, time.monotonic(), None, f"unreachable ({type(exc).__name__}: {exc})".strip())
+        reason = " ".join(str(exc).split()) or "no detail"
+        return Scrape(url, time.monotonic(), None, f"unreachable ({type(exc).__name__}: {reason})")
     except ValueError as exc:
         return Scrape(url, time.monotonic(), None, str(exc))
     return Scrape(url, time.monotonic(), metrics)
@@ -107,17 +109,28 @@ def _run(args: argparse.Namespace, api: AdminApi) -> int:
                 print(json.dumps(as_json(snapshot, datetime.now(UTC).isoformat()), indent=2))
             else:
                 print(render(snapshot, _title(args.interval)))
-            return EXIT_OK
-        try:
-            while True:
-                snapshot = build_snapshot(reader.read(), args.model)
-                sys.stdout.write(CLEAR_SCREEN + render(snapshot, _title(args.interval)) + "\n")
-                sys.stdout.flush()
-                time.sleep(args.interval)
-        except KeyboardInterrupt:  # how one leaves a live view: not a failure
-            return EXIT_OK
+        else:
+            _live(reader, args.interval, args.model)
     finally:
         reader.close()
+    return EXIT_OK
+
+
+def _live(reader: Reader, interval_s: float, model: str | None) -> None:
+    """Redraw every ``interval_s`` (on a fixed schedule: a slow scrape does not stretch the period), each
+    line cut to the terminal's width so that nothing wraps and the redraw stays in place; until Ctrl-C
+    (how one leaves a live view: not a failure)."""
+    next_s = time.monotonic()
+    try:
+        while True:
+            text = render(build_snapshot(reader.read(), model), _title(interval_s))
+            columns = shutil.get_terminal_size().columns
+            sys.stdout.write(CLEAR_SCREEN + "\n".join(line[:columns] for line in text.splitlines()) + "\n")
+            sys.stdout.flush()
+            next_s = max(next_s + interval_s, time.monotonic())  # behind schedule: skip, do not catch up
+            time.sleep(max(0.0, next_s - time.monotonic()))
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
 
 
 def _handle(args: argparse.Namespace) -> int:

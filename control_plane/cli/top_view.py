@@ -58,10 +58,15 @@ class Window:
 
     @property
     def span_s(self) -> float | None:
+        both = self.both()
+        return None if both is None else both[2]
+
+    def both(self) -> tuple[Metrics, Metrics, float] | None:
+        """(before, after, seconds between them) when both reads succeeded; None otherwise."""
         if self.before is None or self.before.metrics is None or self.after.metrics is None:
             return None
         span_s = self.after.at_s - self.before.at_s
-        return span_s if span_s > 0 else None
+        return (self.before.metrics, self.after.metrics, span_s) if span_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -112,56 +117,70 @@ class Snapshot:
 # ------------------------------------------------------------------------------------------ replicas
 
 
-def _load(metrics: Metrics, model: str) -> dict[str, float | None]:
-    active = metrics.total(REPLICA_REQUESTS, model=model, request_type="active")
-    waiting = metrics.total(REPLICA_REQUESTS, model=model, request_type="waiting")
-    used = metrics.total(REPLICA_KV_BLOCKS, model=model, kv_cache_block_type="used")
-    max_blocks = metrics.total(REPLICA_KV_BLOCKS, model=model, kv_cache_block_type="max")
-    return {
-        "running": None if active is None or waiting is None else active - waiting,
-        "waiting": waiting,
-        "kv_used": used,
-        "kv_max": max_blocks if max_blocks else None,
-    }
+@dataclass(frozen=True)
+class _ReplicaFigures:
+    """What a replica's metrics said (None: not said), kept raw for its version's sums."""
+
+    num_running: float | None = None
+    num_waiting: float | None = None
+    num_kv_blocks_used: float | None = None
+    num_kv_blocks_max: float | None = None
+    tokens_per_s: float | None = None
+    ttft_p95_ms: float | None = None
 
 
-def _replica_row(replica: dict[str, Any], window: Window | None) -> tuple[TopRow, dict[str, float | None]]:
-    """The replica's row, and its raw figures (for its version's sums)."""
-    model, health = replica["model"], replica["health_detail"] or ""
-    figures: dict[str, float | None] = {"running": None, "waiting": None, "kv_used": None, "kv_max": None}
+def _replica_figures(window: Window, model: str) -> _ReplicaFigures:
+    after = window.after.metrics
+    assert after is not None
+    active = after.total(REPLICA_REQUESTS, model=model, request_type="active")
+    waiting = after.total(REPLICA_REQUESTS, model=model, request_type="waiting")
     tokens_per_s = ttft_ms = None
+    both = window.both()
+    if both is not None:
+        before, _, span_s = both
+        num_tokens = increase(
+            before.total(REPLICA_TOKENS, model=model), after.total(REPLICA_TOKENS, model=model)
+        )
+        tokens_per_s = None if num_tokens is None else num_tokens / span_s
+        ttft_ms = histogram_quantile(
+            QUANTILE,
+            bucket_increase(
+                bucket_counts(before, REPLICA_TTFT_MS, model=model),
+                bucket_counts(after, REPLICA_TTFT_MS, model=model),
+            ),
+        )
+    return _ReplicaFigures(
+        num_running=None if active is None or waiting is None else active - waiting,
+        num_waiting=waiting,
+        num_kv_blocks_used=after.total(REPLICA_KV_BLOCKS, model=model, kv_cache_block_type="used"),
+        num_kv_blocks_max=after.total(REPLICA_KV_BLOCKS, model=model, kv_cache_block_type="max"),
+        tokens_per_s=tokens_per_s,
+        ttft_p95_ms=ttft_ms,
+    )
+
+
+def _replica_row(replica: dict[str, Any], window: Window | None) -> tuple[TopRow, _ReplicaFigures]:
+    """The replica's row, and its raw figures (for its version's sums)."""
+    health = replica["health_detail"] or ""
+    figures = _ReplicaFigures()
     if window is None:
         health = _join(health, "no metrics URL")
     elif window.after.metrics is None:
         health = _join(health, f"metrics: {window.after.error}")
     else:
-        after = window.after.metrics
-        figures = _load(after, model)
-        span_s = window.span_s
-        if span_s is not None and window.before is not None and window.before.metrics is not None:
-            before = window.before.metrics
-            num_tokens = increase(
-                before.total(REPLICA_TOKENS, model=model), after.total(REPLICA_TOKENS, model=model)
-            )
-            tokens_per_s = None if num_tokens is None else num_tokens / span_s
-            buckets = bucket_increase(
-                bucket_counts(before, REPLICA_TTFT_MS, model=model),
-                bucket_counts(after, REPLICA_TTFT_MS, model=model),
-            )
-            ttft_ms = histogram_quantile(QUANTILE, buckets)
-    figures["tokens_per_s"] = tokens_per_s
+        figures = _replica_figures(window, replica["model"])
     row = TopRow(
-        model=model,
+        model=replica["model"],
         version=replica["version"],
         replica=replica["replica_id"],
         state=str(replica["state"]),
-        num_running=_int(figures["running"]),
-        num_waiting=_int(figures["waiting"]),
+        num_running=_int(figures.num_running),
+        num_waiting=_int(figures.num_waiting),
         num_queued=None,
-        kv_used_pct=_pct(figures["kv_used"], figures["kv_max"]),
-        ttft_p95_ms=ttft_ms,
+        kv_used_pct=_pct(figures.num_kv_blocks_used, figures.num_kv_blocks_max),
+        ttft_p95_ms=figures.ttft_p95_ms,
         itl_p95_ms=None,
-        tokens_per_s=tokens_per_s,
+        tokens_per_s=figures.tokens_per_s,
         health=health,
     )
     return row, figures
@@ -174,11 +193,11 @@ def _gateway_latency_ms(windows: list[Window], histogram: str, model: str, versi
     """The p95 over every gateway's buckets' increase in its window (all request classes)."""
     summed: dict[float, float] = defaultdict(float)
     for window in windows:
-        if window.span_s is None or window.before is None or window.before.metrics is None:
+        both = window.both()
+        if both is None:
             continue
-        assert window.after.metrics is not None  # span_s says both were read
-        before = bucket_counts(window.before.metrics, histogram, model=model, version=version)
-        after = bucket_counts(window.after.metrics, histogram, model=model, version=version)
+        before = bucket_counts(both[0], histogram, model=model, version=version)
+        after = bucket_counts(both[1], histogram, model=model, version=version)
         for bound, count in bucket_increase(before, after).items():
             summed[bound] += count
     seconds = histogram_quantile(QUANTILE, summed)
@@ -206,15 +225,11 @@ def _queued(windows: list[Window], model: str, version: str) -> int | None:
 def _output_tokens_per_s(windows: list[Window]) -> float | None:
     rates = []
     for window in windows:
-        span_s = window.span_s
-        if span_s is None or window.before is None or window.before.metrics is None:
-            continue
-        assert window.after.metrics is not None
-        num_tokens = increase(
-            window.before.metrics.total(GATEWAY_OUTPUT_TOKENS),
-            window.after.metrics.total(GATEWAY_OUTPUT_TOKENS),
-        )
-        rates.append(None if num_tokens is None else num_tokens / span_s)
+        both = window.both()
+        if both is not None:
+            before, after, span_s = both
+            num_tokens = increase(before.total(GATEWAY_OUTPUT_TOKENS), after.total(GATEWAY_OUTPUT_TOKENS))
+            rates.append(None if num_tokens is None else num_tokens / span_s)
     return _sum(rates)
 
 
@@ -224,7 +239,7 @@ def _output_tokens_per_s(windows: list[Window]) -> float | None:
 def build_snapshot(sources: Sources, model: str | None = None) -> Snapshot:
     """Rows ordered by model, version (numbers by value), each version's row before its replicas';
     only ``model``'s when given (the gateways report every model)."""
-    replica_rows: dict[tuple[str, str], list[tuple[TopRow, dict[str, float | None]]]] = defaultdict(list)
+    replica_rows: dict[tuple[str, str], list[tuple[TopRow, _ReplicaFigures]]] = defaultdict(list)
     for replica in sources.replicas or []:
         window = sources.replica_windows.get(replica["metrics_url"]) if replica["metrics_url"] else None
         row, figures = _replica_row(replica, window)
@@ -251,24 +266,24 @@ def build_snapshot(sources: Sources, model: str | None = None) -> Snapshot:
 
 
 def _version_row(
-    model: str, version: str, members: list[tuple[TopRow, dict[str, float | None]]], gateways: list[Window]
+    model: str, version: str, members: list[tuple[TopRow, _ReplicaFigures]], gateways: list[Window]
 ) -> TopRow:
-    def summed(key: str) -> float | None:
-        return _sum(figures[key] for _, figures in members)
-
+    figures = [f for _, f in members]
     num_ready = sum(1 for row, _ in members if row.state == "ready")
     return TopRow(
         model=model,
         version=version,
         replica="",
         state=f"{num_ready}/{len(members)} ready" if members else "no replicas",
-        num_running=_int(summed("running")),
-        num_waiting=_int(summed("waiting")),
+        num_running=_int(_sum(f.num_running for f in figures)),
+        num_waiting=_int(_sum(f.num_waiting for f in figures)),
         num_queued=_queued(gateways, model, version),
-        kv_used_pct=_pct(summed("kv_used"), summed("kv_max")),
+        kv_used_pct=_pct(
+            _sum(f.num_kv_blocks_used for f in figures), _sum(f.num_kv_blocks_max for f in figures)
+        ),
         ttft_p95_ms=_gateway_latency_ms(gateways, GATEWAY_TTFT, model, version),
         itl_p95_ms=_gateway_latency_ms(gateways, GATEWAY_ITL, model, version),
-        tokens_per_s=summed("tokens_per_s"),
+        tokens_per_s=_sum(f.tokens_per_s for f in figures),
         health="",
     )
 

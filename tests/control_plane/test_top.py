@@ -1,17 +1,23 @@
 """``sluice top``'s pure parts over canned metrics: the histogram quantile and counter arithmetic
 (``top_metrics``), and the rows, table and JSON built from two scrapes and a replica list (``top_view``).
 The gateway's text comes from the gateway's own exporter (``GatewayMetrics``); a replica's is written as
-Triton prints the CPU engine's families. The command against sources that cannot be reached, and its
-usage errors, at the end."""
+Triton prints the CPU engine's families. The command against sources that cannot be reached (once, and
+live until Ctrl-C), and its usage errors, at the end."""
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from control_plane.cli.main import main
+from control_plane.cli.top import CLEAR_SCREEN
 from control_plane.cli.top_metrics import (
     Metrics,
     bucket_counts,
@@ -22,6 +28,7 @@ from control_plane.cli.top_metrics import (
 from control_plane.cli.top_view import HEADERS, Scrape, Sources, Window, as_json, build_snapshot, render
 from gateway.metrics import GatewayMetrics
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "sluice-tiny"
 INF = math.inf
 
@@ -252,3 +259,37 @@ def test_the_command_names_what_it_could_not_read(capsys: pytest.CaptureFixture[
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["top", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_live_view_redraws_until_ctrl_c(tmp_path: Path) -> None:
+    """As a process: each refresh clears the screen and redraws, the unreachable sources named each time;
+    Ctrl-C (SIGINT) ends it with exit 0 and no traceback."""
+    out_path = tmp_path / "top.out"
+    argv = ["top", "--interval", "0.2", "--admin-url", "http://127.0.0.1:1"]
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "control_plane.cli.main",
+                *argv,
+                "--gateway",
+                "http://127.0.0.1:1/metrics",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while out_path.read_text().count(CLEAR_SCREEN) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, out_path.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    text = out_path.read_text()
+    frames = text.split(CLEAR_SCREEN)[1:]
+    assert all("gateway http://127.0.0.1:1/metrics: unreachable" in frame for frame in frames[:3])
+    assert "Traceback" not in text
