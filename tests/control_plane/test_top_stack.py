@@ -172,7 +172,8 @@ def test_top_once_json_reads_the_whole_stack(
     version, replica = view["rows"]
     assert (replica["replica"], replica["state"], replica["health"]) == ("r1", "ready", "")
     assert isinstance(replica["num_running"], int) and isinstance(replica["num_waiting"], int)
-    assert replica["num_running"] + replica["num_waiting"] <= NUM_STREAMS
+    # NOTE: + 1: the control plane's health probe (one token) may be on the replica at that moment.
+    assert replica["num_running"] + replica["num_waiting"] <= NUM_STREAMS + 1
     assert replica["kv_used_pct"] is not None and 0 <= replica["kv_used_pct"] <= 100
     assert replica["tokens_per_s"] > 0
     assert (version["model"], version["version"], version["replica"], version["state"]) == (
