@@ -293,3 +293,30 @@ def test_the_live_view_redraws_until_ctrl_c(tmp_path: Path) -> None:
     frames = text.split(CLEAR_SCREEN)[1:]
     assert all("gateway http://127.0.0.1:1/metrics: unreachable" in frame for frame in frames[:3])
     assert "Traceback" not in text
+
+
+def _triton_first_response_text(num_fast: int, num_slow: int) -> str:
+    """Triton's first-response histogram (milliseconds), as it exports it with histogram_latencies."""
+    labels = f'model="{MODEL}",version="1"'
+    cumulative = {"100": num_fast, "500": num_fast, "2000": num_fast + num_slow, "+Inf": num_fast + num_slow}
+    lines = ["# TYPE nv_inference_first_response_histogram_ms histogram"]
+    lines += [
+        f'nv_inference_first_response_histogram_ms_bucket{{{labels},le="{le}"}} {n}'
+        for le, n in cumulative.items()
+    ]
+    lines += [
+        f"nv_inference_first_response_histogram_ms_count{{{labels}}} {num_fast + num_slow}",
+        f"nv_inference_first_response_histogram_ms_sum{{{labels}}} 0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_replica_exporting_first_response_latency_gets_a_ttft_p95() -> None:
+    url = "http://r1/metrics"
+    before = _replica_text(3, 0, 10, 1000) + _triton_first_response_text(num_fast=0, num_slow=50)
+    after = _replica_text(3, 0, 10, 1000) + _triton_first_response_text(num_fast=20, num_slow=50)
+    window = Window(_scrape(url, 1.0, before), _scrape(url, 3.0, after))
+    sources = Sources("http://cp", [_replica("r1", "ready", url)], None, {url: window}, [])
+    _, r1 = build_snapshot(sources).rows
+    assert r1.ttft_p95_ms == pytest.approx(95.0)  # this window's 20, all under 100 ms; not the 50 slow
+    assert r1.tokens_per_s == 0.0
