@@ -54,18 +54,20 @@ class Degradation:
             return False
         now = self._clock()
         wait_s = self._oldest_wait_s(model, now)
+        entered_at_s = detector.changed_at_s
         transition = detector.observe(now, wait_s)
         if transition is Transition.ENTERED:
             log.warning(
-                "model %s is overloaded: its oldest interactive request has waited over %.1f s for %.1f s "
-                "(now %.1f s); degrading new requests: %s",
-                model, detector.overload_wait_s, detector.enter_after_s, wait_s, self._fallbacks[model],
+                "model %s is overloaded: its oldest interactive request waited over %.1f s for at least "
+                "%.1f s (now %.1f s); new requests take its fallbacks: %s",
+                model, detector.overload_wait_s, detector.enter_after_s, wait_s,
+                _named(self._fallbacks[model]),
             )  # fmt: skip
         elif transition is Transition.EXITED:
             log.warning(
-                "model %s is no longer overloaded: its oldest interactive request has waited at most %.1f s "
-                "for %.1f s; new requests are served as asked",
-                model, detector.overload_wait_s, detector.exit_after_s,
+                "model %s is no longer overloaded (after %.1f s): its oldest interactive request waited at "
+                "most %.1f s for at least %.1f s; new requests are served as asked",
+                model, now - (entered_at_s or now), detector.overload_wait_s, detector.exit_after_s,
             )  # fmt: skip
         return detector.overloaded
 
@@ -117,3 +119,10 @@ class Degradation:
             return 0.0
         schedulers = (self._router.pools.scheduler(model, version) for version in routes.versions)
         return max((s.oldest_wait_s(now) for s in schedulers if s is not None), default=0.0)
+
+
+def _named(fallbacks: Fallbacks) -> str:
+    """The configured fallbacks, as a log line names them: ``alias_to=small, max_tokens_cap=64, to_batch``."""
+    named = {"alias_to": fallbacks.alias_to, "max_tokens_cap": fallbacks.max_tokens_cap}
+    parts = [f"{name}={value}" for name, value in named.items() if value is not None]
+    return ", ".join(parts + (["to_batch"] if fallbacks.to_batch else []))
