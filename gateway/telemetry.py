@@ -48,6 +48,7 @@ class TelemetryRecord:
     # Prompt tokens the replica served from its prefix cache (its final response's num_cached_tokens);
     # None: it reported none (no final response, or an engine that does not count them).
     cached_tokens: int | None = None
+    pool: str = ""  # the replica pool its version's queue was for: "general" or "long-prompt"
     # Failover: dispatches to a replica (0: never dispatched; more than 1: its replica failed before a
     # first token and it went to another); ``replica`` is the last one, the one that served or failed it.
     num_dispatches: int = 0

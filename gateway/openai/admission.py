@@ -215,6 +215,7 @@ def _job(
     if num_prompt == 0:
         raise invalid_request("The prompt is empty.", param=prompt.param)
     _check_prompt_tokens(num_prompt, gw, prompt.param)
+    target = gw.router.for_prompt(target, num_prompt)  # the version's pool, by the prompt's length
     context = target.codec.max_context_tokens or (settings.max_prompt_tokens + settings.max_output_tokens)
     if max_tokens is not None:
         if max_tokens < 1:

@@ -113,6 +113,7 @@ async def record_request(
         idempotency_key=job.idempotency_key,
         cached_tokens=ended.num_cached_tokens,
         num_dispatches=ended.num_dispatches,
+        pool=str(job.target.pool),
         failed_replicas=ended.failed_replicas,
         degraded=job.degraded or None,
     )

@@ -1,5 +1,11 @@
-"""The gateway's replicas as a routing table names them: one ``ModelScheduler`` per (model, version),
-one engine client per replica, kept in step with each new table by ``apply``. Owned by the event loop.
+"""The gateway's replicas as a routing table names them: one ``ModelScheduler`` per (model, version,
+pool), one engine client per replica, kept in step with each new table by ``apply``. Owned by the event
+loop.
+
+Pools: a version's general and long-prompt replicas queue in separate schedulers, so a short prompt waits
+only behind other short prompts (``gateway.routing.table.choose_pool`` picks the pool). NOTE: a
+long-prompt scheduler reports its queue metrics under the version label ``<version>:long-prompt`` (the
+scheduler labels by version only), so the two queues' gauges do not overwrite each other.
 
 A replica enters rotation only after this gateway verified it (``verify``: ready at the version, serving
 its weights digest); one that fails stays out and is tried again at the next ``apply`` (the registry
@@ -18,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.table import ReplicaTarget, RoutingTable
 from gateway.scheduling.scheduler import ModelScheduler
 from sluice.engine_client import EngineClient
+from sluice.registry.base import ReplicaPool
 from sluice.settings import Settings
 from sluice.triton.verify import Verification
 
@@ -35,7 +42,7 @@ class ReplicaPools:
         self._metrics = metrics
         self._make_client = make_client
         self._verify = verify
-        self._schedulers: dict[tuple[str, str], ModelScheduler] = {}
+        self._schedulers: dict[tuple[str, str, ReplicaPool], ModelScheduler] = {}
         # replica id -> its target, engine client and key in its scheduler (one key per admission)
         self._in_rotation: dict[str, tuple[ReplicaTarget, EngineClient, str]] = {}
         self._num_admissions = 0
@@ -44,8 +51,22 @@ class ReplicaPools:
         self._table = RoutingTable(-1)
 
     # ----- reads -----
-    def scheduler(self, model: str, version: str) -> ModelScheduler | None:
-        return self._schedulers.get((model, version))
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def scheduler(
+        self, model: str, version: str, pool: ReplicaPool = ReplicaPool.GENERAL
+    ) -> ModelScheduler | None:
+        return self._schedulers.get((model, version, pool))
+
+    def schedulers_of(self, model: str, version: str) -> dict[ReplicaPool, ModelScheduler]:
+        """The version's schedulers that have a replica in rotation, by pool."""
+        return {
+            pool: scheduler
+            for (m, v, pool), scheduler in self._schedulers.items()
+            if m == model and v == version and scheduler.replica_ids
+        }
 
     @property
     def num_in_rotation(self) -> int:
@@ -60,6 +81,7 @@ class ReplicaPools:
                     "model": r.model,
                     "version": r.version,
                     "endpoint": r.endpoint,
+                    "pool": str(r.pool),
                     "in_rotation": rid in self._in_rotation,
                     **({"refused": self._refused[rid]} if rid in self._refused else {}),
                 }
@@ -70,7 +92,7 @@ class ReplicaPools:
     # ----- changes -----
     async def add_static(self, model: str, version: str, engine: EngineClient) -> ModelScheduler:
         """A replica known without a registry (``SLUICE_ROUTING=static``, tests): in rotation at once."""
-        scheduler = await self._scheduler_for(model, version)
+        scheduler = await self._scheduler_for(model, version, ReplicaPool.GENERAL)
         await scheduler.add_replica(engine, engine.replica)
         target = ReplicaTarget(engine.replica, engine.replica, model, version, "")
         self._in_rotation[engine.replica] = (target, engine, engine.replica)
@@ -88,7 +110,9 @@ class ReplicaPools:
                 del self._refused[replica_id]
         await asyncio.gather(*(self._admit(t) for rid, t in wanted.items() if rid not in self._in_rotation))
         for key, scheduler in list(self._schedulers.items()):
-            routed = key[0] in table.models and key[1] in table.models[key[0]].versions
+            model, version, pool = key
+            routed = model in table.models and version in table.models[model].versions
+            routed = routed and pool in table.models[model].versions[version].pools()
             if not routed and not scheduler.replica_ids and scheduler.num_in_flight == 0:
                 del self._schedulers[key]
                 self._spawn(scheduler.close())
@@ -121,28 +145,31 @@ class ReplicaPools:
         self._num_admissions += 1
         key = f"{target.replica_id}#{self._num_admissions}"
         self._in_rotation[target.replica_id] = (target, engine, key)
-        await (await self._scheduler_for(target.model, target.version)).add_replica(engine, key)
-        log.info("replica %s (%s version %s) in rotation", target.replica_id, target.model, target.version)
+        await (await self._scheduler_for(target.model, target.version, target.pool)).add_replica(engine, key)
+        log.info(
+            "replica %s (%s version %s, %s pool) in rotation",
+            target.replica_id, target.model, target.version, target.pool,
+        )  # fmt: skip
 
     def _drain(self, replica_id: str) -> None:
         target, _, key = self._in_rotation.pop(replica_id)
-        scheduler = self._schedulers.get((target.model, target.version))
+        scheduler = self._schedulers.get((target.model, target.version, target.pool))
         if scheduler is not None:
             scheduler.drain_replica(key)
         log.info("replica %s (%s version %s) draining", replica_id, target.model, target.version)
 
-    async def _scheduler_for(self, model: str, version: str) -> ModelScheduler:
-        scheduler = self._schedulers.get((model, version))
+    async def _scheduler_for(self, model: str, version: str, pool: ReplicaPool) -> ModelScheduler:
+        scheduler = self._schedulers.get((model, version, pool))
         if scheduler is None:
             scheduler = ModelScheduler(
                 model,
                 (),
                 self._settings,
                 self._metrics,
-                version=version,
+                version=version if pool is ReplicaPool.GENERAL else f"{version}:{pool}",
                 on_drained=lambda engine: self._spawn(engine.close()),
             )
-            self._schedulers[(model, version)] = scheduler
+            self._schedulers[(model, version, pool)] = scheduler
             await scheduler.start()
         return scheduler
 

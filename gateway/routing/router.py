@@ -1,5 +1,8 @@
 """The request path's one entry to routing: which model version serves a request, the scheduler that
-queues it for that version's replicas, and the tokenizer of that version.
+queues it for that version's replicas, and the tokenizer of that version. ``route`` picks the version
+(before the prompt is tokenized: the tokenizer depends on it); ``for_prompt`` then picks the version's
+pool by the prompt's length (``gateway.routing.table.choose_pool``) and counts a fallback to the other
+pool in ``sluice_gateway_pool_fallbacks_total``, logging when a version starts and stops falling back.
 
 Two ways to know the replicas, chosen by ``SLUICE_ROUTING`` and logged at start:
 - ``registry``: the routing table follows the registry (``gateway.routing.follower``); each version's
@@ -12,18 +15,21 @@ Two ways to know the replicas, chosen by ``SLUICE_ROUTING`` and logged at start:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 from gateway.errors import OpenAIError, model_not_found
 from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
-from gateway.routing.table import ModelRoutes, RoutingTable, VersionTarget
+from gateway.routing.table import ModelRoutes, RoutingTable, VersionTarget, choose_pool
 from gateway.scheduling.scheduler import ModelScheduler
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
+from sluice.registry.base import ReplicaPool
 from sluice.text import TextCodec
 
 log = logging.getLogger(__name__)
@@ -31,13 +37,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Target:
-    """Where one request goes: its model version, the scheduler of that version, its tokenizer."""
+    """Where one request goes: its model version, the scheduler of that version's pool, its tokenizer."""
 
     model: str
     version: str
-    scheduler: ModelScheduler
+    scheduler: ModelScheduler  # the pool's (``Router.for_prompt`` picks the pool once the prompt is known)
     codec: TextCodec
     sticky: bool  # False: its conversation's version had no replica and another version served it
+    pool: ReplicaPool = ReplicaPool.GENERAL  # the pool ``scheduler`` queues for
+    # Every pool of the version with a replica in rotation, and its scheduler.
+    pools: Mapping[ReplicaPool, ModelScheduler] = field(default_factory=dict, repr=False, compare=False)
 
 
 def model_unavailable(model: str) -> OpenAIError:
@@ -67,6 +76,7 @@ class Router:
         self._codecs: dict[tuple[str, str], TextCodec] = {}  # (artifact_uri, digest) -> its tokenizer
         self._unreadable: dict[tuple[str, str], str] = {}  # (model, version) -> why it is not routed
         self._static_codec: TextCodec | None = None
+        self._falling_back: set[tuple[str, str, ReplicaPool]] = set()  # (model, version, wanted pool)
 
     async def add_static(self, model: str, version: str, engine: EngineClient, codec: TextCodec) -> None:
         """Static routing: every request for ``model`` goes to ``engine`` (``version``)."""
@@ -94,13 +104,39 @@ class Router:
         choice = self.table.choose(model, tenant.tenant_id, conversation_key)
         if choice is None:
             raise model_unavailable(model)
-        scheduler = self.pools.scheduler(model, choice.version)
+        schedulers = self.pools.schedulers_of(model, choice.version)
         codec = self._codec(model, choice.version)
-        if scheduler is None or not scheduler.replica_ids or codec is None:
+        if not schedulers or codec is None:
             raise model_unavailable(model)
         if not choice.sticky:
             self._metrics.version_fallbacks.labels(model, choice.version).inc()
-        return Target(model, choice.version, scheduler, codec, choice.sticky)
+        pool = ReplicaPool.GENERAL if ReplicaPool.GENERAL in schedulers else ReplicaPool.LONG_PROMPT
+        return Target(model, choice.version, schedulers[pool], codec, choice.sticky, pool, schedulers)
+
+    def for_prompt(self, target: Target, num_prompt_tokens: int) -> Target:
+        """``target`` queued for the pool a prompt of ``num_prompt_tokens`` goes to (module docstring);
+        as it is with static routing (one replica, no pools)."""
+        threshold = self.pools.settings.long_prompt_min_tokens
+        choice = choose_pool(num_prompt_tokens, threshold, target.pools)
+        if choice is None:
+            return target
+        model, version = target.model, target.version
+        key = (model, version, choice.wanted)
+        if choice.is_fallback:
+            self._metrics.pool_fallbacks.labels(model, version, choice.wanted, choice.pool).inc()
+            if key not in self._falling_back:
+                self._falling_back.add(key)
+                log.warning(
+                    "%s version %s has no %s replica in rotation: its %s prompts go to the %s pool",
+                    model, version, choice.wanted,
+                    "long" if choice.wanted is ReplicaPool.LONG_PROMPT else "short", choice.pool,
+                )  # fmt: skip
+        elif key in self._falling_back:
+            self._falling_back.discard(key)
+            log.info("%s version %s: its %s pool is in rotation again", model, version, choice.wanted)
+        if choice.pool == target.pool:
+            return target
+        return dataclasses.replace(target, scheduler=target.pools[choice.pool], pool=choice.pool)
 
     def models_for(self, tenant: Tenant) -> list[str]:
         """The routed models ``tenant`` may use, by name."""

@@ -9,15 +9,25 @@ chosen by the sticky split; if the chosen version has no routable replica, the c
 among the route's versions that have one (the same rendezvous with the others' weights at 0), so a
 version without replicas moves only its own conversations, and the response names the version that
 served it. No routable version at all: the model is unavailable (503), never served by other weights.
+
+Pools by workload shape: each replica is in its registry pool. ``general`` and ``long-prompt`` replicas
+are routable (each pool has its own queue, ``gateway.routing.pools``); ``warm`` ones never are, until the
+registry moves them to another pool. Once the prompt is tokenized, ``choose_pool`` picks the pool: a
+prompt of at least ``long_prompt_min_tokens`` goes to the long-prompt pool, a shorter one to the general
+pool, so a short prompt never waits behind long prefills; a pool with no replica in rotation gives its
+prompts to the other one (a fallback the caller counts), and neither: the model is unavailable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sluice.policy.rollout import bucket_of, version_for_bucket
-from sluice.registry.base import RegistrySnapshot, ReplicaState, VersionState
+from sluice.registry.base import RegistrySnapshot, ReplicaPool, ReplicaState, VersionState
+
+# The pools a gateway routes to; a warm replica is loaded but routed nothing.
+ROUTED_POOLS = (ReplicaPool.GENERAL, ReplicaPool.LONG_PROMPT)
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,7 @@ class ReplicaTarget:
     # Where its load is read ("": unknown, routed without). NOTE: part of the target's identity: a new
     # metrics URL is a changed target, drained and admitted again (``gateway.routing.pools``).
     metrics_url: str = ""
+    pool: ReplicaPool = ReplicaPool.GENERAL  # which queue it serves; a new pool is a changed target too
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,11 @@ class VersionTarget:
     version: str
     weights_digest: str
     artifact_uri: str
-    replicas: tuple[ReplicaTarget, ...]  # routable ones only
+    replicas: tuple[ReplicaTarget, ...]  # routable ones only (general and long-prompt pools)
+
+    def pools(self) -> frozenset[ReplicaPool]:
+        """The pools its routable replicas are in."""
+        return frozenset(r.pool for r in self.replicas)
 
 
 @dataclass(frozen=True)
@@ -76,11 +91,12 @@ class RoutingTable:
                 serving = version.state is VersionState.SERVING
                 replicas = tuple(
                     ReplicaTarget(
-                        r.replica_id, r.endpoint, r.model, r.version, version.weights_digest, r.metrics_url
+                        r.replica_id, r.endpoint, r.model, r.version, version.weights_digest, r.metrics_url,
+                        r.pool,
                     )
                     for r in snapshot.replicas_of(route.model, entry.version, ReplicaState.READY)
-                    if serving
-                )
+                    if serving and r.pool in ROUTED_POOLS
+                )  # fmt: skip
                 targets[entry.version] = VersionTarget(
                     route.model, entry.version, version.weights_digest, version.artifact_uri, replicas
                 )
@@ -110,3 +126,28 @@ class RoutingTable:
         return {
             r.replica_id: r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         }
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    pool: ReplicaPool  # the pool whose queue takes the request
+    wanted: ReplicaPool  # the pool its prompt's length asks for
+
+    @property
+    def is_fallback(self) -> bool:
+        """The wanted pool had no replica in rotation: the other pool took it."""
+        return self.pool != self.wanted
+
+
+def choose_pool(
+    num_prompt_tokens: int, long_prompt_min_tokens: int | None, in_rotation: Collection[ReplicaPool]
+) -> PoolChoice | None:
+    """The pool a prompt of ``num_prompt_tokens`` goes to, among the pools of its version that have a
+    replica in rotation: long-prompt from ``long_prompt_min_tokens`` tokens (None: never), general below;
+    the other routed pool when the wanted one has none; None when neither has one."""
+    is_long = long_prompt_min_tokens is not None and num_prompt_tokens >= long_prompt_min_tokens
+    wanted = ReplicaPool.LONG_PROMPT if is_long else ReplicaPool.GENERAL
+    for pool in (wanted, *(p for p in ROUTED_POOLS if p != wanted)):
+        if pool in in_rotation:
+            return PoolChoice(pool, wanted)
+    return None
