@@ -29,7 +29,8 @@ import httpx
 from control_plane.cli.admin_client import AdminApi, AdminApiError, add_connection_options
 from control_plane.cli.admin_commands import EXIT_OK, EXIT_USAGE, fail
 from control_plane.cli.top_metrics import Metrics
-from control_plane.cli.top_view import Scrape, Sources, Window, as_json, build_snapshot, render
+from control_plane.cli.top_render import as_json, render
+from control_plane.cli.top_view import Scrape, Sources, Window, build_snapshot
 from sluice.settings import SettingsError, load_settings
 
 DEFAULT_GATEWAY_METRICS_URL = "http://127.0.0.1:8080/metrics"

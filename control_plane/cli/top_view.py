@@ -1,13 +1,14 @@
 """What ``sluice top`` shows, from what it read: the admin API's replica list and two scrapes of each source
 (every replica's metrics URL, every gateway's ``/metrics``) turned into one row per model version and one
-per replica, then into a table or JSON. Pure: no I/O, no clock (``top.py`` reads the sources).
+per replica (``top_render`` prints them). Pure: no I/O, no clock (``top.py`` reads the sources).
 
 Per replica, from its own metrics (the TensorRT-LLM backend's families, which the CPU engine exports under
 the same names): requests running and waiting (``nv_trt_llm_request_metrics``), KV blocks in use
 (``nv_trt_llm_kv_cache_block_metrics``), tokens/s (the CPU engine's ``sluice_engine_generated_tokens``
 counter) and TTFT p95 when Triton exports its first-response histogram. Per version: the sums over its
 replicas, requests queued at the gateways (``sluice_gateway_queue_depth``), and TTFT and inter-token p95
-from the gateways' histograms (every request class). Rates and percentiles cover the window between the
+from the gateways' histograms (every request class); tokens/s from the gateways' histogram counts when no
+replica reports it. Rates and percentiles cover the window between the
 two scrapes; a source read once only (the first refresh) shows ``-`` there.
 """
 
@@ -15,10 +16,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from control_plane.cli.table import render_table
 from control_plane.cli.top_metrics import (
     Metrics,
     bucket_counts,
@@ -213,6 +213,26 @@ def _gateway_versions(windows: list[Window]) -> set[tuple[str, str]]:
     return {(m, v) for m, v in found if m and v}
 
 
+def _gateway_tokens_per_s(windows: list[Window], model: str, version: str) -> float | None:
+    """Output tokens of the version's requests that ended in each gateway's window, per second: one TTFT
+    and one inter-token observation per token (a request's first token, then one gap per token)."""
+    rates = []
+    for window in windows:
+        both = window.both()
+        if both is None:
+            continue
+        before, after, span_s = both
+        num_tokens = _sum(
+            increase(
+                before.total(name, model=model, version=version),
+                after.total(name, model=model, version=version),
+            )
+            for name in (f"{GATEWAY_TTFT}_count", f"{GATEWAY_ITL}_count")
+        )
+        rates.append(None if num_tokens is None else num_tokens / span_s)
+    return _sum(rates)
+
+
 def _queued(windows: list[Window], model: str, version: str) -> int | None:
     totals = [
         w.after.metrics.total(GATEWAY_QUEUE_DEPTH, model=model, version=version)
@@ -283,9 +303,18 @@ def _version_row(
         ),
         ttft_p95_ms=_gateway_latency_ms(gateways, GATEWAY_TTFT, model, version),
         itl_p95_ms=_gateway_latency_ms(gateways, GATEWAY_ITL, model, version),
-        tokens_per_s=_sum(f.tokens_per_s for f in figures),
+        tokens_per_s=_version_tokens_per_s(figures, gateways, model, version),
         health="",
     )
+
+
+def _version_tokens_per_s(
+    figures: list[_ReplicaFigures], gateways: list[Window], model: str, version: str
+) -> float | None:
+    """Its replicas' tokens/s summed (live: tokens as they are made), else, when no replica reports one
+    (TensorRT-LLM exports no token counter), the gateways' count of tokens of requests that ended."""
+    from_replicas = _sum(f.tokens_per_s for f in figures)
+    return from_replicas if from_replicas is not None else _gateway_tokens_per_s(gateways, model, version)
 
 
 def _statuses(sources: Sources) -> list[SourceStatus]:
@@ -295,65 +324,6 @@ def _statuses(sources: Sources) -> list[SourceStatus]:
         SourceStatus("replica", url, w.after.error) for url, w in sorted(sources.replica_windows.items())
     ]
     return statuses
-
-
-# ------------------------------------------------------------------------------------------ output
-
-HEADERS = (
-    "MODEL", "VERSION", "REPLICA", "STATE", "RUNNING", "WAITING", "QUEUED", "KV %",
-    "TTFT p95 ms", "ITL p95 ms", "TOK/S", "HEALTH",
-)  # fmt: skip
-
-
-def render(snapshot: Snapshot, title: str) -> str:
-    """``title``, the table (a version's row, then its replicas indented), and a line per source that
-    could not be read."""
-    cells = [
-        [
-            row.model if not row.replica else "",
-            row.version if not row.replica else "",
-            f"  {row.replica}" if row.replica else "(all)",
-            row.state,
-            _count(row.num_running),
-            _count(row.num_waiting),
-            _count(row.num_queued),
-            _number(row.kv_used_pct, 1),
-            _number(row.ttft_p95_ms, 1),
-            _number(row.itl_p95_ms, 1),
-            _number(row.tokens_per_s, 1),
-            row.health or "-",
-        ]
-        for row in snapshot.rows
-    ]
-    lines = [title, ""]
-    lines.append(
-        render_table(HEADERS, cells)
-        if cells
-        else "No model versions: no replica registered, no gateway traffic."
-    )
-    lines.append("")
-    rate = _number(snapshot.gateway_output_tokens_per_s, 1)
-    num_gateways = sum(1 for s in snapshot.sources if s.kind == "gateway")
-    num_read = sum(1 for s in snapshot.sources if s.kind == "gateway" and s.error is None)
-    lines.append(f"gateways: {num_read}/{num_gateways} read, {rate} output tokens/s")
-    lines += [f"{s.kind} {s.url}: {s.error}" for s in snapshot.sources if s.error is not None]
-    lines += snapshot.notes
-    return "\n".join(lines)
-
-
-def as_json(snapshot: Snapshot, taken_at: str) -> dict[str, Any]:
-    """What ``--json`` prints: the rows (numbers rounded to 0.1; null where unknown) and every source."""
-    return {
-        "taken_at": taken_at,
-        "window_s": _round(snapshot.window_s),
-        "gateway_output_tokens_per_s": _round(snapshot.gateway_output_tokens_per_s),
-        "rows": [
-            {k: _round(v) if isinstance(v, float) else v for k, v in asdict(row).items()}
-            for row in snapshot.rows
-        ],
-        "sources": [asdict(s) for s in snapshot.sources],
-        "notes": snapshot.notes,
-    }
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -379,17 +349,5 @@ def _pct(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else 100 * part / whole
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
 def _join(first: str, second: str) -> str:
     return f"{first}; {second}" if first else second
-
-
-def _count(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
-
-
-def _number(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"

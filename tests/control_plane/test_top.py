@@ -25,7 +25,8 @@ from control_plane.cli.top_metrics import (
     histogram_quantile,
     increase,
 )
-from control_plane.cli.top_view import HEADERS, Scrape, Sources, Window, as_json, build_snapshot, render
+from control_plane.cli.top_render import HEADERS, as_json, render
+from control_plane.cli.top_view import Scrape, Sources, Window, build_snapshot
 from gateway.metrics import GatewayMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,6 +203,9 @@ def test_an_unreachable_admin_api_still_shows_the_gateways_versions() -> None:
     (version,) = snapshot.rows
     assert (version.model, version.version, version.state) == (MODEL, "1", "no replicas")
     assert version.ttft_p95_ms is not None
+    # No replica reports tokens: the gateways' count of the window's 40 ended requests, 5 tokens each
+    # (a first token and 4 gaps), over 2 s.
+    assert version.tokens_per_s == pytest.approx(100.0)
     assert "admin http://cp: the admin API at http://cp is unreachable" in render(snapshot, "title")
     assert build_snapshot(blind, model="another-model").rows == []
 
