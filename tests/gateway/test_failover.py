@@ -1,0 +1,246 @@
+"""Failover end to end (issue 12, deliverable 4): two real tritonservers serving version 1 of the dev model,
+a gateway routing by a PostgreSQL registry (its usage ledger in the same database), the control plane's
+health checker over that registry, and 30 streams from the official openai client in flight when one
+replica's whole process group (tritonserver and its Python backend stub) is killed with SIGKILL.
+
+The replicas run at most 4 sequences each and the gateway leaves at most 4 more waiting in each, so at the
+kill some requests are producing on the dead replica, some wait inside it without a token, and the rest
+wait in the gateway. Then:
+
+- every request ends within a bound: it completes, or (it was producing on the dead replica) its stream
+  ends with an error event the SDK raises; none fails before its first token, as those are re-dispatched;
+- the ledger holds exactly one usage row per request, with the tokens and outcome its telemetry record
+  names (the errored streams billed for what they produced);
+- the requests re-dispatched after the kill finished on the surviving replica;
+- once the health checker failed the dead replica in the registry, a new batch goes only to the survivor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import openai
+import psycopg
+import pytest
+from harness import MODEL, RunningGateway, start_gateway, wait_until
+from metrics_text import read_metric
+from ports import free_ports
+from prometheus_client import CollectorRegistry
+
+from control_plane.service.health import HealthChecker, ReplicaStates
+from sluice.registry.base import ReplicaState, VersionState
+from sluice.registry.postgres import PostgresRegistry
+from sluice.triton.launcher import TritonServer, TritonServerConfig
+from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.weights_digest import weights_digest
+
+ACTOR = "test-failover"
+NUM_STREAMS = 30
+MAX_TOKENS = 128
+HEALTH_INTERVAL_S = 1.0
+T = TypeVar("T")
+
+
+@dataclass
+class Fleet:
+    gateway: RunningGateway
+    registry: PostgresRegistry
+    loop: asyncio.AbstractEventLoop  # the registry's and the health checker's (a loop of its own)
+    servers: dict[str, TritonServer]  # replica id -> its server
+    database: str
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+
+@dataclass
+class Outcome:
+    first_token_s: float | None = None  # time.monotonic() of its first text
+    num_text_chunks: int = 0
+    finish_reason: str | None = None
+    error: str | None = None  # the SDK's error, if the stream ended with one
+    request_id: str = ""
+    usage_tokens: int | None = None
+
+
+def _server(repo: Path, state_dir: Path, tag: str) -> TritonServer:
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(
+        TritonServerConfig(
+            model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics, state_dir=state_dir,
+            shm_prefix=f"sluice_failover_{os.getpid()}_{tag}_", exit_timeout_s=1, stop_timeout_s=10,
+        )
+    )  # fmt: skip
+    server.start()
+    return server
+
+
+@pytest.fixture
+def fleet(database: str, dev_checkpoint: Path, tmp_path: Path) -> Iterator[Fleet]:
+    repo = tmp_path / "repo"
+    render_model_repository(
+        repo,
+        CpuEngineModelSettings(
+            checkpoint_dir=dev_checkpoint, num_kv_blocks=256, max_num_running=4, stats_interval_ms=20
+        ),
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="registry-loop", daemon=True)
+    thread.start()
+    registry = PostgresRegistry(database, pool_max_size=3)
+    # NOTE: a probe waits behind the busy replica's running sequences: a generous timeout, so only the
+    # dead replica fails its checks.
+    health = HealthChecker(
+        ReplicaStates(registry), CollectorRegistry(), interval_s=HEALTH_INTERVAL_S, probe_timeout_s=20.0
+    )
+    servers: dict[str, TritonServer] = {}
+    gateway = None
+
+    def call(coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+    try:
+        for replica_id in ("r1", "r2"):
+            servers[replica_id] = _server(repo, tmp_path / "triton", replica_id)
+        call(_seed(registry, dev_checkpoint, servers))
+        call(health.start())
+        gateway = start_gateway(
+            tmp_path / "gateway",
+            dev_checkpoint,
+            engine_client="triton",
+            routing="registry",
+            database_url=database,
+            registry_poll_interval_s=1.0,
+            max_prompt_tokens=256,
+            max_output_tokens=256,
+            max_waiting_per_replica=4,
+            itl_target_ms=10_000,  # a loaded 2-core machine must not shut the ITL gate
+        )
+        wait_until(lambda: gateway.gw.router.pools.num_in_rotation == 2, 15.0, "both replicas in rotation")
+        yield Fleet(gateway, registry, loop, servers, database)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        call(health.close())
+        call(registry.close())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        for server in servers.values():
+            server.stop()
+
+
+async def _seed(registry: PostgresRegistry, checkpoint: Path, servers: dict[str, TritonServer]) -> None:
+    await registry.open()
+    await registry.create_model(MODEL, actor=ACTOR)
+    await registry.add_version(
+        MODEL, "1", artifact_uri=checkpoint.as_uri(), weights_digest=weights_digest(checkpoint),
+        build_config={"seed": 0}, actor=ACTOR,
+    )  # fmt: skip
+    await registry.set_version_state(MODEL, "1", VersionState.WARMING, actor=ACTOR)
+    await registry.set_version_state(MODEL, "1", VersionState.SERVING, actor=ACTOR)
+    for replica_id, server in servers.items():
+        await registry.register_replica(
+            replica_id, endpoint=server.grpc_url, model=MODEL, version="1", actor=ACTOR,
+            state=ReplicaState.READY, metrics_url=server.metrics_url,
+        )  # fmt: skip
+    await registry.set_route(MODEL, {"1": 10_000}, actor=ACTOR)
+
+
+def _stream(client: openai.OpenAI, outcome: Outcome) -> None:
+    try:
+        stream = client.completions.create(
+            model=MODEL, prompt="hello", max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True},
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        for chunk in stream:
+            outcome.request_id = chunk.id
+            if chunk.usage is not None:
+                outcome.usage_tokens = chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                if choice.text and outcome.first_token_s is None:
+                    outcome.first_token_s = time.monotonic()
+                outcome.num_text_chunks += bool(choice.text)
+                outcome.finish_reason = choice.finish_reason or outcome.finish_reason
+    except openai.APIError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+
+
+def _ledger(database: str) -> list[tuple[str, int, str]]:
+    with psycopg.connect(database) as conn:
+        return conn.execute("SELECT request_id, output_tokens, status FROM usage").fetchall()
+
+
+def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> None:
+    gateway, dead, survivor = fleet.gateway, fleet.servers["r1"], fleet.servers["r2"]
+    client = gateway.client(timeout=60)
+    outcomes = [Outcome() for _ in range(NUM_STREAMS)]
+    threads = [threading.Thread(target=_stream, args=(client, o), daemon=True) for o in outcomes]
+    for t in threads:
+        t.start()
+
+    # Both replicas are producing: 4 sequences each at most, so 7 streams with text and no end span both.
+    def num_producing() -> int:
+        return sum(o.first_token_s is not None and o.finish_reason is None for o in outcomes)
+
+    wait_until(lambda: num_producing() >= 7, 30, "7 streams producing", poll_s=0.01)
+    assert dead.pid is not None
+    os.killpg(dead.pid, signal.SIGKILL)  # tritonserver and its Python backend stub
+    killed_s = time.monotonic()
+    for t in threads:
+        t.join(timeout=max(1.0, killed_s + 45 - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a request hung after the replica died"
+
+    errored = [o for o in outcomes if o.error is not None]
+    assert errored, "no stream was producing on the dead replica"
+    completed = [o for o in outcomes if o.error is None]
+    assert all(o.finish_reason == "length" and o.usage_tokens == MAX_TOKENS for o in completed), completed
+    # An error only as an event after text (a stream producing on the dead replica), never an HTTP error.
+    assert all(o.first_token_s is not None and o.first_token_s <= killed_s + 1 for o in errored), errored
+    assert all("APIError" in (o.error or "") for o in errored), errored
+    # Those without a token at the kill completed (re-dispatched or queued), whatever replica they had.
+    assert all(o in completed for o in outcomes if o.first_token_s is None or o.first_token_s > killed_s + 1)
+
+    ids = [o.request_id for o in outcomes]
+    assert len(set(ids)) == NUM_STREAMS
+    # Written in each request's ``finally``, the usage row last: maybe just after its response ended.
+    wait_until(lambda: len(_ledger(fleet.database)) >= NUM_STREAMS, 10, "every request's usage row")
+    records = {r["request_id"]: r for r in gateway.telemetry()}
+    rows = _ledger(fleet.database)
+    assert sorted(r[0] for r in rows) == sorted(ids)  # one usage row per request, none twice
+    for request_id, output_tokens, status in rows:
+        record = records[request_id]
+        assert (output_tokens, status) == (record["output_tokens"], record["outcome"]), record
+    assert all(r[1] > 0 and r[2] == "failed" for r in rows if r[0] in {o.request_id for o in errored})
+
+    redispatched = [r for r in records.values() if r["num_dispatches"] > 1]
+    metrics_url = gateway.base_url + "/metrics"
+    assert read_metric(metrics_url, "sluice_gateway_redispatches_total") == sum(
+        r["num_dispatches"] - 1 for r in records.values()
+    )
+    assert read_metric(metrics_url, "sluice_gateway_replica_suspensions_total") >= 1
+    assert redispatched, "no request waiting inside the dead replica was re-dispatched"
+    assert all(
+        r["outcome"] == "finished"
+        and r["replica"] == survivor.grpc_url
+        and dead.grpc_url in r["failed_replicas"]
+        for r in redispatched
+    ), redispatched
+
+    # The control plane fails it within a health round; the gateway follows and drains it.
+    def dead_failed() -> bool:
+        return fleet.call(fleet.registry.get_replica("r1")).state == ReplicaState.FAILED
+
+    wait_until(dead_failed, 10 * HEALTH_INTERVAL_S, "the health check failing the dead replica")
+    wait_until(lambda: gateway.gw.router.pools.num_in_rotation == 1, 5.0, "the gateway draining it")
+    after = [client.completions.create(model=MODEL, prompt="hello", max_tokens=2).id for _ in range(8)]
+    records = {r["request_id"]: r for r in gateway.telemetry()}
+    assert {records[i]["replica"] for i in after} == {survivor.grpc_url}
+    assert {records[i]["num_dispatches"] for i in after} == {1}
