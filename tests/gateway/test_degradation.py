@@ -1,12 +1,14 @@
-"""Degradation under persistent overload (issue 12 deliverable 6), through the gateway over the in-process
-engine and the official openai client: a model driven into overload (the dispatch gate lets one request run
-at a time, a backlog of long streams waits) takes its configured fallbacks on the requests admitted while
-the overload lasts (Sluice-Degraded header, capped output, the batch class, the counter, the gauge,
-telemetry), and no more once the load is gone and exit_after_s has passed. A bad configuration stops the
-gateway at start, saying what is wrong."""
+"""Degradation under persistent overload (issue 12 deliverable 6), driven by the official openai client: a
+model driven into overload (the dispatch gate lets one request run at a time while a backlog of long
+streams waits) takes its configured fallbacks on the requests admitted while the overload lasts
+(Sluice-Degraded header, capped output, the batch class, the counter, the gauge, telemetry), and no more
+once the load is gone and exit_after_s has passed. Over the in-process engine for the cap and the class;
+over a real tritonserver serving two models, routed by the registry, for the alias to the smaller one. A
+bad configuration stops the gateway at start, saying what is wrong."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -21,6 +23,15 @@ import pytest
 from harness import MODEL, RunningGateway, start_gateway, wait_until
 from metrics_text import read_metric
 from openai.types import Completion
+from ports import free_ports
+
+from cpu_engine.devckpt import write_checkpoint
+from sluice.registry.base import ReplicaState, VersionState
+from sluice.registry.sqlite import SqliteRegistry
+from sluice.settings import SettingsError, load_settings
+from sluice.triton.launcher import TritonServer, TritonServerConfig
+from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.weights_digest import weights_digest
 
 CAP_TOKENS = 8
 FALLBACKS = {
@@ -32,7 +43,7 @@ FALLBACKS = {
         "exit_after_s": 1.0,
     }
 }
-NUM_BACKLOG = 6
+NUM_BACKLOG = 8
 BACKLOG_TOKENS = 120
 
 
@@ -154,20 +165,123 @@ def test_fallbacks_apply_while_the_model_is_overloaded_and_only_then(gateway: Ru
     assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="to_batch") == 2
 
 
+def test_a_bad_configuration_stops_the_gateway_at_start(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env.update(SLUICE_STATE_DIR=str(tmp_path), SLUICE_DEGRADATION='{"sluice-tiny": {"max_token_cap": 64}}')
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "SLUICE_DEGRADATION=" in done.stderr, done.stderr
+    assert "model 'sluice-tiny': unknown field(s) max_token_cap; known: alias_to," in done.stderr
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
-        ('{"sluice-tiny": {"max_token_cap": 64}}', "model 'sluice-tiny': unknown field(s) max_token_cap"),
         ('{"sluice-tiny": {"max_tokens_cap": 0}}', "max_tokens_cap must be an integer >= 1, got 0"),
         ('{"sluice-tiny": {"to_batch": true, "exit_after_s": -5}}', "exit_after_s must be a finite number"),
         ("{sluice-tiny", "not valid JSON"),
     ],
 )
-def test_a_bad_configuration_stops_the_gateway_at_start(value: str, says: str, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    env.update(SLUICE_STATE_DIR=str(tmp_path), SLUICE_DEGRADATION=value)
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway"], env=env, capture_output=True, text=True, timeout=60, check=False
+def test_bad_values_are_refused_with_the_setting_named(value: str, says: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings(degradation=value)  # what the gateway's start reads its settings with
+    assert "SLUICE_DEGRADATION=" in str(refused.value) and says in str(refused.value)
+
+
+# ----- alias to a smaller model: a gateway following the registry, two models on one tritonserver -----
+SMALL = "sluice-nano"
+ACTOR = "test-degradation"
+
+
+@pytest.fixture(scope="module")
+def fleet(dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    """sluice-tiny and sluice-nano (other weights), version 1 each, served by one tritonserver and routed
+    by the registry; sluice-tiny degrades to sluice-nano."""
+    root = tmp_path_factory.mktemp("degradation_alias")
+    checkpoints = {MODEL: dev_checkpoint, SMALL: write_checkpoint(root / "nano", seed=1)}
+    repo = root / "repo"
+    for name, checkpoint in checkpoints.items():
+        render_model_repository(
+            repo,
+            CpuEngineModelSettings(
+                checkpoint_dir=checkpoint, model_name=name, num_kv_blocks=256, stats_interval_ms=20
+            ),
+        )
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(
+        TritonServerConfig(
+            model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+            state_dir=root / "triton", shm_prefix=f"sluice_degrade_{os.getpid()}_",
+            exit_timeout_s=1, stop_timeout_s=10,
+        )
+    )  # fmt: skip
+    state_dir = root / "state"
+    state_dir.mkdir()
+    gateway = None
+    try:
+        server.start()
+        asyncio.run(_seed_registry(SqliteRegistry(state_dir / "sluice.db"), checkpoints, server))
+        alias = {MODEL: {**FALLBACKS[MODEL], "alias_to": SMALL}}
+        gateway = start_gateway(
+            state_dir, dev_checkpoint, engine_client="triton", routing="registry",
+            registry_poll_interval_s=1.0, max_prompt_tokens=256, max_output_tokens=256,
+            itl_target_ms=1.0, degradation=json.dumps(alias),
+        )  # fmt: skip
+        running = gateway
+        wait_until(lambda: running.gw.router.pools.num_in_rotation == 2, 30.0, "both models' replicas")
+        yield gateway
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        server.stop()
+
+
+async def _seed_registry(
+    registry: SqliteRegistry, checkpoints: dict[str, Path], server: TritonServer
+) -> None:
+    await registry.open()
+    try:
+        for name, checkpoint in checkpoints.items():
+            await registry.create_model(name, actor=ACTOR)
+            await registry.add_version(
+                name, "1", artifact_uri=checkpoint.as_uri(), weights_digest=weights_digest(checkpoint),
+                build_config={}, actor=ACTOR,
+            )  # fmt: skip
+            await registry.set_version_state(name, "1", VersionState.WARMING, actor=ACTOR)
+            await registry.set_version_state(name, "1", VersionState.SERVING, actor=ACTOR)
+            await registry.register_replica(
+                f"{name}-r1", endpoint=server.grpc_url, model=name, version="1", actor=ACTOR,
+                state=ReplicaState.READY, metrics_url=server.metrics_url,
+            )  # fmt: skip
+            await registry.set_route(name, {"1": 10_000}, actor=ACTOR)
+    finally:
+        await registry.close()
+
+
+def test_an_overloaded_model_is_served_by_its_alias_until_the_overload_ends(fleet: RunningGateway) -> None:
+    client = fleet.client()
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=4)
+    assert "sluice-degraded" not in raw.headers and raw.parse().model == MODEL
+
+    backlog_tokens: list[int] = []
+    backlog = _backlog(fleet, backlog_tokens)
+    wait_until(lambda: _metric(fleet, "sluice_gateway_degraded_mode", model=MODEL) == 1, 30, "overload")
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt="hello", max_tokens=50, extra_body={"ignore_eos": True}
     )
-    assert done.returncode != 0
-    assert "SLUICE_DEGRADATION" in done.stderr and says in done.stderr, done.stderr[-2000:]
+    aliased = raw.parse()
+    # The smaller model served it, at its own version, capped and as batch as configured.
+    assert raw.headers["sluice-degraded"] == f"alias_to={SMALL}, max_tokens_cap={CAP_TOKENS}, to_batch"
+    assert aliased.model == SMALL and aliased.system_fingerprint == f"{SMALL}:1"
+    assert _output_tokens(aliased) == CAP_TOKENS
+    assert fleet.usage_row(aliased.id)["model"] == SMALL
+    assert _metric(fleet, "sluice_gateway_degraded_total", model=MODEL, action="alias_to") == 1
+
+    for thread in backlog:
+        thread.join(60)
+    assert backlog_tokens == [BACKLOG_TOKENS] * NUM_BACKLOG
+    wait_until(lambda: _metric(fleet, "sluice_gateway_degraded_mode", model=MODEL) == 0, 10, "the end")
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=4)
+    assert "sluice-degraded" not in raw.headers and raw.parse().model == MODEL
