@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # How long a request whose client left may spend taking the engine's unread output before cancelling it.
 UNREAD_DRAIN_S = 0.005
+# A re-dispatched request that is not dispatched again this long before its deadline fails.
+REDISPATCH_MARGIN_S = 0.05
 
 
 def _finish_reason(reason: FinishReason) -> str:
@@ -277,8 +279,11 @@ async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError)
     log.info("request %s lost replica %s before its first token: dispatching it again", job.request_id,
              end.slot.replica_key)  # fmt: skip
     try:
-        end.slot = await scheduler.wait_for_dispatch(_admission(job), redispatch=True)
-    except OpenAIError:
+        # NOTE: its own bound, before the stream's deadline: a request out of time fails as the lost
+        # replica failed it, not as a generation that ran out of time.
+        async with asyncio.timeout(job.deadline_s - REDISPATCH_MARGIN_S - time.monotonic()):
+            end.slot = await scheduler.wait_for_dispatch(_admission(job), redispatch=True)
+    except (OpenAIError, TimeoutError):  # dropped at its deadline
         raise lost from None
     end.num_dispatches += 1
     end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))

@@ -279,7 +279,8 @@ class ModelScheduler:
         fair queue back: it may yield for a long time)."""
         for queue in (self._redispatched, self._queue):
             self._fail_dropped(queue.expire(now, self._entry_min_service_s))
-        self._dispatch_from(self._redispatched, now)
+        if len(self._redispatched):
+            self._dispatch_from(self._redispatched, now)
         if self._redispatched.num_waiting(RequestClass.INTERACTIVE) == 0:
             self._dispatch_from(self._queue, now)
 

@@ -216,3 +216,22 @@ def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and
         assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
     finally:
         gateway.stop()
+
+
+def test_a_redispatch_that_finds_no_replica_before_the_deadline_fails_with_the_replicas_error(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    engine = UnreachableFakeEngine(codec.encode("ab")[0], num_unreachable_calls=1)
+    engine.reachable = False  # suspended for the whole request: no replica to re-dispatch it to
+    gateway = start_gateway(tmp_path, dev_checkpoint, engine=engine, request_deadline_s=0.5)
+    try:
+        began = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as failed:
+            gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
+        assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
+        assert time.monotonic() - began < 0.5 + 1.0 and engine.num_calls == 1
+        [record] = gateway.telemetry()
+        assert record["outcome"] == "failed" and record["num_dispatches"] == 1
+        assert gateway.usage(limit="100")["data"] == []
+    finally:
+        gateway.stop()
