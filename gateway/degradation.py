@@ -113,12 +113,14 @@ class Degradation:
         return degraded.capped(max_tokens), chosen_class, degraded.header(max_tokens)
 
     def _oldest_wait_s(self, model: str, now: float) -> float:
-        """The longest any interactive request of ``model`` has waited in this gateway, over its versions."""
+        """The longest any interactive request of ``model`` has waited in this gateway, over its versions
+        and their pools (those with a replica in rotation: no new request queues for another)."""
         routes = self._router.table.models.get(model)
         if routes is None:
             return 0.0
-        schedulers = (self._router.pools.scheduler(model, version) for version in routes.versions)
-        return max((s.oldest_wait_s(now) for s in schedulers if s is not None), default=0.0)
+        pools = self._router.pools
+        schedulers = [s for v in routes.versions for s in pools.schedulers_of(model, v).values()]
+        return max((s.oldest_wait_s(now) for s in schedulers), default=0.0)
 
 
 def _named(fallbacks: Fallbacks) -> str:
