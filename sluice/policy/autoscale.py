@@ -10,6 +10,9 @@ queue wait p95 / its target, and queue depth / (depth per replica x ready replic
   ``max_scale_up_ratio`` x ready per decision, so a queue built during a cold start does not order a
   fleet), counting the ones still starting. Warm replicas are promoted first (one registry write each:
   seconds), cold starts make up the rest (minutes). Below ``min_replicas``: up to it, whatever the load.
+  For ``scale_up_stabilization_s`` after a step up, or after more replicas turned ready, only the queue
+  depth (a gauge: now) may order more: the latency p95s are windows, and the window after new capacity
+  arrived still holds the waits from before it.
 - **Down one replica at a time**, only after ``scale_down_cooldown_s`` of calm (every signal under
   ``calm_fraction`` of its target, the queue measured against one replica fewer), only while nothing
   starts or drains, and never below ``min_replicas``. The replica leaves by draining (or by moving to the
@@ -42,6 +45,7 @@ class Reason(StrEnum):
     QUEUE_WAIT = "queue_wait_over_target"
     QUEUE_DEPTH = "queue_depth_over_target"
     STARTING = "pressure_waiting_for_starts"  # pressure, but enough replicas are starting already
+    SETTLING = "settling_after_step_up"  # latencies over target, but from before the last step up
     AT_MAX = "pressure_at_max"
     CALM = "calm_after_cooldown"
     COOLDOWN = "calm_in_cooldown"
@@ -58,6 +62,7 @@ class AutoscaleConfig:
     queue_depth_per_replica: float = 4.0  # waiting interactive requests per ready replica
     calm_fraction: float = 0.5  # every signal under this fraction of its target: calm
     scale_down_cooldown_s: float = 300.0  # calm this long (and this long since the last step down)
+    scale_up_stabilization_s: float = 30.0  # after a step up, only the queue depth may order another
     max_scale_up_ratio: float = 2.0  # one decision asks for at most this x the ready replicas
 
     def __post_init__(self) -> None:
@@ -69,8 +74,8 @@ class AutoscaleConfig:
             raise ValueError("the SLO and targets must be > 0")
         if not 0 < self.calm_fraction < 1:
             raise ValueError("calm_fraction must be in (0, 1): below 1 is the hysteresis band")
-        if self.scale_down_cooldown_s < 0 or self.max_scale_up_ratio <= 1:
-            raise ValueError("scale_down_cooldown_s must be >= 0 and max_scale_up_ratio > 1")
+        if min(self.scale_down_cooldown_s, self.scale_up_stabilization_s) < 0 or self.max_scale_up_ratio <= 1:
+            raise ValueError("cooldown and stabilization must be >= 0, max_scale_up_ratio > 1")
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class ScaleState:
 
     calm_since_s: float | None = None
     last_scale_down_s: float | None = None
+    capacity_changed_s: float | None = None  # the last step up, or the last rise in ready replicas
+    num_ready_seen: int | None = None  # ready replicas at the previous decision
 
 
 @dataclass(frozen=True)
@@ -154,10 +161,14 @@ def _describe(signals: VersionSignals, config: AutoscaleConfig) -> str:
 
 
 def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, now_s: float) -> Decision:
+    if state.num_ready_seen is not None and signals.num_ready > state.num_ready_seen:
+        state = replace(state, capacity_changed_s=now_s)  # capacity arrived: the windows are from before
+    state = replace(state, num_ready_seen=signals.num_ready)
     serving = signals.num_ready + signals.num_starting
     why = _describe(signals, config)
     ratio, signal = pressure(signals, config)
     no_calm = replace(state, calm_since_s=None)
+    stepped_up = replace(no_calm, capacity_changed_s=now_s)
     if serving < config.min_replicas:
         return _up(
             config.min_replicas - serving,
@@ -165,7 +176,7 @@ def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, 
             signals,
             Reason.BELOW_MIN,
             f"{serving} routed replicas, below the minimum {config.min_replicas}; {why}",
-            no_calm,
+            stepped_up,
         )
     if serving > config.max_replicas:
         if signals.num_draining or signals.num_ready == 0:
@@ -184,11 +195,29 @@ def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, 
             f"above the maximum {config.max_replicas}; {why}",
             replace(no_calm, last_scale_down_s=now_s),
         )
+    settling = (
+        state.capacity_changed_s is not None
+        and now_s - state.capacity_changed_s < config.scale_up_stabilization_s
+    )
+    if ratio > 1.0 and settling and signal is not Reason.QUEUE_DEPTH:
+        depth_ratio = pressure(replace(signals, queue_wait_p95_s=None, ttft_p95_s=None), config)[0]
+        if depth_ratio <= 1.0:
+            return Decision(
+                serving,
+                Direction.HOLD,
+                Reason.SETTLING,
+                f"pressure {ratio:.2f}x from latencies measured before the step up, queue "
+                f"{depth_ratio:.2f}x; {why}",
+                state=no_calm,
+            )
+        ratio, signal = depth_ratio, Reason.QUEUE_DEPTH
     if ratio > 1.0:
         wanted = math.ceil(max(1, signals.num_ready) * min(ratio, config.max_scale_up_ratio) - 1e-9)
         target = min(config.max_replicas, wanted)
         if target > serving:
-            return _up(target - serving, serving, signals, signal, f"pressure {ratio:.2f}x; {why}", no_calm)
+            return _up(
+                target - serving, serving, signals, signal, f"pressure {ratio:.2f}x; {why}", stepped_up
+            )
         code = Reason.AT_MAX if target >= config.max_replicas else Reason.STARTING
         return Decision(
             serving, Direction.HOLD, code, f"pressure {ratio:.2f}x, {serving} routed; {why}", state=no_calm
@@ -216,7 +245,7 @@ def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, 
         config,
         Reason.CALM,
         f"calm for {now_s - calm_since_s:.0f} s; {why}",
-        ScaleState(now_s, now_s),
+        replace(state, calm_since_s=now_s, last_scale_down_s=now_s),
     )
 
 

@@ -86,10 +86,36 @@ def test_one_decision_at_most_doubles_the_ready_replicas_and_counts_those_starti
     signals = replace(IDLE, ttft_p95_s=5.0, num_warm_ready=0)  # 10x over the SLO
     first = decide(signals, ScaleState(), CONFIG, now_s=0.0)
     assert first.desired_replicas == 8 and first.num_cold_start == 4
-    # Next round: the 4 are still starting, the pressure is the same: nothing more is ordered.
-    second = decide(replace(signals, num_starting=4), first.state, CONFIG, now_s=15.0)
+    # Later: the 4 are still starting, the pressure is the same: nothing more is ordered.
+    second = decide(replace(signals, num_starting=4), first.state, CONFIG, now_s=45.0)
     assert second.direction is Direction.HOLD and second.reason_code is Reason.STARTING
     assert second.num_cold_start == second.num_promote == 0
+
+
+def test_after_a_step_up_only_the_queue_depth_may_order_another_until_it_settles() -> None:
+    first = decide(replace(IDLE, ttft_p95_s=1.0), ScaleState(), CONFIG, now_s=0.0)  # 4 -> 8: all 2 warm + 2
+    assert first.direction is Direction.UP and first.state.capacity_changed_s == 0.0
+    # 10 s later the promoted replicas are ready; the window's TTFT still holds the waits from before.
+    after = replace(IDLE, num_ready=6, num_starting=2, num_warm_ready=0, num_warm_starting=2, ttft_p95_s=1.0)
+    settling = decide(after, first.state, CONFIG, now_s=10.0)
+    assert settling.direction is Direction.HOLD and settling.reason_code is Reason.SETTLING
+    # The queue (a gauge, now) still over its target: it may order more at once.
+    deep = decide(replace(after, queue_depth=36), first.state, CONFIG, now_s=10.0)  # 36 / (4 x 6) = 1.5x
+    assert deep.direction is Direction.UP and deep.reason_code is Reason.QUEUE_DEPTH
+    assert deep.desired_replicas == 9
+    # 30 s after the replicas turned ready (at 10 s) the latencies count again.
+    assert decide(after, settling.state, CONFIG, now_s=39.0).reason_code is Reason.SETTLING
+    later = decide(after, settling.state, CONFIG, now_s=40.0)
+    assert later.direction is Direction.UP and later.reason_code is Reason.TTFT
+
+
+def test_replicas_turning_ready_restart_the_stabilization() -> None:
+    slow = replace(IDLE, ttft_p95_s=1.0, num_warm_ready=0)
+    state = decide(replace(slow, num_ready=2, num_starting=2), ScaleState(), CONFIG, now_s=0.0).state
+    # 100 s later the 2 cold starts are ready: this window's TTFT was measured before they were.
+    arrived = decide(slow, state, CONFIG, now_s=100.0)
+    assert arrived.direction is Direction.HOLD and arrived.reason_code is Reason.SETTLING
+    assert decide(slow, arrived.state, CONFIG, now_s=130.0).direction is Direction.UP
 
 
 def test_max_bounds_the_scale_up() -> None:
