@@ -301,7 +301,9 @@ def report_lines(args: argparse.Namespace, results: list[RunResult]) -> list[str
         "",
         *summary_table(results),
         "",
-        f"{comparison(results)} The two replicas, the gateways and the client share the machine's cores.",
+        f"{comparison(results)} What the split trades: a short prompt no longer shares its replica's steps "
+        "with a long prefill, but short prompts get one replica instead of two, and long prompts queue for "
+        "one replica. The two replicas, the gateways and the client share the machine's cores.",
     ]
 
 
