@@ -10,10 +10,10 @@ raised (``OpenAIError``) before the first event, so it can still be an HTTP erro
 reaches it as a cancellation at its current ``await``.
 
 Failover: a replica that cannot be reached (``EngineErrorKind.UNAVAILABLE``: refused, reset, died) is
-suspended in the scheduler at once. If the request had no token yet, it goes back to the head of the
-queue and on to another replica (``_next_delta``), at most ``max_redispatches`` times and never past its
-deadline, keeping its usage record, quota grant and idempotency attempt: the client sees a later first
-token. Otherwise (or when the re-dispatches are spent) it fails with the replica's error.
+suspended in the scheduler at once. If the request had no token yet and another replica takes work, it
+goes back to the head of the queue and on to another replica (``_next_delta``), at most
+``max_redispatches`` times and never past its deadline, keeping its usage record, quota grant and
+idempotency attempt: the client sees a later first token. Otherwise it fails with the replica's error.
 """
 
 from __future__ import annotations
@@ -252,7 +252,8 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
 
 async def _next_delta(job: Job, gw: GatewayState, end: _Ending, timing: Timing) -> Delta:
     """The generation's next delta. A replica that cannot be reached is suspended; before the request's
-    first token it is replaced (``_redispatch``) while re-dispatches are left, else its error is raised."""
+    first token it is replaced (``_redispatch``) while re-dispatches are left and another replica takes
+    work, else its error is raised."""
     scheduler = job.target.scheduler
     while True:
         assert end.engine_deltas is not None and end.slot is not None
@@ -263,7 +264,11 @@ async def _next_delta(job: Job, gw: GatewayState, end: _Ending, timing: Timing) 
                 raise
             scheduler.suspend(end.slot)  # it takes nothing new from this gateway until it answers again
             end.failed_replicas.append(end.slot.engine.replica)
-            if end.num_output_tokens > 0 or end.num_dispatches > gw.settings.max_redispatches:
+            if (
+                end.num_output_tokens > 0
+                or end.num_dispatches > gw.settings.max_redispatches
+                or not scheduler.takes_work_besides(end.slot)  # none to go to: fail fast
+            ):
                 raise
             await _redispatch(job, end, timing, exc)
 

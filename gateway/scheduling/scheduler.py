@@ -153,14 +153,22 @@ class ModelScheduler:
     def suspend(self, slot: Slot) -> None:
         """A request on ``slot``'s replica failed to reach it (a connection-level error): the replica takes
         nothing new from this gateway until it answers a readiness check, the first one
-        ``replica_suspension_ms`` from now (a repeat failure restarts that wait)."""
+        ``replica_suspension_ms`` from now (a repeat failure restarts that wait). NOTE: not the last
+        replica taking work: with none to steer to, requests keep failing fast (503) instead of queueing
+        until their deadline."""
         view = self._replicas.get(slot.replica_key)
-        if view is not None and view.suspend(time.monotonic(), self._settings.replica_suspension_ms / 1000):
+        if view is None or not self.takes_work_besides(slot):
+            return
+        if view.suspend(time.monotonic(), self._settings.replica_suspension_ms / 1000):
             log.warning(
                 "replica %s (%s version %s) suspended: a request could not reach it",
                 slot.replica_key, self.model, self.version,
             )  # fmt: skip
             self._metrics.replica_suspensions.labels(self.model, self.version).inc()
+
+    def takes_work_besides(self, slot: Slot) -> bool:
+        """Another replica than ``slot``'s is in the dispatch pass (neither draining nor suspended)."""
+        return any(view.takes_work for key, view in self._replicas.items() if key != slot.replica_key)
 
     @property
     def replica_ids(self) -> list[str]:

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -148,23 +149,36 @@ async def test_a_redispatched_request_with_no_replica_is_dropped_at_its_deadline
     await scheduler.close()
 
 
-# ----- through the API: one gateway over one fake replica, re-dispatched to it once it answers again -----
+# ----- through the API: a static gateway over fake replicas (the first one its own, the others added) -----
 @pytest.fixture(scope="module")
 def codec(dev_checkpoint: Path) -> TextCodec:
     return TextCodec.from_checkpoint(dev_checkpoint)
 
 
-def _gateway(tmp_path: Path, dev_checkpoint: Path, engine: UnreachableFakeEngine) -> RunningGateway:
-    return start_gateway(
-        tmp_path, dev_checkpoint, engine=engine, replica_poll_interval_ms=10, replica_suspension_ms=20
-    )
+def _fake(codec: TextCodec, name: str, **kwargs: Any) -> UnreachableFakeEngine:
+    engine = UnreachableFakeEngine(codec.encode("ab")[0], **kwargs)
+    engine.replica = name
+    return engine
+
+
+def _gateway(
+    tmp_path: Path, dev_checkpoint: Path, engines: list[UnreachableFakeEngine], **overrides: Any
+) -> RunningGateway:
+    """A gateway whose model has ``engines`` as its replicas; the first is dispatched to first (the
+    router's ties go to the smallest replica id: name them in order)."""
+    gateway = start_gateway(tmp_path, dev_checkpoint, engine=engines[0], **overrides)
+    loop = gateway.server.servers[0].get_loop()  # the gateway's event loop, which owns its schedulers
+    for engine in engines[1:]:
+        added = gateway.gw.router.pools.add_static(MODEL, "1", engine)
+        asyncio.run_coroutine_threadsafe(added, loop).result(10)
+    return gateway
 
 
 def test_a_request_that_lost_its_replica_before_a_token_completes_with_one_usage_row(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
-    engine = UnreachableFakeEngine(codec.encode("ab")[0], num_unreachable_calls=2)
-    gateway = _gateway(tmp_path, dev_checkpoint, engine)
+    lost, other = _fake(codec, "a", num_unreachable_calls=1), _fake(codec, "b")
+    gateway = _gateway(tmp_path, dev_checkpoint, [lost, other])
     try:
         stream = gateway.client().completions.create(
             model=MODEL, prompt="hello", max_tokens=6, stream=True, stream_options={"include_usage": True}
@@ -172,28 +186,46 @@ def test_a_request_that_lost_its_replica_before_a_token_completes_with_one_usage
         chunks = list(stream)
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
         request_id = chunks[0].id
-        assert [r.request_id for r in engine.requests] == [request_id] * 3  # one request, three dispatches
+        assert [r.request_id for r in lost.requests + other.requests] == [request_id] * 2
         rows = [r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]
         assert len(rows) == 1 and rows[0]["output_tokens"] == 6 and rows[0]["status"] == "finished"
         [record] = [r for r in gateway.telemetry() if r["request_id"] == request_id]
-        assert record["num_dispatches"] == 3 and record["failed_replicas"] == ["fake", "fake"]
-        assert read_metric(gateway.base_url + "/metrics", "sluice_gateway_redispatches_total") == 2
+        assert (
+            record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"] and record["replica"] == "b"
+        )
+        assert read_metric(gateway.base_url + "/metrics", "sluice_gateway_redispatches_total") == 1
     finally:
         gateway.stop()
 
 
-def test_a_request_whose_replica_stays_unreachable_gets_503_after_its_redispatches_and_no_usage_row(
+def test_a_request_that_keeps_losing_its_replica_gets_503_after_its_redispatches_and_no_usage_row(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
-    engine = UnreachableFakeEngine(codec.encode("ab")[0], num_unreachable_calls=100)
-    gateway = _gateway(tmp_path, dev_checkpoint, engine)
+    engines = [_fake(codec, name, num_unreachable_calls=100) for name in ("a", "b", "c")]
+    gateway = _gateway(tmp_path, dev_checkpoint, engines, max_redispatches=1)
     try:
         with pytest.raises(openai.APIStatusError) as failed:
             gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
         assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
-        assert engine.num_calls == 3  # the first dispatch and SLUICE_MAX_REDISPATCHES (2) more
+        assert [e.num_calls for e in engines] == [1, 1, 0]  # the first dispatch and 1 re-dispatch
         [record] = gateway.telemetry()
-        assert record["outcome"] == "failed" and record["num_dispatches"] == 3
+        assert record["outcome"] == "failed" and record["num_dispatches"] == 2
+        assert record["failed_replicas"] == ["a", "b"]
+        assert gateway.usage(limit="100")["data"] == []
+    finally:
+        gateway.stop()
+
+
+def test_with_no_other_replica_a_request_that_lost_its_replica_fails_at_once(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    engine = _fake(codec, "a", num_unreachable_calls=1)  # it would answer the next call: not waited for
+    gateway = _gateway(tmp_path, dev_checkpoint, [engine])
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
+        assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
+        assert engine.num_calls == 1
         assert gateway.usage(limit="100")["data"] == []
     finally:
         gateway.stop()
@@ -202,36 +234,17 @@ def test_a_request_whose_replica_stays_unreachable_gets_503_after_its_redispatch
 def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and_bills_its_tokens(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
-    engine = UnreachableFakeEngine(codec.encode("ab")[0], lost_after=3)
-    gateway = _gateway(tmp_path, dev_checkpoint, engine)
+    engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b")]
+    gateway = _gateway(tmp_path, dev_checkpoint, engines)
     try:
         stream = gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=20, stream=True)
         request_id = ""
         with pytest.raises(openai.APIError, match="unavailable"):
             for chunk in stream:
                 request_id = chunk.id
-        assert engine.num_calls == 1  # it had tokens: not re-dispatched
+        assert [e.num_calls for e in engines] == [1, 0]  # it had tokens: not re-dispatched
         row = gateway.usage_row(request_id)
         assert row["output_tokens"] == 3 and row["status"] == "failed"
         assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
-    finally:
-        gateway.stop()
-
-
-def test_a_redispatch_that_finds_no_replica_before_the_deadline_fails_with_the_replicas_error(
-    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
-) -> None:
-    engine = UnreachableFakeEngine(codec.encode("ab")[0], num_unreachable_calls=1)
-    engine.reachable = False  # suspended for the whole request: no replica to re-dispatch it to
-    gateway = start_gateway(tmp_path, dev_checkpoint, engine=engine, request_deadline_s=0.5)
-    try:
-        began = time.monotonic()
-        with pytest.raises(openai.APIStatusError) as failed:
-            gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
-        assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
-        assert time.monotonic() - began < 0.5 + 1.0 and engine.num_calls == 1
-        [record] = gateway.telemetry()
-        assert record["outcome"] == "failed" and record["num_dispatches"] == 1
-        assert gateway.usage(limit="100")["data"] == []
     finally:
         gateway.stop()
