@@ -110,9 +110,10 @@ class ReplicaPools:
                 del self._refused[replica_id]
         await asyncio.gather(*(self._admit(t) for rid, t in wanted.items() if rid not in self._in_rotation))
         for key, scheduler in list(self._schedulers.items()):
-            model, version, pool = key
+            # NOTE: by version, not pool: a pool that lost its replicas keeps its scheduler, whose
+            # background task expires what still waits in its queue.
+            model, version, _ = key
             routed = model in table.models and version in table.models[model].versions
-            routed = routed and pool in table.models[model].versions[version].pools()
             if not routed and not scheduler.replica_ids and scheduler.num_in_flight == 0:
                 del self._schedulers[key]
                 self._spawn(scheduler.close())

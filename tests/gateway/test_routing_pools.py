@@ -1,16 +1,19 @@
-"""Pools by workload shape, without replicas: the routing table carries each routable replica's pool and
-never routes a warm one; ``choose_pool`` sends a prompt by its length and falls back to the other pool
+"""Pools by workload shape, without real replicas: the routing table carries each routable replica's pool
+and never routes a warm one; ``choose_pool`` sends a prompt by its length and falls back to the other pool
 when its own has no replica in rotation; ``Router.for_prompt`` queues it on that pool's scheduler and
-counts each fallback."""
+counts each fallback; ``ReplicaPools`` keeps one scheduler per pool in step with the table (over fake
+engine clients: the real-replica test is test_long_prompt_pool.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
 import pytest
+from fakes import ScriptedFakeEngine
 
 from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
@@ -145,3 +148,44 @@ def _no_client(target: ReplicaTarget) -> EngineClient:
 
 async def _no_verify(target: ReplicaTarget) -> Verification:
     raise AssertionError("no replica is contacted here")
+
+
+def _fake_client(target: ReplicaTarget) -> EngineClient:
+    engine = ScriptedFakeEngine(token_id=5, interval_s=0.001)
+    engine.replica = target.endpoint
+    return engine
+
+
+async def _verified(target: ReplicaTarget) -> Verification:
+    return Verification(True, "")
+
+
+def test_each_pool_has_its_scheduler_and_a_pool_change_moves_the_replica(tmp_path: Path) -> None:
+    async def run() -> None:
+        settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
+        pools = ReplicaPools(settings, GatewayMetrics(), _fake_client, _verified)
+        try:
+            await pools.apply(_table(_replica("g", GENERAL), _replica("l", LONG), _replica("w", WARM)))
+            in_rotation = pools.schedulers_of("m", "1")
+            assert set(in_rotation) == {GENERAL, LONG} and pools.num_in_rotation == 2
+            assert in_rotation[GENERAL].replica_ids != in_rotation[LONG].replica_ids
+            report = pools.report()["replicas"]
+            assert isinstance(report, dict)
+            assert {rid: (r["pool"], r["in_rotation"]) for rid, r in report.items()} == {
+                "g": ("general", True),
+                "l": ("long-prompt", True),
+            }
+            long_scheduler = in_rotation[LONG]
+            # The long-prompt replica fails: its pool has no replica in rotation, its scheduler stays (what
+            # waits there still expires by its deadline).
+            await pools.apply(_table(_replica("g", GENERAL), _replica("l", LONG, ReplicaState.FAILED)))
+            assert set(pools.schedulers_of("m", "1")) == {GENERAL}
+            assert pools.scheduler("m", "1", LONG) is long_scheduler
+            # Moved to the general pool: it leaves the long pool's queue and joins the general one.
+            await pools.apply(_table(_replica("g", GENERAL), _replica("l", GENERAL)))
+            assert len(pools.schedulers_of("m", "1")[GENERAL].replica_ids) == 2
+            assert long_scheduler.replica_ids == []
+        finally:
+            await pools.close()
+
+    asyncio.run(run())
