@@ -226,19 +226,17 @@ def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, 
         return Decision(serving, Direction.HOLD, Reason.STEADY, f"within targets; {why}", state=no_calm)
     calm_since_s = state.calm_since_s if state.calm_since_s is not None else now_s
     calm = replace(state, calm_since_s=calm_since_s)
-    cooled = now_s - calm_since_s >= config.scale_down_cooldown_s and (
-        state.last_scale_down_s is None or now_s - state.last_scale_down_s >= config.scale_down_cooldown_s
-    )
-    movable = serving > config.min_replicas and signals.num_ready > 0
-    if not (cooled and movable and signals.num_starting == 0 and signals.num_draining == 0):
-        left_s = max(0.0, config.scale_down_cooldown_s - (now_s - calm_since_s))
-        return Decision(
-            serving,
-            Direction.HOLD,
-            Reason.COOLDOWN,
-            f"calm; {left_s:.0f} s of cooldown left or at the minimum or moving; {why}",
-            state=calm,
-        )
+    waited_s = min(now_s - calm_since_s, now_s - (state.last_scale_down_s or -math.inf))
+    if waited_s < config.scale_down_cooldown_s:
+        wait = f"{config.scale_down_cooldown_s - waited_s:.0f} s of cooldown left"
+    elif serving <= config.min_replicas or signals.num_ready == 0:
+        wait = f"at the minimum {config.min_replicas}"
+    elif signals.num_starting or signals.num_draining:
+        wait = "one step at a time: waiting for the replicas starting or draining"
+    else:
+        wait = ""
+    if wait:
+        return Decision(serving, Direction.HOLD, Reason.COOLDOWN, f"calm; {wait}; {why}", state=calm)
     return _down(
         serving,
         signals,

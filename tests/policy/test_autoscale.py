@@ -162,6 +162,7 @@ def _run(signals: VersionSignals, start_s: float, end_s: float, step_s: float, s
 def test_scale_down_waits_for_the_cooldown_then_drains_one_replica() -> None:
     decisions = _run(IDLE, 0.0, 290.0, 10.0, ScaleState())
     assert all(d.direction is Direction.HOLD and d.reason_code is Reason.COOLDOWN for _, d in decisions)
+    assert "10 s of cooldown left" in decisions[-1][1].reason
     down = decide(IDLE, decisions[-1][1].state, CONFIG, now_s=300.0)
     assert down.direction is Direction.DOWN and down.reason_code is Reason.CALM
     assert (down.num_drain, down.num_demote, down.desired_replicas) == (1, 0, 3)  # the warm pool is full
@@ -183,12 +184,14 @@ def test_no_scale_down_while_a_replica_drains_or_starts() -> None:
     for signals in (replace(IDLE, num_draining=1), replace(IDLE, num_starting=1)):
         decision = decide(signals, state, CONFIG, now_s=1_000.0)
         assert decision.direction is Direction.HOLD and decision.num_drain == decision.num_demote == 0
+        assert "one step at a time" in decision.reason
 
 
 def test_never_below_min() -> None:
     config = replace(CONFIG, min_replicas=4)
     decision = decide(IDLE, ScaleState(calm_since_s=0.0), config, now_s=10_000.0)
     assert decision.direction is Direction.HOLD and decision.desired_replicas == 4
+    assert "at the minimum 4" in decision.reason
 
 
 def test_hysteresis_the_band_between_calm_and_pressure_holds_and_restarts_the_calm_clock() -> None:
