@@ -38,6 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=SEED_RATE_PER_S,
         help="interactive arrivals per second (default: the seed's peak, 280); batch-fill sizes its own",
     )
+    parser.add_argument(
+        "--cold-start-s",
+        type=float,
+        default=120.0,
+        help="doubling: seconds a replica the autoscaler starts takes to be routed (default 120)",
+    )
+    parser.add_argument(
+        "--warm-pool",
+        type=int,
+        default=None,
+        help="doubling: warm replicas of the warm-pool run (default: as many as the fleet)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(".sluice/sim"))
     parser.add_argument("--json", action="store_true", help="print the table's figures as JSON instead")
@@ -57,6 +69,10 @@ def _invalid(args: argparse.Namespace) -> str | None:
         return "--duration-s must be > 0"
     if args.rate_per_s <= 0:
         return "--rate-per-s must be > 0"
+    if args.cold_start_s < 0:
+        return "--cold-start-s must be >= 0"
+    if args.warm_pool is not None and args.warm_pool < 0:
+        return "--warm-pool must be >= 0"
     return None
 
 
@@ -70,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration_s,
         seed=args.seed,
         rate_per_s=args.rate_per_s,
+        cold_start_s=args.cold_start_s,
+        warm_pool_replicas=args.warm_pool,
         progress=None if args.quiet else ProgressLines(sys.stderr, args.scenario),
     )
     started = time.monotonic()

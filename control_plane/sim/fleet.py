@@ -8,6 +8,10 @@ After every event, one dispatch pass (only when something is queued): ``expire``
 ``pick_replica`` over the replicas' ``ReplicaLoad`` -> ``take`` and hand over, until nothing is placed.
 Requests dropped on the way (deadline no longer reachable) never reach a replica.
 
+With ``FleetConfig.autoscale``, every ``interval_s`` the autoscaler (``autoscaling.py``: the control
+plane's policy) decides from the queue and the window's TTFT and queue waits; only its ``ready`` replicas
+are routed, replicas it adds are created when ordered and become routable when their start completes.
+
 On finish: ``settle_now`` with the tokens used. Output tokens are charged to the fair queue
 (``charge_output``) every ``sample_period_s`` (1 s) for every decoding request, and the remainder at
 finish. NOTE: not token by token as the gateway streams them (that would cost O(running) per step), but
@@ -23,6 +27,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from control_plane.sim.autoscaling import FleetScaler, SimAutoscale
 from control_plane.sim.calibration import Calibration
 from control_plane.sim.progress import Tick
 from control_plane.sim.replica import Replica, ReplicaConfig, StepResult
@@ -44,7 +49,7 @@ from sluice.policy.share import InFlight
 from sluice.quota.base import QuotaDenied
 from sluice.quota.inprocess import InProcessQuotaStore
 
-_STEP, _ARRIVAL, _SAMPLE = 0, 1, 2
+_STEP, _ARRIVAL, _SAMPLE, _READY, _AUTOSCALE = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class FleetConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     queue: FairQueueConfig = field(default_factory=FairQueueConfig)
+    autoscale: SimAutoscale | None = None  # None: num_replicas, all routed, all run long
 
 
 @dataclass
@@ -81,6 +87,7 @@ class FleetRun:
     step_num_emitted: array[float]  # output tokens this step produced (decode + first tokens)
     samples: list[tuple[float, int, int]]  # (t, queue depth, sequences on replicas)
     busy_s: float  # replica-seconds spent stepping
+    scaler: FleetScaler | None = None  # the autoscaler's samples and decisions, when it ran
 
 
 class Fleet:
@@ -97,7 +104,14 @@ class Fleet:
         self._on_sample = on_sample
         self.cal = calibration
         self.tenants = tenants
-        self.replicas = [Replica(f"r{i}", calibration, config.replica) for i in range(config.num_replicas)]
+        self.scaler = None
+        if (
+            config.autoscale is not None
+        ):  # it decides from the warm-up's end: an empty fleet filling is no signal
+            first_tick_s = max(config.warmup_s, config.autoscale.interval_s)
+            self.scaler = FleetScaler(config.autoscale, config.num_replicas, first_tick_s)
+        num_initial = config.num_replicas if self.scaler is None else len(self.scaler.lives)
+        self.replicas = [Replica(f"r{i}", calibration, config.replica) for i in range(num_initial)]
         self._index = {r.replica_id: i for i, r in enumerate(self.replicas)}
         self.queue: FairQueue[SimRequest] = FairQueue(config.queue, fair=config.fair)
         self.quota = InProcessQuotaStore(clock=lambda: self.now_s)
@@ -121,6 +135,8 @@ class Fleet:
         for i, arrivals in enumerate(self._arrivals):
             self._schedule_arrival(i, arrivals)
         self._push(0.0, _SAMPLE, 0)
+        if self.scaler is not None:
+            self._push(self.scaler.first_tick_s, _AUTOSCALE, 0)
         end_s = self.config.duration_s + self.config.drain_s
         while self._events:
             t, _, kind, arg = heapq.heappop(self._events)
@@ -131,8 +147,13 @@ class Fleet:
                 self._end_step(self.replicas[arg])
             elif kind == _ARRIVAL:
                 self._arrive(arg)
-            else:
+            elif kind == _SAMPLE:
                 self._sample()
+            elif kind == _READY:
+                assert self.scaler is not None
+                self.scaler.complete(arg)
+            else:
+                self._autoscale(end_s)
             if len(self.queue):
                 self._dispatch()
         for request in self.requests:
@@ -150,6 +171,7 @@ class Fleet:
             step_num_emitted,
             self._samples,
             sum(r.busy_s for r in self.replicas),
+            self.scaler,
         )
 
     def _push(self, t: float, kind: int, arg: int) -> None:
@@ -178,10 +200,11 @@ class Fleet:
         self._charge_decoding()
         on_replicas = sum(r.load().num_running + r.load().num_waiting for r in self.replicas)
         self._samples.append((self.now_s, len(self.queue), on_replicas))
+        if self.scaler is not None:
+            self.scaler.sample(self.now_s)
         if self._on_sample is not None:
-            tick = Tick(
-                self.now_s, self.config.duration_s, len(self.requests), len(self.queue), len(self.replicas)
-            )
+            num_routed = len(self._routable())
+            tick = Tick(self.now_s, self.config.duration_s, len(self.requests), len(self.queue), num_routed)
             self._on_sample(tick)
         if self.now_s < self.config.duration_s:  # the last sample is at the arrivals' end exactly
             next_s = min(self.now_s + self.config.sample_period_s, self.config.duration_s)
@@ -270,7 +293,9 @@ class Fleet:
         now_s = self.now_s
         for entry in self.queue.expire(now_s, self._entry_min_service_s):
             self._drop(entry)
-        loads = [r.load() for r in self.replicas]
+        routable = self._routable()
+        position = {i: k for k, i in enumerate(routable)}
+        loads = [self.replicas[i].load() for i in routable]
         dispatch = DispatchPass(
             self.queue,
             now_s,
@@ -286,12 +311,14 @@ class Fleet:
             index = self._index[placed.replica.replica_id]
             replica = self.replicas[index]
             head.payload.dispatch_s = now_s
+            if self.scaler is not None and head.request_class is RequestClass.INTERACTIVE:
+                self.scaler.observe_wait(now_s, now_s - head.payload.arrival_s)
             head.payload.priority = placed.priority
             self._num_in_flight.add(head.request_class, head.tenant_id)
             replica.submit(head.payload)
             if not replica.busy:
                 self._start_step(index)
-            loads[index] = replica.load()
+            loads[position[index]] = replica.load()
         for entry in dispatch.dropped:
             self._drop(entry)
 
@@ -310,6 +337,8 @@ class Fleet:
         for request in result.first_tokens:
             if request.first_token_s is None:  # not a recompute after a preemption
                 request.first_token_s = now_s
+                if self.scaler is not None and request.request_class is RequestClass.INTERACTIVE:
+                    self.scaler.observe_ttft(now_s, now_s - request.arrival_s)
             self._decoding[request.request_id] = (request, replica)
         for request in result.finished:
             request.finish_s = now_s
@@ -324,4 +353,27 @@ class Fleet:
         duration_s.append(result.duration_s)
         num_decode.append(result.num_decode_tokens)
         num_emitted.append(result.num_decode_tokens + len(result.first_tokens))
-        self._start_step(self._index[replica.replica_id])
+        index = self._index[replica.replica_id]
+        self._start_step(index)
+        if self.scaler is not None and not replica.busy:
+            self.scaler.idle(index)
+
+    # ----- the autoscaler -----
+    def _routable(self) -> list[int]:
+        if self.scaler is None:
+            return list(range(len(self.replicas)))
+        return [i for i in range(len(self.replicas)) if self.scaler.routable(i)]
+
+    def _autoscale(self, end_s: float) -> None:
+        assert self.scaler is not None and self.config.autoscale is not None
+        for index, at_s in self.scaler.tick(self.now_s, len(self.queue)):
+            while index >= len(self.replicas):  # a new replica: it exists (and costs) from now on
+                replica = Replica(f"r{len(self.replicas)}", self.cal, self.config.replica)
+                self._index[replica.replica_id] = len(self.replicas)
+                self.replicas.append(replica)
+            self._push(at_s, _READY, index)
+        for index, replica in enumerate(self.replicas):
+            if not replica.busy:
+                self.scaler.idle(index)  # a replica drained with nothing in flight stops now
+        if self.now_s + self.config.autoscale.interval_s <= end_s:
+            self._push(self.now_s + self.config.autoscale.interval_s, _AUTOSCALE, 0)

@@ -1,5 +1,9 @@
 """The four scenarios of issue 4: steady (and the replica search), doubling, noisy-tenant, batch-fill.
 
+doubling (issue 12) runs three fleets on the same arrivals: ``fixed`` (no autoscaler), ``cold-only`` (the
+autoscaler, no warm pool: every added replica is a cold start) and ``warm-pool`` (the autoscaler with a
+warm pool, the judged run). The autoscaler is the control plane's policy (sluice.policy.autoscale).
+
 Tenants: 10 of equal weight share the interactive load; each has a token budget and a concurrency cap of
 3x its share of the steady load (so its own quota never binds at the seed's load, and a doubling is met by
 the queue's admission first). The noisy tenant and the batch tenants have no quota (see each scenario).
@@ -12,11 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from control_plane.sim.autoscaling import SimAutoscale
 from control_plane.sim.calibration import Calibration, seed_calibration
 from control_plane.sim.fleet import Fleet, FleetConfig, FleetRun
 from control_plane.sim.progress import ProgressSink, Tick
 from control_plane.sim.report import summarize, write_json, write_png
-from control_plane.sim.targets import ITL_P95_TARGET_MS, judge, meets_targets, verdict_json
+from control_plane.sim.targets import (
+    ITL_P95_TARGET_MS,
+    TTFT_P95_TARGET_MS,
+    judge,
+    meets_targets,
+    verdict_json,
+)
 from control_plane.sim.workload import (
     SEED_OUTPUT_TOKENS,
     SEED_PROMPT_TOKENS,
@@ -26,8 +37,10 @@ from control_plane.sim.workload import (
     interactive_deadline_s,
 )
 from sluice.domain import RequestClass, Tenant
+from sluice.policy.autoscale import AutoscaleConfig
 
 SCENARIOS = ("steady", "doubling", "noisy-tenant", "batch-fill")
+DOUBLING_RUNS = ("fixed", "cold-only", "warm-pool")
 QUOTA_HEADROOM = 3.0
 NOISY_TENANT = "noisy"
 
@@ -41,6 +54,12 @@ class Options:
     rate_per_s: float = SEED_RATE_PER_S  # the interactive load; tests scale it down
     num_noisy_requests: int = 10_000
     num_tenants: int = 10
+    # doubling's autoscaler: a cold start's duration, the warm pool (None: as many replicas as the fleet,
+    # enough to absorb a doubling), how often it decides, how long a promotion takes to be routed.
+    cold_start_s: float = 120.0
+    warm_pool_replicas: int | None = None
+    autoscale_interval_s: float = 10.0
+    promote_s: float = 5.0
     # Told of every fleet run's samples (``sluice sim`` prints progress lines); not part of the result.
     progress: ProgressSink | None = field(default=None, compare=False, repr=False)
 
@@ -149,28 +168,71 @@ def steady(options: Options) -> tuple[dict[str, Any], Runs]:
     return summary, [("steady", run, result)]
 
 
+def reaction_s(options: Options) -> float:
+    """How long the autoscaler may take to answer a doubling: the window that shows it, the next decision,
+    a promotion. TTFT "after the doubling" is judged from the doubling plus this."""
+    return 2 * options.autoscale_interval_s + options.promote_s
+
+
+def _autoscale(options: Options, replicas: int, warm_pool_replicas: int) -> SimAutoscale:
+    policy = AutoscaleConfig(
+        min_replicas=1,
+        max_replicas=3 * replicas,
+        warm_pool_replicas=warm_pool_replicas,
+        ttft_slo_s=TTFT_P95_TARGET_MS / 1000,
+        scale_up_stabilization_s=2 * options.autoscale_interval_s,
+    )
+    return SimAutoscale(policy, options.autoscale_interval_s, options.cold_start_s, options.promote_s)
+
+
 def doubling(options: Options) -> tuple[dict[str, Any], Runs]:
+    """The steady load, doubled at t = duration/3 and held, on three fleets (module docstring)."""
     summary: dict[str, Any] = {"scenario": "doubling"}
     replicas = _fleet_size(options, summary)
     tenants = tenants_for(options)
     at_s = options.duration_s / 3
     stream = interactive_stream(options, tenants, rate_steps=((at_s, 2.0),))
-    run = run_fleet(options, replicas, tenants, [stream])
-    result = summarize(run)
-    summary.update(result, doubling_at_s=at_s)
-    summary["interactive_served_past_deadline"] = result["served_past_deadline"].get("interactive", 0)
-    return summary, [("doubling", run, result)]
+    warm = replicas if options.warm_pool_replicas is None else options.warm_pool_replicas
+    from_s = at_s + reaction_s(options)
+    variants = [("fixed", None), ("cold-only", 0), ("warm-pool", warm)]
+    runs: Runs = []
+    for label, pool in variants:
+        autoscale = None if pool is None else _autoscale(options, replicas, pool)
+        run = run_fleet(options, replicas, tenants, [stream], label, autoscale=autoscale)
+        result = summarize(run)
+        result["interactive_served_past_deadline"] = result["served_past_deadline"].get("interactive", 0)
+        result["ttft_p95_ms_after_doubling"] = _ttft_p95_ms(run.requests, from_s, options.duration_s)
+        runs.append((label, run, result))
+        summary[label] = result
+    summary.update(
+        replicas=replicas,
+        doubling_at_s=at_s,
+        ttft_judged_from_s=from_s,
+        warm_pool_replicas=warm,
+        cold_start_s=options.cold_start_s,
+    )
+    return summary, runs
 
 
-def _others_ttft_p95_ms(requests: list[SimRequest], from_s: float, to_s: float) -> float | None:
+def _ttft_p95_ms(
+    requests: list[SimRequest], from_s: float, to_s: float, but_tenant: str | None = None
+) -> float | None:
+    """Interactive TTFT p95 over arrivals in [from_s, to_s) (``but_tenant``'s left out)."""
     ttfts = sorted(
         r.first_token_s - r.arrival_s
         for r in requests
-        if r.tenant_id != NOISY_TENANT and from_s <= r.arrival_s < to_s and r.first_token_s is not None
+        if r.tenant_id != but_tenant
+        and r.request_class is RequestClass.INTERACTIVE
+        and from_s <= r.arrival_s < to_s
+        and r.first_token_s is not None
     )
     if not ttfts:
         return None
     return round(ttfts[min(len(ttfts) - 1, math.ceil(0.95 * len(ttfts)) - 1)] * 1000.0, 2)
+
+
+def _others_ttft_p95_ms(requests: list[SimRequest], from_s: float, to_s: float) -> float | None:
+    return _ttft_p95_ms(requests, from_s, to_s, but_tenant=NOISY_TENANT)
 
 
 def noisy_tenant(options: Options) -> tuple[dict[str, Any], Runs]:

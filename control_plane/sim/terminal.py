@@ -1,10 +1,12 @@
 """What ``sluice sim`` prints at the end: the summary table, the targets table, and the same as JSON.
 
 One row per fleet run of the scenario (noisy-tenant has three: ``wfq-baseline``, ``wfq-noisy``,
-``fcfs-noisy``; the others one). The ``targets`` cell is ``met`` or ``not met`` on the run the scenario's
-targets judge (noisy-tenant: ``wfq-noisy``, measured against ``wfq-baseline``) and ``-`` on runs that are
-only there to compare with. The figures are ``report.summarize``'s; the verdict is ``targets.judge``'s as
-``scenarios.run_scenario`` stored it under ``summary["targets"]``.
+``fcfs-noisy``; doubling three: ``fixed``, ``cold-only``, ``warm-pool``; the others one). The ``targets``
+cell is ``met`` or ``not met`` on the run the scenario's targets judge (noisy-tenant: ``wfq-noisy``,
+measured against ``wfq-baseline``; doubling: ``warm-pool``) and ``-`` on runs that are only there to
+compare with. An autoscaled run's replicas read ``start→most routed``; its utilisation and cost count
+the replicas paid for (warm and starting ones too). The figures are ``report.summarize``'s; the verdict
+is ``targets.judge``'s as ``scenarios.run_scenario`` stored it under ``summary["targets"]``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from typing import Any
 from control_plane.cli.table import render_table
 
 # The scenario's run its targets judge, when it runs several (``None``: the summary's own figures).
-JUDGED_RUN = {"noisy-tenant": "wfq-noisy"}
-NOISY_TENANT_RUNS = ("wfq-baseline", "wfq-noisy", "fcfs-noisy")
+JUDGED_RUN = {"noisy-tenant": "wfq-noisy", "doubling": "warm-pool"}
+SCENARIO_RUNS = {
+    "noisy-tenant": ("wfq-baseline", "wfq-noisy", "fcfs-noisy"),
+    "doubling": ("fixed", "cold-only", "warm-pool"),
+}
 FIGURES = (
     "replicas",
+    "replicas_routed_max",
     "ttft_p50_ms",
     "ttft_p95_ms",
     "itl_p50_ms",
@@ -42,8 +48,9 @@ HEADERS = (
 
 def _runs(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(label, that run's figures), in the order the scenario ran them."""
-    if summary["scenario"] == "noisy-tenant":
-        return [(label, summary[label]) for label in NOISY_TENANT_RUNS]
+    labels = SCENARIO_RUNS.get(summary["scenario"])
+    if labels is not None:
+        return [(label, summary[label]) for label in labels]
     return [("", summary)]
 
 
@@ -75,11 +82,15 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.2%}"
 
 
+def _replicas(start: int, most_routed: int | None) -> str:
+    return str(start) if most_routed is None else f"{start}→{most_routed}"
+
+
 def _row_cells(row: dict[str, Any]) -> list[str]:
     cost = row["cost_per_m_output_tokens_usd"]
     return [
         f"{row['scenario']} {row['run']}".strip(),
-        str(row["replicas"]),
+        _replicas(row["replicas"], row["replicas_routed_max"]),
         _ms(row["ttft_p50_ms"]),
         _ms(row["ttft_p95_ms"]),
         _ms(row["itl_p50_ms"]),
@@ -96,7 +107,8 @@ def render(summary: dict[str, Any]) -> str:
     table = render_table(HEADERS, [_row_cells(row) for row in summary_rows(summary)])
     checks = summary["targets"]["checks"]
     judged = JUDGED_RUN.get(summary["scenario"])
-    title = f"targets ({judged} against wfq-baseline)" if judged else "targets"
+    against = {"noisy-tenant": " against wfq-baseline"}.get(summary["scenario"], "")
+    title = f"targets ({judged}{against})" if judged else "targets"
     targets = render_table(
         (title, "measured", "met"),
         [[c["target"], c["measured"], "met" if c["met"] else "not met"] for c in checks],

@@ -3,13 +3,16 @@ scaled-down runs of every scenario through the real admission, quota, queue and 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from control_plane.sim import cli
+from control_plane.sim.autoscaling import SimAutoscale
 from control_plane.sim.calibration import seed_calibration
 from control_plane.sim.progress import ProgressLines, Tick
 from control_plane.sim.replica import Replica, ReplicaConfig
@@ -17,6 +20,7 @@ from control_plane.sim.scenarios import Options, run_scenario, tenants_for
 from control_plane.sim.targets import judge
 from control_plane.sim.workload import Outcome, SimRequest
 from sluice.domain import RequestClass
+from sluice.policy.autoscale import AutoscaleConfig, Reason
 
 # 20 requests/s on 4 replicas: the seed's load scaled down 14x, over 30 simulated seconds.
 SMALL = Options(replicas=4, duration_s=30.0, rate_per_s=20.0, num_noisy_requests=300)
@@ -99,11 +103,48 @@ def test_steady_searches_replicas_from_the_roofline_bound(tmp_path: Path) -> Non
     assert 0 < summary["utilisation"] < 1
 
 
-def test_doubling_refuses_with_retry_after_and_serves_nothing_late(tmp_path: Path) -> None:
-    summary = _summary(tmp_path, "doubling")
-    assert summary["interactive_served_past_deadline"] == 0
-    assert summary["shed_rate"] > 0  # twice the load on a fleet sized for once
-    assert summary["every_refusal_has_retry_after"]
+# doubling at small scale: the load doubles at 15 s of 45; the autoscaler decides every 10 s from 10 s on, a
+# cold start takes 10 s, a promotion 5 s.
+DOUBLING = replace(SMALL, duration_s=45.0, cold_start_s=10.0)
+
+
+def test_doubling_runs_a_fixed_fleet_and_the_autoscaler_with_and_without_a_warm_pool(tmp_path: Path) -> None:
+    summary = _summary(tmp_path, "doubling", DOUBLING)
+    fixed, cold, warm = (summary[run] for run in ("fixed", "cold-only", "warm-pool"))
+    assert summary["replicas"] == 4 and summary["warm_pool_replicas"] == 4  # default: the fleet's size
+    assert fixed["shed_rate"] > 0  # twice the load on a fleet sized for once
+    assert "autoscaler_decisions" not in fixed and "replicas_routed_max" not in fixed
+    for run in (fixed, cold, warm):
+        assert run["interactive_served_past_deadline"] == 0 and run["every_refusal_has_retry_after"]
+    first_up = warm["autoscaler_actions"][0]["reason"]
+    assert "4 from the warm pool, 0 cold" in first_up and "warm pool 0 of 4: starting 4" in first_up
+    assert "0 from the warm pool" in cold["autoscaler_actions"][0]["reason"]
+    assert warm["replicas_routed_max"] > 4 and cold["replicas_routed_max"] > 4
+    assert warm["replicas_paid_mean"] > cold["replicas_paid_mean"]  # the warm pool holds GPUs: it costs
+    assert warm["shed_rate"] < fixed["shed_rate"]
+    checks = {c["target"]: c for c in summary["targets"]["checks"]}
+    after = checks["TTFT p95 from 25 s after the doubling < 500 ms"]
+    assert after["value"] == warm["ttft_p95_ms_after_doubling"] is not None
+    assert after["met"] == (after["value"] < 500)
+
+
+def test_the_autoscaled_fleet_drains_one_replica_at_a_time_and_kills_no_request() -> None:
+    from control_plane.sim.scenarios import interactive_stream, run_fleet
+
+    tenants = tenants_for(SMALL)
+    policy = AutoscaleConfig(min_replicas=2, max_replicas=8, warm_pool_replicas=1, scale_down_cooldown_s=4.0)
+    autoscale = SimAutoscale(policy, interval_s=2.0, cold_start_s=10.0, promote_s=1.0)
+    quiet = Options(replicas=8, duration_s=60.0, rate_per_s=2.0)  # 8 replicas for a trickle: calm
+    run = run_fleet(quiet, 8, tenants, [interactive_stream(quiet, tenants)], autoscale=autoscale)
+    assert run.scaler is not None
+    routed = [s.num_routed for s in run.scaler.samples]
+    assert routed[-1] == 2 < routed[0] == 8  # down to the minimum...
+    assert all(b - a in (0, -1) for a, b in itertools.pairwise(routed))  # ...one at a time
+    assert all(s.num_draining <= 1 for s in run.scaler.samples)
+    downs = [d for _, d in run.scaler.decisions if d.num_drain or d.num_demote]
+    assert len(downs) == 6 and all(d.reason_code is Reason.CALM for d in downs)
+    assert {r.outcome for r in run.requests} == {Outcome.FINISHED}  # a drain kills nothing
+    assert run.scaler.samples[-1].num_warm == 1
 
 
 def test_noisy_tenant_hurts_others_less_under_wfq_than_fcfs(tmp_path: Path) -> None:
@@ -151,12 +192,13 @@ def test_every_arrival_ends_exactly_once() -> None:
 
 
 def test_same_seed_same_summary(tmp_path: Path) -> None:
-    first = run_scenario("doubling", SMALL, tmp_path / "a")
-    again = run_scenario("doubling", SMALL, tmp_path / "b")
-    other = run_scenario("doubling", Options(**{**SMALL.__dict__, "seed": 1}), tmp_path / "c")
+    short = replace(DOUBLING, duration_s=20.0)  # the autoscaler decides at 10 s: its path is covered
+    first = run_scenario("doubling", short, tmp_path / "a")
+    again = run_scenario("doubling", short, tmp_path / "b")
+    other = run_scenario("doubling", replace(short, seed=1), tmp_path / "c")
     assert (tmp_path / "a" / "doubling.json").read_text() == (tmp_path / "b" / "doubling.json").read_text()
     assert first == again
-    assert other["num_arrived"] != first["num_arrived"] or other["ttft_p95_ms"] != first["ttft_p95_ms"]
+    assert other["fixed"]["num_arrived"] != first["fixed"]["num_arrived"]
 
 
 # ----- what the terminal shows (`sluice sim`): progress, the summary table, the targets, --json -----
@@ -201,25 +243,43 @@ def _table(out: str) -> list[dict[str, str]]:
 def test_sim_prints_progress_on_stderr_then_the_table_the_targets_and_the_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out, err = _sim(tmp_path, capsys, "--scenario", "doubling")
+    out, err = _sim(tmp_path, capsys, "--scenario", "steady")
     assert out.splitlines()[0].split() == " ".join(TABLE_HEADERS).split()
     [row] = _table(out)
-    summary = json.loads((tmp_path / "doubling.json").read_text())
-    assert summary["targets"]["met"] is True  # the doubling's targets hold even on this small fleet
-    assert row["scenario"] == "doubling" and row["replicas"] == "4" and row["targets"] == "met"
-    assert row["TTFT p95 ms"] == f"{summary['ttft_p95_ms']:,.0f}"
+    summary = json.loads((tmp_path / "steady.json").read_text())
+    verdict = "met" if summary["targets"]["met"] else "not met"
+    assert row["scenario"] == "steady" and row["replicas"] == "4" and row["targets"] == verdict
+    assert row["TTFT p95 ms"] == f"{summary['ttft_p95_ms']:,.0f}"  # over 100 ms: whole ms
     assert row["ITL p50 ms"] == f"{summary['itl_p50_ms']:.1f}"
-    assert row["shed"] == f"{summary['shed_rate']:.2%}" and row["shed"] != "0.00%"
+    assert row["shed"] == f"{summary['shed_rate']:.2%}"
     assert row["$/M out tokens"] == f"${summary['cost_per_m_output_tokens_usd']:,.2f}"
-    assert "interactive finished past deadline = 0" in out and "every refusal has a Retry-After" in out
-    assert out.rstrip().splitlines()[-1].startswith(f"wrote {tmp_path / 'doubling.json'} and ")
+    assert "TTFT p95 < 500 ms" in out and "ITL p95 < 40 ms" in out
+    assert out.rstrip().splitlines()[-1].startswith(f"wrote {tmp_path / 'steady.json'} and ")
     progress = err.splitlines()  # stderr has the progress lines only
-    assert [line.split("]")[0] for line in progress] == ["[sim doubling"] * 10
+    assert [line.split("]")[0] for line in progress] == ["[sim steady"] * 10
     percents = [int(line.split("] ")[1].split("%")[0]) for line in progress]
     # one line at the first sample (every simulated second) at or past each tenth: 1.5 s -> t=2 s, 13 %
     assert [p // 10 for p in percents] == list(range(1, 11)) and percents[0] == 13
-    assert progress[-1].startswith("[sim doubling] 100% (t=15 s of 15): ")
+    assert progress[-1].startswith("[sim steady] 100% (t=15 s of 15): ")
     assert " requests, queue " in progress[-1] and progress[-1].endswith(", replicas 4")
+
+
+def test_doubling_shows_a_row_per_run_judges_the_warm_pool_and_the_autoscaled_replicas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--scenario", "doubling", "--replicas", "4", "--duration-s", "45", "--rate-per-s", "20"]
+    assert cli.main([*args, "--cold-start-s", "10", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads((tmp_path / "doubling.json").read_text())
+    rows = _table(out)
+    assert [r["scenario"] for r in rows] == ["doubling fixed", "doubling cold-only", "doubling warm-pool"]
+    assert rows[0]["replicas"] == "4" and rows[0]["targets"] == "-" and rows[1]["targets"] == "-"
+    most = summary["warm-pool"]["replicas_routed_max"]
+    assert rows[2]["replicas"] == f"4→{most}" and most > 4
+    assert rows[2]["targets"] == ("met" if summary["targets"]["met"] else "not met")
+    assert "targets (warm-pool)" in out and "TTFT p95 from 25 s after the doubling < 500 ms" in out
+    labels = {line.split("]")[0] for line in err.splitlines()}
+    assert labels == {f"[sim doubling: {run}" for run in ("fixed", "cold-only", "warm-pool")}
 
 
 def test_a_missed_target_shows_not_met_and_which_one(
@@ -270,7 +330,8 @@ def test_json_prints_the_tables_figures_and_nothing_else_on_stdout(
 
 
 def test_bad_arguments_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for bad in (["--rate-per-s", "0"], ["--replicas", "0"], ["--duration-s", "-1"]):
+    bad_args = (["--rate-per-s", "0"], ["--replicas", "0"], ["--duration-s", "-1"], ["--cold-start-s", "-1"])
+    for bad in (*bad_args, ["--warm-pool", "-1"]):
         assert cli.main(["--scenario", "steady", *bad, "--out", str(tmp_path)]) == 2
         assert "must be" in capsys.readouterr().err
     assert not tmp_path.joinpath("steady.json").exists()
