@@ -1,10 +1,10 @@
 """Degradation under persistent overload (issue 12 deliverable 6), driven by the official openai client: a
-model driven into overload (the dispatch gate lets one request run at a time while a backlog of long
-streams waits) takes its configured fallbacks on the requests admitted while the overload lasts
-(Sluice-Degraded header, capped output, the batch class, the counter, the gauge, telemetry), and no more
-once the load is gone and exit_after_s has passed. Over the in-process engine for the cap and the class;
-over a real tritonserver serving two models, routed by the registry, for the alias to the smaller one. A
-bad configuration stops the gateway at start, saying what is wrong."""
+model driven into overload (a replica whose KV cache holds one long stream, so the dispatch gate runs one
+at a time while a backlog of them waits) takes its configured fallbacks on the requests admitted while the
+overload lasts (Sluice-Degraded header, capped output, the batch class, the counter, the gauge,
+telemetry), and no more once the load is gone and exit_after_s has passed. Over the in-process engine for
+the cap and the class; over a real tritonserver serving two models, routed by the registry, for the alias
+to the smaller one. A bad configuration stops the gateway at start, saying what is wrong."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from metrics_text import read_metric
 from openai.types import Completion
 from ports import free_ports
 
+from cpu_engine.config import EngineConfig
 from cpu_engine.devckpt import write_checkpoint
+from sluice.engine_client.inprocess import InProcessEngineClient
 from sluice.registry.base import ReplicaState, VersionState
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import SettingsError, load_settings
@@ -45,19 +47,22 @@ FALLBACKS = {
 }
 NUM_BACKLOG = 8
 BACKLOG_TOKENS = 120
+# 12 blocks of 16 tokens: one backlog stream (its prompt + 120 tokens reserved) and small requests fit,
+# two backlog streams do not.
+TINY_KV_BLOCKS = 12
 
 
 @pytest.fixture(scope="module")
 def gateway(dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    # A replica of tiny capacity: its KV holds one backlog stream (and a few small requests), so the
+    # dispatch gate lets one stream run at a time and the rest wait in the gateway's queue.
+    engine = InProcessEngineClient(dev_checkpoint, MODEL, EngineConfig(num_kv_blocks=TINY_KV_BLOCKS))
     gateway = start_gateway(
         tmp_path_factory.mktemp("gateway_degradation"),
         dev_checkpoint,
-        engine_client="inprocess",
+        engine=engine,
         max_prompt_tokens=256,
         max_output_tokens=256,
-        # A replica whose inter-token latency is above 1 ms takes nothing new: one stream runs at a time
-        # and the rest wait in the gateway's queue (a replica of tiny capacity).
-        itl_target_ms=1.0,
         degradation=json.dumps(FALLBACKS),
     )
     yield gateway
@@ -203,10 +208,11 @@ def fleet(dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     checkpoints = {MODEL: dev_checkpoint, SMALL: write_checkpoint(root / "nano", seed=1)}
     repo = root / "repo"
     for name, checkpoint in checkpoints.items():
+        num_kv_blocks = TINY_KV_BLOCKS if name == MODEL else 256  # the big model is the tiny replica
         render_model_repository(
             repo,
             CpuEngineModelSettings(
-                checkpoint_dir=checkpoint, model_name=name, num_kv_blocks=256, stats_interval_ms=20
+                checkpoint_dir=checkpoint, model_name=name, num_kv_blocks=num_kv_blocks, stats_interval_ms=20
             ),
         )
     http, grpc, metrics = free_ports(3)
@@ -227,7 +233,7 @@ def fleet(dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         gateway = start_gateway(
             state_dir, dev_checkpoint, engine_client="triton", routing="registry",
             registry_poll_interval_s=1.0, max_prompt_tokens=256, max_output_tokens=256,
-            itl_target_ms=1.0, degradation=json.dumps(alias),
+            degradation=json.dumps(alias),
         )  # fmt: skip
         running = gateway
         wait_until(lambda: running.gw.router.pools.num_in_rotation == 2, 30.0, "both models' replicas")
