@@ -60,10 +60,12 @@ class Job:
         return f"{self.model}:{self.target.version}"
 
     def answer_as(self, response_id: str) -> None:
-        """A replay answers with the stored response's id (its ``id`` and ``X-Request-Id``), not a new one.
+        """A replay answers with the stored response's id (its ``id`` and ``X-Request-Id``), not a new one,
+        and as stored: no fallback of an overloaded model applies to it (no ``Sluice-Degraded``).
         NOTE: the one change after admission, made before any event is out (the response is shaped from
         this job as events arrive); a replay starts no engine work and writes no ledger row under it."""
         object.__setattr__(self, "request_id", response_id)
+        object.__setattr__(self, "degraded", "")
 
 
 @dataclass(frozen=True)

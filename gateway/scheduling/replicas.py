@@ -5,13 +5,15 @@ knows sooner, and the requests it holds (``Slot``s, one per dispatched request u
 A replica takes new work unless it is draining (the routing table dropped it: for good) or suspended (a
 request to it failed with a connection-level error: ``suspend``). A suspension is local to this gateway
 and short: once ``suspension_s`` has passed, the scheduler asks the replica whether it is ready
-(``due_for_check``) and ``resume``s it when it is, or suspends it again; so a transient blip does not take a
-replica out for good, while a dead one stays out until the control plane's health check fails it in the
+(``due_for_check``, ``recheck``), which resumes it or suspends it again; so a transient blip does not take
+a replica out for good, while a dead one stays out until the control plane's health check fails it in the
 registry and the routing table drains it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -21,6 +23,7 @@ from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
 _ITL_EWMA_WEIGHT = 0.1  # of each new inter-token gap in the replica's latency estimate
 _UNKNOWN_KV_TOKENS = 2**62
+_READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer: suspended again
 
 
 @dataclass
@@ -68,8 +71,18 @@ class ReplicaView:
     def due_for_check(self, now_s: float) -> bool:
         return self.suspended_until_s is not None and now_s >= self.suspended_until_s
 
-    def resume(self) -> None:
-        self.suspended_until_s = None
+    async def recheck(self, suspension_s: float) -> bool:
+        """Ask the suspended replica whether it is ready: resume it (True) or suspend it again."""
+        try:
+            async with asyncio.timeout(_READY_CHECK_TIMEOUT_S):
+                ready = await self.engine.ready()
+        except Exception:  # TimeoutError included: no answer is not ready
+            ready = False
+        if ready:
+            self.suspended_until_s = None
+        else:
+            self.suspend(time.monotonic(), suspension_s)
+        return ready
 
     # ----- load -----
     def load(self, key: str) -> ReplicaLoad:

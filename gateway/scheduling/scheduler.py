@@ -49,7 +49,6 @@ from sluice.settings import Settings
 log = logging.getLogger(__name__)
 
 _EXPIRE_PERIOD_S = 0.05  # how often waiting requests are checked against their deadlines
-_READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer: suspended again
 
 __all__ = ["Admission", "ModelScheduler", "Slot"]
 
@@ -381,19 +380,10 @@ class ModelScheduler:
             await self._read_replica(replica_id, view)
 
     async def _check_suspended(self, replica_id: str, view: ReplicaView) -> None:
-        """Resume a suspended replica that answers ready; suspend it again otherwise."""
-        try:
-            async with asyncio.timeout(_READY_CHECK_TIMEOUT_S):
-                ready = await view.engine.ready()
-        except Exception:  # TimeoutError included: no answer is not ready
-            ready = False
-        if ready:
-            view.resume()
+        if await view.recheck(self._settings.replica_suspension_ms / 1000):
             log.info(
                 "replica %s (%s version %s) resumed: it answers ready", replica_id, self.model, self.version
             )
-        else:
-            view.suspend(time.monotonic(), self._settings.replica_suspension_ms / 1000)
 
     async def _read_replica(self, replica_id: str, view: ReplicaView) -> None:
         try:
