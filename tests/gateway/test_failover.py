@@ -62,7 +62,7 @@ class Fleet:
 
 
 @dataclass
-class Outcome:
+class StreamResult:
     first_token_s: float | None = None  # time.monotonic() of its first text
     num_text_chunks: int = 0
     finish_reason: str | None = None
@@ -154,7 +154,7 @@ async def _seed(registry: PostgresRegistry, checkpoint: Path, servers: dict[str,
     await registry.set_route(MODEL, {"1": 10_000}, actor=ACTOR)
 
 
-def _stream(client: openai.OpenAI, outcome: Outcome) -> None:
+def _stream(client: openai.OpenAI, outcome: StreamResult) -> None:
     try:
         stream = client.completions.create(
             model=MODEL, prompt="hello", max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True},
@@ -181,7 +181,7 @@ def _ledger(database: str) -> list[tuple[str, int, str]]:
 def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> None:
     gateway, dead, survivor = fleet.gateway, fleet.servers["r1"], fleet.servers["r2"]
     client = gateway.client(timeout=60)
-    outcomes = [Outcome() for _ in range(NUM_STREAMS)]
+    outcomes = [StreamResult() for _ in range(NUM_STREAMS)]
     threads = [threading.Thread(target=_stream, args=(client, o), daemon=True) for o in outcomes]
     for t in threads:
         t.start()

@@ -1,9 +1,10 @@
 """Failover in one version's scheduler and in the request path, over named fake engines: a replica a request
 could not reach is suspended at once and resumes only once it answers ready; a re-dispatched request goes
-ahead of the fair queue and is still dropped at its deadline; through the API, a request that lost its
-replica before its first token completes on the next dispatch with one usage row, one that keeps losing
-it fails with 503 after SLUICE_MAX_REDISPATCHES and no usage row, and one that loses it mid-stream ends
-with an error event the openai SDK raises and a usage row of the tokens it had."""
+ahead of the fair queue and is still dropped at its deadline; the last replica taking work is never
+suspended. Through the API (a static gateway over fake replicas): a request that lost its replica before
+its first token completes on another with one usage row; one that keeps losing it fails with 503 after
+SLUICE_MAX_REDISPATCHES and no usage row, as does one with no other replica (at once); one that loses it
+mid-stream ends with an error event the openai SDK raises and a usage row of the tokens it had."""
 
 from __future__ import annotations
 
@@ -113,6 +114,27 @@ async def test_an_unreachable_replica_is_suspended_at_once_and_resumes_only_once
     while await _dispatched_to(scheduler, "later") is not lost:
         assert time.monotonic() < deadline, "the replica did not come back after answering ready"
         await asyncio.sleep(0.02)
+    await scheduler.close()
+
+
+@pytest.mark.anyio
+async def test_the_last_replica_taking_work_is_not_suspended(tmp_path: Path) -> None:
+    """With nowhere else to go, requests keep failing fast on it rather than queueing to their deadline."""
+    metrics = GatewayMetrics()
+    scheduler = _scheduler(tmp_path, metrics)
+    a, b = _engine("a"), _engine("b")
+    await scheduler.add_replica(a)
+    await scheduler.add_replica(b)
+    on_a = await scheduler.wait_for_dispatch(_admission("r0"))
+    on_b = await scheduler.wait_for_dispatch(_admission("r1"))
+    assert {on_a.engine, on_b.engine} == {a, b}
+    scheduler.suspend(on_a)
+    assert not scheduler.takes_work_besides(on_b)
+    scheduler.suspend(on_b)  # the last one: stays in the dispatch pass
+    for slot in (on_a, on_b):
+        scheduler.release(slot)
+    assert await _dispatched_to(scheduler, "r2") is on_b.engine
+    assert metrics.replica_suspensions.labels("m", "1")._value.get() == 1
     await scheduler.close()
 
 
