@@ -104,11 +104,17 @@ def _backlog(gateway: RunningGateway, num_tokens: list[int]) -> list[threading.T
 
 def test_fallbacks_apply_while_the_model_is_overloaded_and_only_then(gateway: RunningGateway) -> None:
     client = gateway.client()
+
     # Not overloaded: served as asked.
-    raw = client.completions.with_raw_response.create(
-        model=MODEL, prompt="hello", max_tokens=20, extra_body={"ignore_eos": True}
-    )
-    assert "sluice-degraded" not in raw.headers and _output_tokens(raw.parse()) == 20
+    def keyed() -> Any:  # with an Idempotency-Key: sent again during the overload, it is replayed
+        return client.completions.with_raw_response.create(
+            model=MODEL, prompt="hello", max_tokens=20, extra_body={"ignore_eos": True},
+            extra_headers={"Idempotency-Key": "degradation-replay"},
+        )  # fmt: skip
+
+    raw = keyed()
+    first = raw.parse()
+    assert "sluice-degraded" not in raw.headers and _output_tokens(first) == 20
     assert _metric(gateway, "sluice_gateway_degraded_mode", model=MODEL) == 0
 
     backlog_tokens: list[int] = []
@@ -136,9 +142,9 @@ def test_fallbacks_apply_while_the_model_is_overloaded_and_only_then(gateway: Ru
             model=MODEL, prompt="hello", max_tokens=CAP_TOKENS, extra_body={"ignore_eos": True}
         )
 
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(probe) for probe in (moved, interactive, under_cap)]
-        raw, (stream_headers, chunks), raw_under = (f.result(timeout=60) for f in futures)
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(probe) for probe in (moved, interactive, under_cap, keyed)]
+        raw, (stream_headers, chunks), raw_under, raw_replay = (f.result(timeout=60) for f in futures)
     completion = raw.parse()
     assert raw.headers["sluice-degraded"] == f"max_tokens_cap={CAP_TOKENS}, to_batch"
     assert _output_tokens(completion) == CAP_TOKENS and completion.model == MODEL
@@ -146,10 +152,15 @@ def test_fallbacks_apply_while_the_model_is_overloaded_and_only_then(gateway: Ru
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == CAP_TOKENS
     assert raw_under.headers["sluice-degraded"] == "to_batch"
     assert _output_tokens(raw_under.parse()) == CAP_TOKENS
+    replay = raw_replay.parse()  # the stored result, as it was: not capped, no header
+    assert (
+        replay.id == first.id and _output_tokens(replay) == 20 and "sluice-degraded" not in raw_replay.headers
+    )
 
     assert _batch_ttft_count(gateway) == batch_before + 2  # the two moved ran as batch
-    assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="max_tokens_cap") == 2
-    assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="to_batch") == 2
+    # Counted at admission: the replay too (it was admitted with them before its stored result was found).
+    assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="max_tokens_cap") == 3
+    assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="to_batch") == 3
     records = {r["request_id"]: r for r in gateway.telemetry()}
     assert records[completion.id]["degraded"] == f"max_tokens_cap={CAP_TOKENS}, to_batch"
     assert records[completion.id]["output_tokens"] == CAP_TOKENS
@@ -167,7 +178,7 @@ def test_fallbacks_apply_while_the_model_is_overloaded_and_only_then(gateway: Ru
     after = raw.parse()
     assert "sluice-degraded" not in raw.headers and _output_tokens(after) == 20
     assert {r["request_id"]: r for r in gateway.telemetry()}[after.id]["degraded"] is None
-    assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="to_batch") == 2
+    assert _metric(gateway, "sluice_gateway_degraded_total", model=MODEL, action="to_batch") == 3
 
 
 def test_a_bad_configuration_stops_the_gateway_at_start(tmp_path: Path) -> None:
