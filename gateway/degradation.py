@@ -29,6 +29,9 @@ _CLASS_UNCHOSEN = (None, "auto")
 
 
 class Degradation:
+    """Each configured model's detector (owned here), read through ``route`` and ``apply`` at admission
+    and through the gauge at a scrape."""
+
     def __init__(
         self,
         fallbacks: Mapping[str, Fallbacks],
