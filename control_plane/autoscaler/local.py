@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from control_plane.autoscaler.actuator import Actuator
-from control_plane.service.local_replicas import LocalReplicas, ReplicaConflict
+from control_plane.service.local_replicas import MAX_REPLICAS_PER_START, LocalReplicas, ReplicaConflict
 from sluice.registry.base import NotFound, Replica, ReplicaPool
 
 log = logging.getLogger("sluice.control_plane.autoscaler")
@@ -24,8 +24,12 @@ class LocalActuator(Actuator):
         self._drain_timeout_s = drain_timeout_s
 
     async def start(self, model: str, version: str, count: int, *, pool: ReplicaPool) -> list[str]:
-        replicas = await self._local.start(model, version, count, None, actor=ACTOR, pool=pool)
-        return [r.replica_id for r in replicas]
+        started: list[str] = []
+        while len(started) < count:  # LocalReplicas starts at most MAX_REPLICAS_PER_START at a time
+            num = min(count - len(started), MAX_REPLICAS_PER_START)
+            replicas = await self._local.start(model, version, num, None, actor=ACTOR, pool=pool)
+            started += [r.replica_id for r in replicas]
+        return started
 
     async def retire(self, replica: Replica) -> None:
         try:

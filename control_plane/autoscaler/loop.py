@@ -159,6 +159,7 @@ class Autoscaler:
             log.warning("autoscaler: no gateway metrics could be read: deciding nothing this round")
             return {}
         snapshot = await self._registry.snapshot()
+        self._seen &= {r.replica_id for r in snapshot.replicas}  # forget the replicas that left
         now_s = self._clock()
         decisions = {}
         keys = routed_versions(snapshot)
