@@ -7,8 +7,8 @@ The replicas run at most 4 sequences each and the gateway leaves at most 4 more 
 kill some requests are producing on the dead replica, some wait inside it without a token, and the rest
 wait in the gateway. Then:
 
-- every request ends within a bound: it completes, or (it was producing on the dead replica) its stream
-  ends with an error event the SDK raises; none fails before its first token, as those are re-dispatched;
+- every request ends within a bound: it completes, or (it had tokens from the dead replica) its stream
+  ends with an error event the SDK raises; none that had no token fails, as those are re-dispatched;
 - the ledger holds exactly one usage row per request, with the tokens and outcome its telemetry record
   names (the errored streams billed for what they produced);
 - the requests re-dispatched after the kill finished on the surviving replica;
@@ -169,7 +169,7 @@ def _stream(client: openai.OpenAI, outcome: StreamResult) -> None:
                     outcome.first_token_s = time.monotonic()
                 outcome.num_text_chunks += bool(choice.text)
                 outcome.finish_reason = choice.finish_reason or outcome.finish_reason
-    except openai.APIError as exc:
+    except openai.APIError as exc:  # an error event after text, or an HTTP error before any
         outcome.error = f"{type(exc).__name__}: {exc}"
 
 
@@ -186,11 +186,15 @@ def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> 
     for t in threads:
         t.start()
 
-    # Both replicas are producing: 4 sequences each at most, so 7 streams with text and no end span both.
-    def num_producing() -> int:
-        return sum(o.first_token_s is not None and o.finish_reason is None for o in outcomes)
+    # The replica to kill is producing (3 sequences or more of its 4) and has requests waiting inside it,
+    # as its engine reports them (every 20 ms).
+    def producing_with_requests_waiting() -> bool:
+        metric = "nv_trt_llm_request_metrics"
+        active = read_metric(dead.metrics_url, metric, model=MODEL, request_type="active")  # waiting included
+        waiting = read_metric(dead.metrics_url, metric, model=MODEL, request_type="waiting")
+        return active - waiting >= 3 and waiting >= 1
 
-    wait_until(lambda: num_producing() >= 7, 30, "7 streams producing", poll_s=0.01)
+    wait_until(producing_with_requests_waiting, 30, "the replica to kill busy", poll_s=0.01)
     assert dead.pid is not None
     os.killpg(dead.pid, signal.SIGKILL)  # tritonserver and its Python backend stub
     killed_s = time.monotonic()
@@ -199,26 +203,26 @@ def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> 
     assert not any(t.is_alive() for t in threads), "a request hung after the replica died"
 
     errored = [o for o in outcomes if o.error is not None]
-    assert errored, "no stream was producing on the dead replica"
     completed = [o for o in outcomes if o.error is None]
     assert all(o.finish_reason == "length" and o.usage_tokens == MAX_TOKENS for o in completed), completed
-    # An error only as an event after text (a stream producing on the dead replica), never an HTTP error.
-    assert all(o.first_token_s is not None and o.first_token_s <= killed_s + 1 for o in errored), errored
-    assert all("APIError" in (o.error or "") for o in errored), errored
-    # Those without a token at the kill completed (re-dispatched or queued), whatever replica they had.
-    assert all(o in completed for o in outcomes if o.first_token_s is None or o.first_token_s > killed_s + 1)
+    # Streams producing on the dead replica end with an error event after their text, which the SDK raises
+    # (one whose tokens had made no text yet gets a 503 instead: no event had been sent).
+    assert any(o.first_token_s is not None for o in errored), errored
 
-    ids = [o.request_id for o in outcomes]
-    assert len(set(ids)) == NUM_STREAMS
     # Written in each request's ``finally``, the usage row last: maybe just after its response ended.
     wait_until(lambda: len(_ledger(fleet.database)) >= NUM_STREAMS, 10, "every request's usage row")
     records = {r["request_id"]: r for r in gateway.telemetry()}
+    assert len(records) == NUM_STREAMS and {o.request_id for o in completed} <= set(records)
+    failed = [r for r in records.values() if r["outcome"] == "failed"]
+    assert len(failed) == len(errored)
+    # Only a request that had tokens from the dead replica failed: any without a token was re-dispatched
+    # (or was still queued in the gateway) and completed.
+    assert all(r["output_tokens"] > 0 and r["failed_replicas"] == [dead.grpc_url] for r in failed), failed
     rows = _ledger(fleet.database)
-    assert sorted(r[0] for r in rows) == sorted(ids)  # one usage row per request, none twice
+    assert sorted(r[0] for r in rows) == sorted(records)  # one usage row per request, none twice
     for request_id, output_tokens, status in rows:
         record = records[request_id]
         assert (output_tokens, status) == (record["output_tokens"], record["outcome"]), record
-    assert all(r[1] > 0 and r[2] == "failed" for r in rows if r[0] in {o.request_id for o in errored})
 
     redispatched = [r for r in records.values() if r["num_dispatches"] > 1]
     metrics_url = gateway.base_url + "/metrics"
