@@ -280,9 +280,14 @@ async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError)
     with suppress(Exception):
         await end.engine_deltas.aclose()
     scheduler = job.target.scheduler
-    scheduler.release(end.slot)  # NOTE: end.slot stays the released one until the next: release is idempotent
-    log.info("request %s lost replica %s before its first token: dispatching it again", job.request_id,
-             end.slot.replica_key)  # fmt: skip
+    # NOTE: end.slot stays the released slot until the next one: release is idempotent, and the telemetry
+    # names its replica if the request fails while waiting.
+    scheduler.release(end.slot)
+    log.info(
+        "request %s lost replica %s before its first token: dispatching it again",
+        job.request_id,
+        end.slot.replica_key,
+    )
     try:
         # NOTE: its own bound, before the stream's deadline: a request out of time fails as the lost
         # replica failed it, not as a generation that ran out of time.
