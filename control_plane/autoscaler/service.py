@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+from prometheus_client import CollectorRegistry
+
 from control_plane.autoscaler.actuator import Actuator
 from control_plane.autoscaler.local import LocalActuator
 from control_plane.autoscaler.loop import Autoscaler
 from control_plane.autoscaler.metrics import AutoscalerMetrics
 from control_plane.autoscaler.signals import GatewayScraper
-from control_plane.service.metrics import ControlPlaneMetrics
-from control_plane.service.state import ReplicaServices
+from control_plane.service.health import ReplicaStates
+from control_plane.service.local_replicas import LocalReplicas
 from sluice.policy.autoscale import AutoscaleConfig
 from sluice.registry.base import Registry
 from sluice.settings import Settings, SettingsError
@@ -46,9 +48,9 @@ def gateway_metrics_urls(settings: Settings) -> list[str]:
     return urls
 
 
-def _actuator(settings: Settings, replicas: ReplicaServices) -> Actuator:
+def _actuator(settings: Settings, local: LocalReplicas, states: ReplicaStates) -> Actuator:
     if settings.autoscaler_actuator == "local":
-        return LocalActuator(replicas.local, drain_timeout_s=settings.autoscaler_drain_timeout_s)
+        return LocalActuator(local, drain_timeout_s=settings.autoscaler_drain_timeout_s)
     from kubernetes import client as kube
     from kubernetes import config as kube_config
 
@@ -60,7 +62,7 @@ def _actuator(settings: Settings, replicas: ReplicaServices) -> Actuator:
         kube_config.load_kube_config()
     return KubeActuator(
         kube.ApiClient(),
-        replicas.states,
+        states,
         namespace=settings.autoscaler_kube_namespace,
         deployment_template=settings.autoscaler_kube_deployment,
         drain_timeout_s=settings.autoscaler_drain_timeout_s,
@@ -70,11 +72,13 @@ def _actuator(settings: Settings, replicas: ReplicaServices) -> Actuator:
 async def open_autoscaler(
     settings: Settings,
     registry: Registry,
-    replicas: ReplicaServices,
-    metrics: ControlPlaneMetrics,
+    local: LocalReplicas,
+    states: ReplicaStates,
+    metrics_registry: CollectorRegistry,
     stack: AsyncExitStack,
 ) -> Autoscaler | None:
-    """The running autoscaler, closed by ``stack``; None when ``SLUICE_AUTOSCALER`` is off."""
+    """The running autoscaler (its metrics in ``metrics_registry``: the control plane's), closed by
+    ``stack``; None when ``SLUICE_AUTOSCALER`` is off."""
     if settings.autoscaler != "on":
         return None
     config = autoscale_config(settings)
@@ -82,9 +86,9 @@ async def open_autoscaler(
     autoscaler = Autoscaler(
         registry,
         scraper,
-        _actuator(settings, replicas),
+        _actuator(settings, local, states),
         config,
-        AutoscalerMetrics(metrics.registry),
+        AutoscalerMetrics(metrics_registry),
         interval_s=settings.autoscaler_interval_s,
     )
     await autoscaler.start()

@@ -68,7 +68,9 @@ def create_app(
                 settings, opened_registry, metrics, stack, health_interval_s=health_interval_s
             )
             rollouts = await open_rollout_services(settings, opened_registry, stack)
-            autoscaler = await open_autoscaler(settings, opened_registry, replicas, metrics, stack)
+            autoscaler = await open_autoscaler(
+                settings, opened_registry, replicas.local, replicas.states, metrics.registry, stack
+            )
             app.state.cp = ControlPlaneState(
                 settings=settings,
                 tokens=tokens,
