@@ -164,69 +164,81 @@ def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, 
     if state.num_ready_seen is not None and signals.num_ready > state.num_ready_seen:
         state = replace(state, capacity_changed_s=now_s)  # capacity arrived: the windows are from before
     state = replace(state, num_ready_seen=signals.num_ready)
-    serving = signals.num_ready + signals.num_starting
     why = _describe(signals, config)
-    ratio, signal = pressure(signals, config)
+    return (
+        _bounds(signals, state, config, now_s, why)
+        or _under_pressure(signals, state, config, now_s, why)
+        or _calm(signals, state, config, now_s, why)
+    )
+
+
+def _bounds(
+    signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, now_s: float, why: str
+) -> Decision | None:
+    """Below the minimum: up at once; above the maximum: down one at a time (no cooldown)."""
+    serving = signals.num_ready + signals.num_starting
     no_calm = replace(state, calm_since_s=None)
-    stepped_up = replace(no_calm, capacity_changed_s=now_s)
     if serving < config.min_replicas:
-        return _up(
-            config.min_replicas - serving,
-            serving,
-            signals,
-            Reason.BELOW_MIN,
-            f"{serving} routed replicas, below the minimum {config.min_replicas}; {why}",
-            stepped_up,
-        )
-    if serving > config.max_replicas:
-        if signals.num_draining or signals.num_ready == 0:
-            return Decision(
-                serving,
-                Direction.HOLD,
-                Reason.ABOVE_MAX,
-                f"above the maximum {config.max_replicas}, waiting for the drain; {why}",
-                state=no_calm,
-            )
-        return _down(
-            serving,
-            signals,
-            config,
-            Reason.ABOVE_MAX,
-            f"above the maximum {config.max_replicas}; {why}",
-            replace(no_calm, last_scale_down_s=now_s),
-        )
+        reason = f"{serving} routed replicas, below the minimum {config.min_replicas}; {why}"
+        stepped_up = replace(no_calm, capacity_changed_s=now_s)
+        return _up(config.min_replicas - serving, serving, signals, Reason.BELOW_MIN, reason, stepped_up)
+    if serving <= config.max_replicas:
+        return None
+    if signals.num_draining or signals.num_ready == 0:
+        reason = f"above the maximum {config.max_replicas}, waiting for the drain; {why}"
+        return Decision(serving, Direction.HOLD, Reason.ABOVE_MAX, reason, state=no_calm)
+    reason = f"above the maximum {config.max_replicas}; {why}"
+    return _down(
+        serving, signals, config, Reason.ABOVE_MAX, reason, replace(no_calm, last_scale_down_s=now_s)
+    )
+
+
+def _under_pressure(
+    signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, now_s: float, why: str
+) -> Decision | None:
+    """Pressure over 1: up to ready x pressure (capped), unless settling after new capacity."""
+    serving = signals.num_ready + signals.num_starting
+    ratio, signal = pressure(signals, config)
+    if ratio <= 1.0:
+        return None
+    no_calm = replace(state, calm_since_s=None)
     settling = (
         state.capacity_changed_s is not None
         and now_s - state.capacity_changed_s < config.scale_up_stabilization_s
     )
-    if ratio > 1.0 and settling and signal is not Reason.QUEUE_DEPTH:
+    if settling and signal is not Reason.QUEUE_DEPTH:
         depth_ratio = pressure(replace(signals, queue_wait_p95_s=None, ttft_p95_s=None), config)[0]
         if depth_ratio <= 1.0:
-            return Decision(
-                serving,
-                Direction.HOLD,
-                Reason.SETTLING,
+            reason = (
                 f"pressure {ratio:.2f}x from latencies measured before the step up, queue "
-                f"{depth_ratio:.2f}x; {why}",
-                state=no_calm,
+                f"{depth_ratio:.2f}x; {why}"
             )
+            return Decision(serving, Direction.HOLD, Reason.SETTLING, reason, state=no_calm)
         ratio, signal = depth_ratio, Reason.QUEUE_DEPTH
-    if ratio > 1.0:
-        wanted = math.ceil(max(1, signals.num_ready) * min(ratio, config.max_scale_up_ratio) - 1e-9)
-        target = min(config.max_replicas, wanted)
-        if target > serving:
-            return _up(
-                target - serving, serving, signals, signal, f"pressure {ratio:.2f}x; {why}", stepped_up
-            )
-        code = Reason.AT_MAX if target >= config.max_replicas else Reason.STARTING
-        return Decision(
-            serving, Direction.HOLD, code, f"pressure {ratio:.2f}x, {serving} routed; {why}", state=no_calm
-        )
+    wanted = math.ceil(max(1, signals.num_ready) * min(ratio, config.max_scale_up_ratio) - 1e-9)
+    target = min(config.max_replicas, wanted)
+    if target > serving:
+        stepped_up = replace(no_calm, capacity_changed_s=now_s)
+        return _up(target - serving, serving, signals, signal, f"pressure {ratio:.2f}x; {why}", stepped_up)
+    code = Reason.AT_MAX if target >= config.max_replicas else Reason.STARTING
+    reason = f"pressure {ratio:.2f}x, {serving} routed; {why}"
+    return Decision(serving, Direction.HOLD, code, reason, state=no_calm)
+
+
+def _calm(
+    signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, now_s: float, why: str
+) -> Decision:
+    """No pressure: hold in the band; when calm, one replica down once the cooldown allows."""
+    serving = signals.num_ready + signals.num_starting
     if not is_calm(signals, config):
-        return Decision(serving, Direction.HOLD, Reason.STEADY, f"within targets; {why}", state=no_calm)
+        reason = f"within targets; {why}"
+        return Decision(
+            serving, Direction.HOLD, Reason.STEADY, reason, state=replace(state, calm_since_s=None)
+        )
     calm_since_s = state.calm_since_s if state.calm_since_s is not None else now_s
-    calm = replace(state, calm_since_s=calm_since_s)
-    waited_s = min(now_s - calm_since_s, now_s - (state.last_scale_down_s or -math.inf))
+    waited_s = now_s - calm_since_s
+    if state.last_scale_down_s is not None:
+        waited_s = min(waited_s, now_s - state.last_scale_down_s)
     if waited_s < config.scale_down_cooldown_s:
         wait = f"{config.scale_down_cooldown_s - waited_s:.0f} s of cooldown left"
     elif serving <= config.min_replicas or signals.num_ready == 0:
@@ -234,17 +246,11 @@ def _scale(signals: VersionSignals, state: ScaleState, config: AutoscaleConfig, 
     elif signals.num_starting or signals.num_draining:
         wait = "one step at a time: waiting for the replicas starting or draining"
     else:
-        wait = ""
-    if wait:
-        return Decision(serving, Direction.HOLD, Reason.COOLDOWN, f"calm; {wait}; {why}", state=calm)
-    return _down(
-        serving,
-        signals,
-        config,
-        Reason.CALM,
-        f"calm for {now_s - calm_since_s:.0f} s; {why}",
-        replace(state, calm_since_s=now_s, last_scale_down_s=now_s),
-    )
+        reason = f"calm for {now_s - calm_since_s:.0f} s; {why}"
+        after = replace(state, calm_since_s=now_s, last_scale_down_s=now_s)
+        return _down(serving, signals, config, Reason.CALM, reason, after)
+    calm = replace(state, calm_since_s=calm_since_s)
+    return Decision(serving, Direction.HOLD, Reason.COOLDOWN, f"calm; {wait}; {why}", state=calm)
 
 
 def _up(
