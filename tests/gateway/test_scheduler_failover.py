@@ -3,8 +3,9 @@ could not reach is suspended at once and resumes only once it answers ready; a r
 ahead of the fair queue and is still dropped at its deadline; the last replica taking work is never
 suspended. Through the API (a static gateway over fake replicas): a request that lost its replica before
 its first token completes on another with one usage row; one that keeps losing it fails with 503 after
-SLUICE_MAX_REDISPATCHES and no usage row, as does one with no other replica (at once); one that loses it
-mid-stream ends with an error event the openai SDK raises and a usage row of the tokens it had."""
+SLUICE_MAX_REDISPATCHES and no usage row, as does one with no other replica (at once) and one that finds
+no room on the others before its deadline; one that loses it mid-stream ends with an error event the
+openai SDK raises and a usage row of the tokens it had."""
 
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
 from gateway.scheduling.scheduler import Admission, ModelScheduler
 from sluice.domain import RequestClass
-from sluice.engine_client import Delta, EngineClient, EngineError, EngineErrorKind, GenerateRequest
+from sluice.engine_client import (
+    Delta,
+    EngineClient,
+    EngineError,
+    EngineErrorKind,
+    GenerateRequest,
+    ReplicaStats,
+)
 from sluice.settings import Settings
 from sluice.text import TextCodec
 
@@ -268,5 +276,30 @@ def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and
         row = gateway.usage_row(request_id)
         assert row["output_tokens"] == 3 and row["status"] == "failed"
         assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
+    finally:
+        gateway.stop()
+
+
+def test_a_redispatched_request_that_finds_no_room_before_its_deadline_fails_with_the_replicas_error(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    full = _fake(codec, "a")  # reports more requests waiting than the gateway lets wait: its gate is shut
+    full.stats = ReplicaStats(num_kv_tokens_total=4096, num_kv_tokens_free=4096, num_waiting=5, num_running=4)
+    lost = _fake(codec, "b", num_unreachable_calls=100)
+    lost.reachable = False  # stays suspended
+    gateway = _gateway(
+        tmp_path, dev_checkpoint, [full, lost], max_waiting_per_replica=4, request_deadline_s=1.0
+    )
+    try:
+        began = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as failed:
+            gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
+        assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
+        assert 0.5 < time.monotonic() - began < 1.0 + 1.0  # it waited for room until its deadline
+        assert lost.num_calls == 1 and full.num_calls == 0
+        [record] = gateway.telemetry()
+        assert record["num_dispatches"] == 1 and record["failed_replicas"] == ["b"]
+        assert read_metric(gateway.base_url + "/metrics", "sluice_gateway_redispatches_total") == 1
+        assert gateway.usage(limit="100")["data"] == []
     finally:
         gateway.stop()
