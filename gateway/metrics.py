@@ -48,14 +48,14 @@ class GatewayMetrics:
         )
         self.queue_depth = Gauge(
             "sluice_gateway_queue_depth",
-            "Requests waiting for dispatch, by model, version and class",
-            ["model", "version", "request_class"],
+            "Requests waiting for dispatch, by model, version, pool and class",
+            ["model", "version", "pool", "request_class"],
             registry=self.registry,
         )
         self.queue_wait_s = Histogram(
             "sluice_gateway_queue_wait_seconds",
-            "From arrival to dispatch to a replica, by model, version and class",
-            ["model", "version", "request_class"],
+            "From arrival to dispatch to a replica, by model, version, pool and class",
+            ["model", "version", "pool", "request_class"],
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )

@@ -3,9 +3,8 @@ pool), one engine client per replica, kept in step with each new table by ``appl
 loop.
 
 Pools: a version's general and long-prompt replicas queue in separate schedulers, so a short prompt waits
-only behind other short prompts (``gateway.routing.table.choose_pool`` picks the pool). NOTE: a
-long-prompt scheduler reports its queue metrics under the version label ``<version>:long-prompt`` (the
-scheduler labels by version only), so the two queues' gauges do not overwrite each other.
+only behind other short prompts (``gateway.routing.table.choose_pool`` picks the pool); each scheduler's
+queue metrics carry its pool as a label.
 
 A replica enters rotation only after this gateway verified it (``verify``: ready at the version, serving
 its weights digest); one that fails stays out and is tried again at the next ``apply`` (the registry
@@ -167,7 +166,8 @@ class ReplicaPools:
                 (),
                 self._settings,
                 self._metrics,
-                version=version if pool is ReplicaPool.GENERAL else f"{version}:{pool}",
+                version=version,
+                pool=str(pool),
                 on_drained=lambda engine: self._spawn(engine.close()),
             )
             self._schedulers[(model, version, pool)] = scheduler

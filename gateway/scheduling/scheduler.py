@@ -77,11 +77,13 @@ class ModelScheduler:
         metrics: GatewayMetrics,
         *,
         version: str = "1",
+        pool: str = "general",  # the version's replica pool it queues for (``sluice.registry.ReplicaPool``)
         fair: bool = True,
         on_drained: Callable[[EngineClient], None] | None = None,
     ) -> None:
         self.model = model
         self.version = version
+        self.pool = pool
         self._settings = settings
         self._metrics = metrics
         self._queue: FairQueue[asyncio.Future[Slot]] = FairQueue(
@@ -121,11 +123,27 @@ class ModelScheduler:
         self._task = asyncio.create_task(self._background(), name=f"scheduler-{self.model}-{self.version}")
 
     async def close(self) -> None:
+        """Stop its background work; requests still waiting fail with 503 ``model_unavailable`` (their
+        version left routing with them queued) rather than wait for a dispatch that will not come."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for queue in (self._redispatched, self._queue):
+            for entry in queue.drain():
+                if not entry.payload.done():
+                    entry.payload.set_exception(
+                        refused(
+                            503,
+                            "model_unavailable",
+                            f"Model '{self.model}' version {self.version} left routing while this request "
+                            "waited for a replica. Retry shortly.",
+                            1.0,
+                            error_type="server_error",
+                        )
+                    )
+        self._update_depth()
 
     # ----- replicas -----
     async def add_replica(self, engine: EngineClient, key: str | None = None) -> None:
@@ -328,8 +346,8 @@ class ModelScheduler:
             view.dispatched_kv_tokens_since_read += slot.kv_tokens
             if head.prefix_key is not None:
                 self._affinity.record(head.prefix_key, key, now)
-            queue_wait_s = self._metrics.queue_wait_s.labels(self.model, self.version, head.request_class)
-            queue_wait_s.observe(now - head.arrival_s)
+            labels = (self.model, self.version, self.pool, head.request_class)
+            self._metrics.queue_wait_s.labels(*labels).observe(now - head.arrival_s)
             head.payload.set_result(slot)
         self._fail_dropped(dispatch.dropped)
 
@@ -358,7 +376,7 @@ class ModelScheduler:
 
     def _update_depth(self) -> None:
         for request_class in RequestClass:
-            depth = self._metrics.queue_depth.labels(self.model, self.version, request_class)
+            depth = self._metrics.queue_depth.labels(self.model, self.version, self.pool, request_class)
             depth.set(self._queue.num_waiting(request_class) + self._redispatched.num_waiting(request_class))
 
     # ----- background: replica reads, deadline checks -----

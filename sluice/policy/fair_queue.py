@@ -245,6 +245,15 @@ class FairQueue(Generic[T]):
             ahead += self._classes[RequestClass.INTERACTIVE].num_waiting
         return ahead
 
+    def drain(self) -> list[QueueEntry[T]]:
+        """Remove and return every waiting request (its queue is closing)."""
+        drained = []
+        for queue in self._classes.values():
+            for tenant, line in queue.lines.items():
+                while line:
+                    drained.append(self._pop(queue, tenant))
+        return drained
+
     # ----- internals -----
     def _line(self, tenant_id: str) -> str:
         return tenant_id if self.fair else "*"  # FCFS: one line for everybody

@@ -274,9 +274,10 @@ def test_metrics_count_requests_tokens_and_latencies(inprocess_gateway: RunningG
     )
     assert value("sluice_gateway_time_to_first_token_seconds_count") >= 1
     assert value("sluice_gateway_inter_token_seconds_count") >= 3
-    version_labels = f'model="{MODEL}",request_class="interactive",version="'
-    assert value(f"sluice_gateway_time_to_first_token_seconds_count{{{version_labels}") >= 1
-    assert value(f"sluice_gateway_queue_wait_seconds_count{{{version_labels}") >= 1
+    version = f'model="{MODEL}",request_class="interactive",version="'
+    assert value(f"sluice_gateway_time_to_first_token_seconds_count{{{version}") >= 1
+    pool = f'model="{MODEL}",pool="general",request_class="interactive",version="'
+    assert value(f"sluice_gateway_queue_wait_seconds_count{{{pool}") >= 1
     assert value("sluice_gateway_output_tokens_total") >= 4
     assert value("sluice_gateway_requests_in_flight") == 0
 

@@ -4,12 +4,14 @@ re-admitted with a new client is a new entry beside the old one still draining."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import pytest
 from fakes import ScriptedFakeEngine
 
+from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
 from gateway.scheduling.scheduler import Admission, ModelScheduler
 from sluice.domain import RequestClass
@@ -55,3 +57,24 @@ async def test_a_drained_replica_finishes_its_requests_takes_nothing_new_and_is_
     for slot in later:
         scheduler.release(slot)
     await scheduler.close()
+
+
+async def test_closing_fails_the_requests_still_waiting_with_503_instead_of_leaving_them_hanging(
+    tmp_path: Path,
+) -> None:
+    """A scheduler closes when its version leaves routing with no replica and nothing dispatched; what is
+    queued then gets a 503 at once, and the queue-depth gauge reads 0."""
+    metrics = GatewayMetrics()
+    settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
+    scheduler = ModelScheduler("m", (), settings, metrics, version="1")
+    await scheduler.start()
+    waiting = [asyncio.create_task(scheduler.wait_for_dispatch(_admission(f"r{i}"))) for i in range(3)]
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in waiting)  # no replica: they queue
+    await asyncio.wait_for(scheduler.close(), 5)
+    for task in waiting:
+        with pytest.raises(OpenAIError) as refused:
+            await asyncio.wait_for(task, 1)
+        assert (refused.value.status_code, refused.value.code) == (503, "model_unavailable")
+    depth = metrics.queue_depth.labels("m", "1", "general", RequestClass.INTERACTIVE)
+    assert depth._value.get() == 0
