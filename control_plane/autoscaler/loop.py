@@ -125,6 +125,7 @@ class Autoscaler:
         self._owed_warm: dict[VersionKey, int] = {}
         self._seen: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self._blind = False  # no gateway answered the last round (logged once per outage)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="autoscaler")
@@ -156,8 +157,11 @@ class Autoscaler:
         """One round (see the module docstring); the decisions taken, by version."""
         signals = await self._source.read()
         if signals is None:
-            log.warning("autoscaler: no gateway metrics could be read: deciding nothing this round")
+            if not self._blind:
+                log.warning("autoscaler: no gateway metrics could be read: deciding nothing until they can")
+            self._blind = True
             return {}
+        self._blind = False
         snapshot = await self._registry.snapshot()
         self._seen &= {r.replica_id for r in snapshot.replicas}  # forget the replicas that left
         now_s = self._clock()

@@ -1,5 +1,6 @@
 """The autoscaler's signals, read from the gateways' ``/metrics``: per model version, the interactive queue
-depth now (``sluice_gateway_queue_depth``, summed over gateways) and the p95 of queue wait and TTFT over
+depth now (``sluice_gateway_queue_depth``, summed over gateways; the general pool's, the one scaled here:
+a long-prompt queue is not) and the p95 of queue wait (general pool) and TTFT (every prompt) over
 the window since the previous scrape (``sluice_gateway_queue_wait_seconds`` and
 ``sluice_gateway_time_to_first_token_seconds``: bucket counts now minus the counts at the previous scrape,
 summed over gateways; a gateway that restarted counts from zero).
@@ -30,6 +31,7 @@ QUEUE_DEPTH = "sluice_gateway_queue_depth"
 QUEUE_WAIT = "sluice_gateway_queue_wait_seconds"
 TTFT = "sluice_gateway_time_to_first_token_seconds"
 SCALED_CLASS = "interactive"  # batch waits by design: its queue is not a reason to scale
+SCALED_POOL = "general"  # the queue of the pool the autoscaler scales (long-prompt replicas are not)
 SCRAPE_TIMEOUT_S = 2.0
 
 VersionKey = tuple[str, str]  # (model, version)
@@ -64,6 +66,8 @@ def parse_gateway_metrics(text: str) -> GatewaySample:
         for s in family.samples:
             labels = s.labels
             if labels.get("request_class") != SCALED_CLASS or "model" not in labels:
+                continue
+            if labels.get("pool", SCALED_POOL) != SCALED_POOL:  # TTFT has no pool label: every prompt
                 continue
             key = (labels["model"], labels.get("version", ""))
             if s.name == QUEUE_DEPTH:
@@ -137,6 +141,7 @@ class GatewayScraper:
         self.urls = urls
         self._client = client or httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S)
         self._previous: dict[str, GatewaySample] = {}
+        self._failing: set[str] = set()  # logged once when a gateway stops answering, once when it is back
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -155,7 +160,13 @@ class GatewayScraper:
         try:
             response = await self._client.get(url)
             response.raise_for_status()
-            return parse_gateway_metrics(response.text)
+            sample = parse_gateway_metrics(response.text)
         except (httpx.HTTPError, ValueError) as exc:
-            log.warning("autoscaler: gateway metrics %s not read: %s", url, exc)
+            level = logging.DEBUG if url in self._failing else logging.WARNING
+            self._failing.add(url)
+            log.log(level, "autoscaler: gateway metrics %s not read: %s", url, exc or type(exc).__name__)
             return None
+        if url in self._failing:
+            self._failing.discard(url)
+            log.info("autoscaler: gateway metrics %s read again", url)
+        return sample

@@ -178,7 +178,9 @@ def test_calm_drains_one_newest_replica_only_after_the_cooldown(registry: Sqlite
     assert metrics.get_sample_value("sluice_control_plane_autoscaler_decisions_total", hold) == 7
 
 
-def test_a_round_without_gateway_metrics_decides_nothing(registry: SqliteRegistry) -> None:
+def test_a_round_without_gateway_metrics_decides_nothing(
+    registry: SqliteRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
     actuator = FakeActuator(registry)
     scaler, source, clock, _ = build(registry, actuator)
     source.signals = None
@@ -190,7 +192,9 @@ def test_a_round_without_gateway_metrics_decides_nothing(registry: SqliteRegistr
             clock.now_s += 100.0  # far past the cooldown: unknown is not calm
         assert await pools(registry) == before and actuator.retired == actuator.started == []
 
-    asyncio.run(run())
+    with caplog.at_level(logging.INFO, logger="sluice.control_plane.autoscaler"):
+        asyncio.run(run())
+    assert sum("no gateway metrics could be read" in m for m in caplog.messages) == 1  # once per outage
 
 
 def test_warm_replicas_a_platform_registers_later_are_claimed_for_the_pool(registry: SqliteRegistry) -> None:

@@ -24,10 +24,12 @@ def observe(metrics: GatewayMetrics, ttft_s: list[float], wait_s: list[float], d
     for value in ttft_s:
         metrics.ttft_s.labels(*KEY, "interactive").observe(value)
     for value in wait_s:
-        metrics.queue_wait_s.labels(*KEY, "interactive").observe(value)
+        metrics.queue_wait_s.labels(*KEY, "general", "interactive").observe(value)
+    metrics.queue_wait_s.labels(*KEY, "long-prompt", "interactive").observe(9.0)  # not the scaled pool
     metrics.ttft_s.labels(*KEY, "batch").observe(9.0)  # batch never counts
-    metrics.queue_depth.labels(*KEY, "interactive").set(depth)
-    metrics.queue_depth.labels(*KEY, "batch").set(100)
+    metrics.queue_depth.labels(*KEY, "general", "interactive").set(depth)
+    metrics.queue_depth.labels(*KEY, "general", "batch").set(100)
+    metrics.queue_depth.labels(*KEY, "long-prompt", "interactive").set(50)
     return metrics.render().decode()
 
 
@@ -62,7 +64,7 @@ def test_windows_sum_gateways_and_count_only_what_happened_since_the_last_scrape
         "b": parse_gateway_metrics(observe(gw_b, [0.03] * 10, [0.002] * 10, 4)),
     }
     window = combine(second, first)[KEY]
-    assert window.queue_depth == 6  # 2 + 4, interactive only
+    assert window.queue_depth == 6  # 2 + 4: interactive, general pool only
     assert window.ttft_p95_s == 0.04  # 1 slow of 40 counted: p95 is in the 40 ms bucket
     assert window.queue_wait_p95_s == 0.0025
 
