@@ -5,11 +5,12 @@ the window since the previous scrape (``sluice_gateway_queue_wait_seconds`` and
 ``sluice_gateway_time_to_first_token_seconds``: bucket counts now minus the counts at the previous scrape,
 summed over gateways; a gateway that restarted counts from zero).
 
-The p95 is the upper bound of the bucket the 95th percentile falls in (conservative: the SLO is judged
-against the worst the histogram allows); past the last finite bucket, that bound. No request in the
-window: None (the policy reads it as "nothing measured"). A gateway's first scrape only sets its base.
+The p95 is interpolated inside its bucket as Prometheus's ``histogram_quantile`` does (the arithmetic of
+``control_plane.metrics_text``, which ``sluice top`` reads by too, so both show the figure a dashboard
+would); past the last finite bucket, that bound. No request in the window: None (the policy reads it as
+"nothing measured"). A gateway's first scrape only sets its base.
 
-``parse_gateway_metrics`` and ``window_p95_s`` are pure; ``GatewayScraper`` does the HTTP and keeps each
+``parse_gateway_metrics`` and ``combine`` are pure; ``GatewayScraper`` does the HTTP and keeps each
 gateway's previous counts.
 """
 
@@ -17,13 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from control_plane.metrics_text import (
+    Metrics,
+    bucket_counts,
+    bucket_increase,
+    histogram_quantile,
+    sum_buckets,
+)
 
 log = logging.getLogger("sluice.control_plane.autoscaler")
 
@@ -33,6 +39,7 @@ TTFT = "sluice_gateway_time_to_first_token_seconds"
 SCALED_CLASS = "interactive"  # batch waits by design: its queue is not a reason to scale
 SCALED_POOL = "general"  # the queue of the pool the autoscaler scales (long-prompt replicas are not)
 SCRAPE_TIMEOUT_S = 2.0
+QUANTILE = 0.95
 
 VersionKey = tuple[str, str]  # (model, version)
 Buckets = dict[float, float]  # upper bound (le) -> cumulative count
@@ -57,56 +64,21 @@ class WindowSignals:
 
 
 def parse_gateway_metrics(text: str) -> GatewaySample:
-    """The interactive samples of the three families, by (model, version); other lines are ignored."""
+    """The interactive samples of the three families, by (model, version); other lines are ignored.
+    ``ValueError`` when ``text`` is not Prometheus text."""
+    metrics = Metrics.parse(text)
     sample = GatewaySample()
-    histograms = {f"{QUEUE_WAIT}_bucket": sample.queue_wait, f"{TTFT}_bucket": sample.ttft}
-    for family in text_string_to_metric_families(text):
-        if family.name not in (QUEUE_DEPTH, QUEUE_WAIT, TTFT):
-            continue
-        for s in family.samples:
-            labels = s.labels
-            if labels.get("request_class") != SCALED_CLASS or "model" not in labels:
-                continue
-            if labels.get("pool", SCALED_POOL) != SCALED_POOL:  # TTFT has no pool label: every prompt
-                continue
+    for labels, value in metrics.select(QUEUE_DEPTH, request_class=SCALED_CLASS, pool=SCALED_POOL):
+        if "model" in labels:
             key = (labels["model"], labels.get("version", ""))
-            if s.name == QUEUE_DEPTH:
-                sample.queue_depth[key] = sample.queue_depth.get(key, 0.0) + s.value
-            elif s.name in histograms:
-                histograms[s.name].setdefault(key, {})[float(labels["le"])] = s.value
+            sample.queue_depth[key] = sample.queue_depth.get(key, 0.0) + value
+    # NOTE: TTFT has no pool label (every prompt counts); queue wait is the scaled pool's.
+    for family, found in ((QUEUE_WAIT, sample.queue_wait), (TTFT, sample.ttft)):
+        for model, version in metrics.label_values(f"{family}_bucket", "model", "version"):
+            found[(model, version)] = bucket_counts(
+                metrics, family, model=model, version=version, request_class=SCALED_CLASS, pool=SCALED_POOL
+            )
     return sample
-
-
-def bucket_delta(now: Buckets, before: Buckets | None) -> Buckets:
-    """Counts added since ``before``; all of ``now`` when a count went down (the gateway restarted)."""
-    if before is None:
-        return {}
-    if any(now.get(le, 0.0) < count for le, count in before.items()):
-        return dict(now)
-    return {le: count - before.get(le, 0.0) for le, count in now.items()}
-
-
-def window_p95_s(buckets: Buckets, q: float = 0.95) -> float | None:
-    """The upper bound of the bucket holding the ``q`` quantile of cumulative ``buckets``; None if empty."""
-    if not buckets:
-        return None
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]]  # +Inf: every observation
-    if total <= 0:
-        return None
-    finite = [b for b in bounds if math.isfinite(b)]
-    for bound in finite:
-        if buckets[bound] >= q * total:
-            return bound
-    return finite[-1] if finite else None
-
-
-def _sum_buckets(parts: Iterable[Buckets]) -> Buckets:
-    total: Buckets = defaultdict(float)
-    for part in parts:
-        for le, count in part.items():
-            total[le] += count
-    return dict(total)
 
 
 def combine(
@@ -124,14 +96,21 @@ def combine(
             before = previous.get(url)  # None: its first scrape, which only sets the base
             if key in sample.queue_wait:
                 base = None if before is None else before.queue_wait.get(key, {})
-                waits.append(bucket_delta(sample.queue_wait[key], base))
+                waits.append(_window(sample.queue_wait[key], base))
             if key in sample.ttft:
                 base = None if before is None else before.ttft.get(key, {})
-                ttfts.append(bucket_delta(sample.ttft[key], base))
+                ttfts.append(_window(sample.ttft[key], base))
         result[key] = WindowSignals(
-            depth, window_p95_s(_sum_buckets(waits)), window_p95_s(_sum_buckets(ttfts))
+            depth,
+            histogram_quantile(QUANTILE, sum_buckets(waits)),
+            histogram_quantile(QUANTILE, sum_buckets(ttfts)),
         )
     return result
+
+
+def _window(now: Buckets, before: Buckets | None) -> Buckets:
+    """The counts added since ``before`` (a restarted gateway's from zero); none on a first scrape."""
+    return {} if before is None else bucket_increase(before, now)
 
 
 class GatewayScraper:

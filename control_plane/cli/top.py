@@ -28,9 +28,9 @@ import httpx
 
 from control_plane.cli.admin_client import AdminApi, AdminApiError, add_connection_options
 from control_plane.cli.admin_commands import EXIT_OK, EXIT_USAGE, fail
-from control_plane.cli.top_metrics import Metrics
 from control_plane.cli.top_render import as_json, render
 from control_plane.cli.top_view import Scrape, Sources, Window, build_snapshot
+from control_plane.metrics_text import Metrics
 from sluice.settings import SettingsError, load_settings
 
 DEFAULT_GATEWAY_METRICS_URL = "http://127.0.0.1:8080/metrics"

@@ -19,12 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from control_plane.cli.top_metrics import (
+from control_plane.metrics_text import (
     Metrics,
     bucket_counts,
     bucket_increase,
     histogram_quantile,
     increase,
+    sum_buckets,
 )
 
 GATEWAY_TTFT = "sluice_gateway_time_to_first_token_seconds"
@@ -191,16 +192,14 @@ def _replica_row(replica: dict[str, Any], window: Window | None) -> tuple[TopRow
 
 def _gateway_latency_ms(windows: list[Window], histogram: str, model: str, version: str) -> float | None:
     """The p95 over every gateway's buckets' increase in its window (all request classes)."""
-    summed: dict[float, float] = defaultdict(float)
-    for window in windows:
-        both = window.both()
-        if both is None:
-            continue
-        before = bucket_counts(both[0], histogram, model=model, version=version)
-        after = bucket_counts(both[1], histogram, model=model, version=version)
-        for bound, count in bucket_increase(before, after).items():
-            summed[bound] += count
-    seconds = histogram_quantile(QUANTILE, summed)
+    increases = [
+        bucket_increase(
+            bucket_counts(before, histogram, model=model, version=version),
+            bucket_counts(after, histogram, model=model, version=version),
+        )
+        for before, after, _ in filter(None, (window.both() for window in windows))
+    ]
+    seconds = histogram_quantile(QUANTILE, sum_buckets(increases))
     return None if seconds is None else seconds * 1000
 
 

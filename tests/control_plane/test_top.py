@@ -1,5 +1,6 @@
 """``sluice top``'s pure parts over canned metrics: the histogram quantile and counter arithmetic
-(``top_metrics``), and the rows, table and JSON built from two scrapes and a replica list (``top_view``).
+(``control_plane.metrics_text``, shared with the autoscaler's signals), and the rows, table and JSON built
+from two scrapes and a replica list (``top_view``).
 The gateway's text comes from the gateway's own exporter (``GatewayMetrics``); a replica's is written as
 Triton prints the CPU engine's families. The command against sources that cannot be reached (once, and
 live until Ctrl-C), and its usage errors, at the end."""
@@ -18,15 +19,15 @@ import pytest
 
 from control_plane.cli.main import main
 from control_plane.cli.top import CLEAR_SCREEN
-from control_plane.cli.top_metrics import (
+from control_plane.cli.top_render import HEADERS, as_json, render
+from control_plane.cli.top_view import Scrape, Sources, Window, build_snapshot
+from control_plane.metrics_text import (
     Metrics,
     bucket_counts,
     bucket_increase,
     histogram_quantile,
     increase,
 )
-from control_plane.cli.top_render import HEADERS, as_json, render
-from control_plane.cli.top_view import Scrape, Sources, Window, build_snapshot
 from gateway.metrics import GatewayMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,8 +85,8 @@ def _gateway_text(num_slow: int, num_fast: int, num_queued: int, num_output_toke
         metrics.ttft_s.labels(MODEL, "1", request_class).observe(5.0 if i < num_slow else 0.03)
         for _ in range(4):
             metrics.inter_token_s.labels(MODEL, "1", request_class).observe(0.01)
-    metrics.queue_depth.labels(MODEL, "1", "interactive").set(num_queued)
-    metrics.queue_depth.labels(MODEL, "1", "batch").set(1)
+    metrics.queue_depth.labels(MODEL, "1", "general", "interactive").set(num_queued)
+    metrics.queue_depth.labels(MODEL, "1", "general", "batch").set(1)
     metrics.output_tokens.inc(num_output_tokens)
     return metrics.render().decode()
 

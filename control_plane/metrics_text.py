@@ -1,5 +1,6 @@
-"""Prometheus text as ``sluice top`` reads it: one scrape's samples, and the arithmetic over two scrapes of
-the same source (a counter's increase, a histogram's quantile over the buckets' increase between them).
+"""Prometheus text as the control plane reads it (``sluice top``, the autoscaler's signals): one scrape's
+samples, and the arithmetic over two scrapes of the same source (a counter's increase, a histogram's
+quantile over the buckets' increase between them, summed over sources).
 
 Pure: text and numbers in, numbers out; no I/O and no clock.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -86,6 +88,15 @@ def bucket_increase(before: dict[float, float], after: dict[float, float]) -> di
     if any(delta < 0 for delta in deltas.values()):
         return dict(after)
     return deltas
+
+
+def sum_buckets(parts: Iterable[dict[float, float]]) -> dict[float, float]:
+    """Bucket counts of several series (gateways, request classes) added bound by bound."""
+    total: dict[float, float] = defaultdict(float)
+    for part in parts:
+        for bound, count in part.items():
+            total[bound] += count
+    return dict(total)
 
 
 def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None:
