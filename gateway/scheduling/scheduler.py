@@ -420,6 +420,8 @@ class ModelScheduler:
 
     # ----- read by the gateway's overload detector (gateway/degradation.py) -----
     def oldest_wait_s(self, now: float, request_class: RequestClass = RequestClass.INTERACTIVE) -> float:
-        """How long the longest-waiting request of ``request_class`` queued here has waited (0: none)."""
-        oldest_s = self._queue.oldest_arrival_s(request_class)
-        return 0.0 if oldest_s is None else now - oldest_s
+        """How long the longest-waiting request of ``request_class`` queued here (re-dispatches included)
+        has waited (0: none)."""
+        arrivals_s = [q.oldest_arrival_s(request_class) for q in (self._queue, self._redispatched)]
+        known_s = [arrival_s for arrival_s in arrivals_s if arrival_s is not None]
+        return now - min(known_s) if known_s else 0.0

@@ -78,3 +78,22 @@ async def test_closing_fails_the_requests_still_waiting_with_503_instead_of_leav
         assert (refused.value.status_code, refused.value.code) == (503, "model_unavailable")
     depth = metrics.queue_depth.labels("m", "1", "general", RequestClass.INTERACTIVE)
     assert depth._value.get() == 0
+
+
+async def test_the_oldest_wait_counts_requests_waiting_to_be_dispatched_again(tmp_path: Path) -> None:
+    """The overload detector's signal: a request that lost its replica waits in the re-dispatch queue and
+    is older than anything in the fair queue."""
+    settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
+    scheduler = ModelScheduler("m", (), settings, GatewayMetrics(), version="1")
+    now = time.monotonic()
+    assert scheduler.oldest_wait_s(now) == 0.0
+    fresh = _admission("fresh")
+    lost = Admission("lost", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now - 5.0, now + 30)
+    waiting = [
+        asyncio.create_task(scheduler.wait_for_dispatch(fresh)),
+        asyncio.create_task(scheduler.wait_for_dispatch(lost, redispatch=True)),
+    ]
+    await asyncio.sleep(0.01)
+    assert scheduler.oldest_wait_s(now) == pytest.approx(5.0)
+    await scheduler.close()
+    await asyncio.gather(*waiting, return_exceptions=True)
