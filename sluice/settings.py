@@ -200,6 +200,15 @@ class Settings(BaseSettings):
     autoscaler_kube_namespace: str = "default"
     autoscaler_kube_deployment: str = "sluice-{model}-{version}"
 
+    # Weight store (issue 13; sluice/weight_store, docs/operations.md "Weight store"): artifacts in S3 or an
+    # S3-compatible server at this endpoint (unset: AWS; region and credentials from boto3's usual chain),
+    # fetched into a content-addressed cache (default <state_dir>/weight-cache) with ranged GETs of
+    # weight_store_part_size_bytes, weight_store_max_concurrency requests in flight at once.
+    s3_endpoint_url: str | None = None
+    weight_cache_dir: Path  # default <state_dir>/weight-cache
+    weight_store_part_size_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=5 * 1024**3)
+    weight_store_max_concurrency: int = Field(8, ge=1, le=256)
+
     def __init__(self, **values: Any) -> None:
         check_unknown_env(os.environ)
         super().__init__(**values)
@@ -213,6 +222,7 @@ class Settings(BaseSettings):
             model_name = data.get("model_name") or "sluice-tiny"
             data.setdefault("checkpoint_dir", state_dir / "models" / str(model_name))
             data.setdefault("telemetry_path", state_dir / "telemetry.jsonl")
+            data.setdefault("weight_cache_dir", state_dir / "weight-cache")
         return data
 
     @field_validator("database_url")
@@ -229,6 +239,13 @@ class Settings(BaseSettings):
     def _check_redis_url(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL, or unset")
+        return v
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _check_s3_endpoint_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s):// URL, e.g. http://127.0.0.1:9000, or unset for AWS")
         return v
 
     @field_validator("triton_grpc_url")
