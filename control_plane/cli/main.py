@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from control_plane.cli import admin_tokens, models, replicas, rollout, routes, tenants, top, versions
+from control_plane.cli.build_engine import register as register_build_engine
 from control_plane.sim import cli as sim
 
 EXIT_FAILED = 1
@@ -41,6 +42,7 @@ COMMAND_GROUPS: list[tuple[str, str, Register]] = [
         "start, list, drain and stop the replicas serving the versions (admin API)",
         replicas.register,
     ),
+    ("build-engine", "build a checkpoint into a staged version (cpu, trtllm)", register_build_engine),
     ("top", "a live view of each model version and replica: load, latency, tokens/s, health", top.register),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]

@@ -1,0 +1,284 @@
+"""Run one build: refuse what cannot run before doing anything, skip what was already built, fetch and
+check the source, plan (``build_engines.plan``), print the plan on ``--dry-run`` and stop, or execute
+it step by step, each step logging one progress line.
+
+    result = run_build(spec, store=WeightStore.from_settings(settings), registrar=..., work_dir=tmp)
+
+Idempotent: the artifact's manifest records the source checkpoint's digest (its manifest's artifact
+digest), the requested build config and the tool versions; a re-run with the same three finds it and
+does nothing (it registers the version if a first run stopped between upload and registration). An
+artifact of different inputs at the same place is never overwritten (``BuildConflict``).
+
+The registry is reached through a ``Registrar`` the caller gives (the CLI's goes through the admin API):
+this package imports only ``sluice``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from build_engines.checkpoint import TOKENIZER_FILES, check_checkpoint
+from build_engines.plan import STEP_COUNTS, BuildPlan, Step, plan_build, tool_versions
+from build_engines.repository import (
+    ENGINE_SUBDIR,
+    TOKENIZER_SUBDIR,
+    render_trtllm,
+    write_repository,
+)
+from build_engines.spec import BuildSpec
+from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.weight_store import Manifest, ManifestNotFoundError, WeightStore
+from sluice.weights_digest import weights_digest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRTLLM_EXAMPLES = Path("/app/tensorrt_llm/examples")  # where the NGC TensorRT-LLM images keep them
+
+
+class BuildRefused(Exception):
+    """The build cannot run here (no GPU, no tensorrt_llm, no such model in the registry): nothing done."""
+
+
+class BuildConflict(Exception):
+    """The destination holds an artifact built from other inputs: versions are immutable."""
+
+
+class Registrar(Protocol):
+    """The registry as the build needs it."""
+
+    def require_model(self, model: str) -> None:
+        """Raise (with a clear message) when the model is not in the registry or it cannot be reached."""
+
+    def registered_version(self, model: str, version: str) -> Mapping[str, Any] | None:
+        """The version's registry record (``weights_digest``, ``artifact_uri``, ...) or None."""
+
+    def add_version(
+        self, model: str, version: str, artifact_uri: str, digest: str, build_config: Mapping[str, Any]
+    ) -> None:
+        """Register the version, ``staged``."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    plan: BuildPlan | None  # None when nothing had to be done
+    artifact_uri: str
+    weights_digest: str | None
+    built: bool  # False: dry run, or the artifact was already there
+    registered: bool  # this run registered the version
+
+
+Say = Callable[[str], None]
+
+
+def gpu_problem() -> str | None:
+    """Why the TensorRT-LLM targets cannot run on this machine, or None when they can."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "no GPU: nvidia-smi is not on PATH"
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no GPU: nvidia-smi -L failed ({exc})"
+    if listed.returncode != 0 or "GPU" not in listed.stdout:
+        return f"no GPU: nvidia-smi -L lists none ({(listed.stderr or listed.stdout).strip()[:200]})"
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return "tensorrt_llm is not importable (pip install tensorrt-llm==1.2.*, or run in its NGC image)"
+    return None
+
+
+def run_build(
+    spec: BuildSpec,
+    *,
+    store: WeightStore,
+    registrar: Registrar,
+    work_dir: Path,
+    dry_run: bool = False,
+    trtllm_examples: Path = DEFAULT_TRTLLM_EXAMPLES,
+    say: Say = print,
+) -> BuildResult:
+    """Build ``spec`` (module docstring). Raises BuildInputError/BuildRefused before doing anything,
+    BuildConflict, CheckpointError, the weight store's errors and ``subprocess.CalledProcessError``."""
+    if spec.target != "cpu" and not dry_run:
+        problem = gpu_problem()
+        if problem is not None:
+            raise BuildRefused(
+                f"the {spec.target} target needs an NVIDIA GPU and TensorRT-LLM 1.2: {problem}. "
+                "Nothing was done; --dry-run prints the commands and configurations without them."
+            )
+    if not dry_run:
+        registrar.require_model(spec.model)
+    versions = tool_versions(spec.target)
+    source_manifest = store.read_manifest(spec.source)
+    key = _build_key(spec, source_manifest, versions)
+    existing = _existing_artifact(store, spec)
+    if existing is not None and not dry_run:
+        return _already_built(spec, existing, key, registrar, say)
+    if existing is not None:
+        same = all(existing.metadata.get(name) == value for name, value in key.items())
+        say(
+            f"Note: {spec.dest} already holds "
+            + ("this build: a real run does nothing." if same else "another build: a real run refuses.")
+        )
+    size = f"{len(source_manifest.files)} files, {source_manifest.total_bytes} bytes"
+    say(f"[1/{STEP_COUNTS[spec.target]}] fetch: {spec.source} ({size})")
+    source_dir = store.fetch(spec.source)
+    info = check_checkpoint(source_dir)
+    plan = plan_build(
+        spec,
+        source_dir=source_dir,
+        info=info,
+        work_dir=work_dir,
+        source_weights_digest=weights_digest(source_dir),
+        versions=versions,
+        trtllm_examples=trtllm_examples,
+    )
+    if dry_run:
+        say(plan.describe())
+        say("Dry run: nothing was built, uploaded or registered.")
+        return BuildResult(plan, str(spec.dest), None, built=False, registered=False)
+    digest = _execute(plan, say)
+    metadata = {
+        **key,
+        "build_config": plan.build_config,
+        "weights_digest": digest,
+        "source_uri": str(spec.source),
+    }
+    _step(plan, "upload", say)
+    manifest = store.upload_dir(plan.artifact_dir, spec.dest, metadata)
+    say(f"       uploaded {len(manifest.files)} files, artifact digest {manifest.artifact_digest}")
+    registered = _register(spec, registrar, digest, _registry_config(plan.build_config, key), say, plan)
+    return BuildResult(plan, str(spec.dest), digest, built=True, registered=registered)
+
+
+def _build_key(spec: BuildSpec, source: Manifest, versions: dict[str, str]) -> dict[str, Any]:
+    """What makes two builds the same build (recorded in the artifact's manifest)."""
+    return {
+        "target": spec.target,
+        "source_digest": source.artifact_digest,
+        "requested": spec.build_config(),
+        "tool_versions": versions,
+    }
+
+
+def _registry_config(build_config: Mapping[str, Any], key: Mapping[str, Any]) -> dict[str, Any]:
+    """The version's build config in the registry: how it was built and from what."""
+    return {**build_config, "source_digest": key["source_digest"], "tool_versions": key["tool_versions"]}
+
+
+def _existing_artifact(store: WeightStore, spec: BuildSpec) -> Manifest | None:
+    try:
+        return store.read_manifest(spec.dest)
+    except ManifestNotFoundError:
+        return None
+
+
+def _already_built(
+    spec: BuildSpec, existing: Manifest, key: dict[str, Any], registrar: Registrar, say: Say
+) -> BuildResult:
+    found = {name: existing.metadata.get(name) for name in key}
+    if found != key:
+        differing = ", ".join(name for name in key if found[name] != key[name])
+        raise BuildConflict(
+            f"{spec.dest} already holds an artifact built from other inputs ({differing} differ): "
+            "a version's artifact is never replaced; build a new version"
+        )
+    digest = str(existing.metadata["weights_digest"])
+    say(f"Nothing to build: {spec.dest} already holds this build (same source, build config and tools).")
+    record = registrar.registered_version(spec.model, spec.version)
+    if record is not None:
+        if record.get("weights_digest") != digest:
+            raise BuildConflict(
+                f"{spec.model}@{spec.version} is registered with weights digest "
+                f"{record.get('weights_digest')}, the artifact at {spec.dest} has {digest}"
+            )
+        say(f"Nothing to register: {spec.model}@{spec.version} is in the registry ({record.get('state')}).")
+        return BuildResult(None, str(spec.dest), digest, built=False, registered=False)
+    registrar.add_version(
+        spec.model,
+        spec.version,
+        str(spec.dest),
+        digest,
+        _registry_config(existing.metadata["build_config"], key),
+    )
+    say(f"Registered {spec.model}@{spec.version} staged (the artifact was uploaded by an earlier run).")
+    return BuildResult(None, str(spec.dest), digest, built=False, registered=True)
+
+
+def _step(plan: BuildPlan, name: str, say: Say) -> Step:
+    number, step = next((i, s) for i, s in enumerate(plan.steps, 1) if s.name == name)
+    say(f"[{number}/{len(plan.steps)}] {step.name}: {step.summary}")
+    return step
+
+
+def _execute(plan: BuildPlan, say: Say) -> str:
+    """Run the plan's steps up to the upload; returns the weights digest the artifact carries."""
+    _step(plan, "check", say)
+    spec = plan.spec
+    if spec.target == "trtllm":
+        for name in (s.name for s in plan.steps if s.command):
+            step = _step(plan, name, say)
+            subprocess.run(step.command, check=True)
+        _step(plan, "stage", say)
+        _stage_tokenizer(plan.source_dir, plan.artifact_dir / TOKENIZER_SUBDIR)
+        digest = weights_digest(plan.artifact_dir / ENGINE_SUBDIR)
+        _step(plan, "render", say)
+        files = render_trtllm(
+            model_name=spec.model,
+            triton_version=spec.triton_version,
+            engine_dir=str(plan.artifact_dir / ENGINE_SUBDIR),
+            weights_digest_value=digest,
+            max_batch_size=spec.max_batch_size,
+        )
+        write_repository(plan.repository_dir, files, spec.model, spec.triton_version)
+        return digest
+    digest = plan.source_weights_digest
+    _step(plan, "render", say)
+    if spec.target == "cpu":
+        settings = CpuEngineModelSettings(
+            checkpoint_dir=plan.source_dir,
+            model_name=spec.model,
+            model_version=spec.triton_version,
+            weights_digest=digest,
+            dtype=plan.build_config["dtype"],
+        )
+        render_model_repository(plan.repository_dir, settings)
+    else:
+        write_repository(plan.repository_dir, plan.rendered, spec.model, spec.triton_version)
+    return digest
+
+
+def _stage_tokenizer(source_dir: Path, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (*TOKENIZER_FILES, "special_tokens_map.json", "tokenizer.model", "generation_config.json"):
+        if (source_dir / name).is_file():
+            shutil.copyfile(source_dir / name, out_dir / name)
+
+
+def _register(
+    spec: BuildSpec,
+    registrar: Registrar,
+    digest: str,
+    build_config: dict[str, Any],
+    say: Say,
+    plan: BuildPlan,
+) -> bool:
+    _step(plan, "register", say)
+    record = registrar.registered_version(spec.model, spec.version)
+    if record is not None:
+        if record.get("weights_digest") != digest:
+            raise BuildConflict(
+                f"{spec.model}@{spec.version} is already registered with weights digest "
+                f"{record.get('weights_digest')}, not {digest}: build a new version"
+            )
+        say(f"       {spec.model}@{spec.version} was already registered with this digest")
+        return False
+    registrar.add_version(spec.model, spec.version, str(spec.dest), digest, build_config)
+    say(f"       {spec.model}@{spec.version} staged, weights digest {digest}")
+    return True
