@@ -1,7 +1,8 @@
 """One local replica's process, with nothing of the registry: its folder under
-``<state_dir>/replicas/<replica_id>/`` (the rendered model repository), its tritonserver on free loopback
-ports, and what the actuator (``control_plane.service.local_replicas``) asks of it: its gRPC endpoint and
-metrics URL, how many requests it holds (its Triton metrics), and why a launch failed in one line.
+``<state_dir>/replicas/<replica_id>/`` (the model repository, rendered once its weights are local), its
+tritonserver on free loopback ports, and what the actuator (``control_plane.service.local_replicas``) asks
+of it: its gRPC endpoint and metrics URL, how many requests it holds (its Triton metrics), why a launch
+failed in one line, and its cold start's phases so far (``ColdStart``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from typing import TYPE_CHECKING
 
 import httpx
 
 from sluice.triton.launcher import TritonServer, TritonServerConfig
 from sluice.triton.metrics import replica_stats_from_metrics
 from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+
+if TYPE_CHECKING:
+    from control_plane.service.replica_weights import ColdStart
 
 # NOTE: a gateway sees a registry change within about a second; a request it dispatched just before it
 # saw the drain is on the replica by then. So a stop reads the replica's load only after this.
@@ -43,16 +47,6 @@ def triton_version(version: str) -> int:
     return int(version)
 
 
-def local_artifact_dir(artifact_uri: str) -> Path | None:
-    """The folder a ``file://`` URI or an absolute path names; None for a remote artifact."""
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "" and artifact_uri.startswith("/"):
-        return Path(artifact_uri)
-    return None
-
-
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Ports the kernel says are free now (held open together, so they are distinct)."""
     with ExitStack() as stack:
@@ -68,25 +62,30 @@ class LocalReplica:
 
     replica_id: str
     version: str
-    settings: CpuEngineModelSettings  # what its repository was rendered from (the registry's digest)
+    model: str
+    digest: str  # the registry's weights digest of the version: its repository's config carries it
     folder: Path
     server: TritonServer
+    cold_start: ColdStart
     launch: asyncio.Task[None] | None = None
 
     @classmethod
     def prepare(
         cls,
         root: Path,
-        settings: CpuEngineModelSettings,
+        model: str,
         version: str,
+        digest: str,
+        cold_start: ColdStart,
         triton_state_dir: Path,
         ready_timeout_s: float,
     ) -> LocalReplica:
-        """Render its repository under ``root/<new replica_id>/`` and pick its ports (blocking file I/O)."""
-        slug = re.sub(r"[^A-Za-z0-9._-]", "-", settings.model_name)[:64]
+        """Make its folder ``root/<new replica_id>/`` and pick its ports (blocking file I/O); its repository
+        is rendered by ``render`` once its weights are local."""
+        slug = re.sub(r"[^A-Za-z0-9._-]", "-", model)[:64]
         replica_id = f"{slug}-{version}-{secrets.token_hex(3)}"
         folder = root / replica_id
-        render_model_repository(folder / "model_repository", settings)
+        folder.mkdir(parents=True)
         http_port, grpc_port, metrics_port = free_ports(3)
         server = TritonServer(
             TritonServerConfig(
@@ -99,16 +98,11 @@ class LocalReplica:
                 ready_timeout_s=ready_timeout_s,
             )
         )
-        return cls(replica_id, version, settings, folder, server)
+        return cls(replica_id, version, model, digest, folder, server, cold_start)
 
-    @property
-    def model(self) -> str:
-        return self.settings.model_name
-
-    @property
-    def digest(self) -> str:
-        assert self.settings.weights_digest is not None  # the actuator renders with the registry's
-        return self.settings.weights_digest
+    def render(self, settings: CpuEngineModelSettings) -> None:
+        """Write its model repository from ``settings`` (the local weights, the registry's digest)."""
+        render_model_repository(self.folder / "model_repository", settings)
 
     @property
     def endpoint(self) -> str:

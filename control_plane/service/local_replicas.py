@@ -1,14 +1,20 @@
 """Local replicas: the actuator every test and ``make run`` use. It starts tritonserver processes serving a
 registered model version on this machine, registers them, drains and stops them.
 
-``start(model, version, count, checkpoint)``: the version must be a Triton version (a positive integer)
-whose checkpoint folder (``checkpoint``, else the version's artifact when it is ``file://``) digests to
-the registry's weights digest. Per replica it renders a model repository under
-``<state_dir>/replicas/<replica_id>/`` (config carrying the registry's digest, version folder = the
-version), picks free loopback ports, registers the replica ``starting`` at ``127.0.0.1:<grpc port>``
-(metrics at ``http://127.0.0.1:<metrics port>/metrics``, where gateways read its load) and returns; in the
-background it starts tritonserver, waits until it is ready, verifies it
-(``verify_replica``) and records it ``ready`` (or ``failed`` with the reason, its process stopped).
+``start(model, version, count, checkpoint)``: the version must be a Triton version (a positive integer).
+Its weights come from ``checkpoint`` (a local folder) or else from the version's artifact
+(``sluice.artifacts``): a local folder (``file://``, a path), checked before anything is registered; or an
+``s3://`` artifact of the weight store, whose manifest is read before anything is registered and which
+each replica pulls into the node's weight cache when it starts (nothing downloaded when the cache holds
+it). Per replica it picks free loopback ports, registers the replica ``starting`` at
+``127.0.0.1:<grpc port>`` (metrics at ``http://127.0.0.1:<metrics port>/metrics``, where gateways read its
+load) and returns; in the background it brings the replica up in four phases, each timed
+(``ColdStart``, logged, and given by ``cold_start(replica_id)`` to the admin API): download (the
+artifact into the cache), verify (the local folder's weights digest is the registry's), load (its
+model repository rendered under ``<state_dir>/replicas/<replica_id>/``, config carrying the registry's
+digest, tritonserver started until ready), first token (``verify_replica`` and one probe generation).
+Then it records the replica ``ready`` (or ``failed`` with the reason, its process stopped); while
+starting, its health detail names the phase it is in.
 
 ``drain``: the replica is set ``draining`` (gateways send it nothing new; requests in flight finish).
 ``stop``: drain, wait until the replica holds no request (its Triton metrics) or ``timeout_s``, stop the
@@ -27,25 +33,43 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from control_plane.service.health import CHECK_TIMEOUT_S, ReplicaStates, Verify
+from control_plane.service.health import CHECK_TIMEOUT_S, Probe, ReplicaStates, Verify
 from control_plane.service.local_replica import (
     InvalidReplicaRequest,
     LocalReplica,
     launch_failure,
-    local_artifact_dir,
     triton_version,
 )
-from sluice.registry.base import NotFound, RegistryError, Replica, ReplicaPool, ReplicaState, VersionState
+from control_plane.service.replica_weights import (
+    ColdStart,
+    PullFailed,
+    check_local_folder,
+    check_remote_artifact,
+    pull_weights,
+)
+from sluice.artifacts import StoreFactory, local_artifact_dir
+from sluice.registry.base import (
+    ModelVersion,
+    NotFound,
+    RegistryError,
+    Replica,
+    ReplicaPool,
+    ReplicaState,
+    VersionState,
+)
+from sluice.settings import get_settings
+from sluice.triton.probe import probe_replica
 from sluice.triton.render import CpuEngineModelSettings, DTypeSetting
 from sluice.triton.verify import Verification, verify_replica
-from sluice.weights_digest import weights_digest
+from sluice.weight_store import WeightStore
 
 log = logging.getLogger("sluice.control_plane.replicas")
 
@@ -56,12 +80,18 @@ DEFAULT_STOP_TIMEOUT_S = 30.0
 RECOVERY_RETRY_S = 2.0
 VERIFY_RETRY_S = 15.0
 VERIFY_RETRY_INTERVAL_S = 0.5
+# The first generation of a freshly loaded engine: longer than a health check's probe allows a warm one.
+FIRST_TOKEN_TIMEOUT_S = 15.0
 
 __all__ = ["InvalidReplicaRequest", "LocalReplicas", "ReplicaConflict", "StopReport"]
 
 
 class ReplicaConflict(Exception):
     """The replica's state or owner refuses the operation; the message says what to do (an HTTP 409)."""
+
+
+def _store_from_settings() -> WeightStore:
+    return WeightStore.from_settings(get_settings(), quiet=True)
 
 
 @dataclass(frozen=True)
@@ -82,6 +112,8 @@ class LocalReplicas:
         engine_dtype: DTypeSetting = "auto",
         ready_timeout_s: float = 60.0,
         verify: Verify = verify_replica,
+        probe: Probe = probe_replica,
+        weight_store: StoreFactory = _store_from_settings,
     ) -> None:
         self._states = states
         self._registry = states.registry
@@ -90,6 +122,10 @@ class LocalReplicas:
         self._engine_dtype = engine_dtype
         self._ready_timeout_s = ready_timeout_s
         self._verify = verify
+        self._probe = probe
+        self._make_store = weight_store
+        self._store: WeightStore | None = None  # made at the first s3:// artifact, then shared
+        self._store_lock = threading.Lock()  # it is made in a worker thread
         self._local: dict[str, LocalReplica] = {}
         self._stopping: dict[str, asyncio.Task[StopReport]] = {}  # a second stop joins the first
         # NOTE: tritonserver dies with the thread that forked it (PR_SET_PDEATHSIG): these threads live
@@ -103,6 +139,17 @@ class LocalReplicas:
 
     def is_local(self, replica_id: str) -> bool:
         return replica_id in self._local
+
+    def cold_start(self, replica_id: str) -> ColdStart | None:
+        """The phases of a replica's start so far (this service's replicas only; None otherwise)."""
+        local = self._local.get(replica_id)
+        return None if local is None else local.cold_start
+
+    def _weight_store(self) -> WeightStore:
+        with self._store_lock:
+            if self._store is None:
+                self._store = self._make_store()
+            return self._store
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -177,43 +224,45 @@ class LocalReplicas:
         found = await self._registry.get_version(model, version)
         if found.state == VersionState.RETIRED:
             raise InvalidReplicaRequest(f"{model} version {version} is retired: it is never served again")
-        folder = checkpoint or local_artifact_dir(found.artifact_uri)
-        if folder is None:
-            raise InvalidReplicaRequest(
-                f"{model} version {version}'s artifact {found.artifact_uri} is not a local folder: "
-                "pass the checkpoint folder it was made from"
-            )
+        source = str(checkpoint) if checkpoint is not None else found.artifact_uri
+        folder = checkpoint or local_artifact_dir(source)
         try:
+            # NOTE: an s3:// artifact's folder is known once fetched; the settings are checked now.
             settings = CpuEngineModelSettings(
-                checkpoint_dir=folder,
-                model_name=model,
-                model_version=number,
-                weights_digest=found.weights_digest,
-                dtype=self._engine_dtype,
-            )
-            digest = await self._run(weights_digest, folder)
-        except (ValueError, OSError) as exc:
-            raise InvalidReplicaRequest(
-                f"cannot serve {model} version {version} from {folder}: {exc}"
-            ) from None
-        if digest != found.weights_digest:
-            raise InvalidReplicaRequest(
-                f"the checkpoint at {folder} digests to {digest}, but {model} version {version} is "
-                f"{found.weights_digest}: a version's weights never change (register them as a new version)"
-            )
-        return [await self._launch(settings, version, actor, pool) for _ in range(count)]
+                checkpoint_dir=folder or Path(), model_name=model, model_version=number,
+                weights_digest=found.weights_digest, dtype=self._engine_dtype,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise InvalidReplicaRequest(f"cannot serve {model} version {version}: {exc}") from None
+        cold_start = ColdStart(source)
+        if folder is not None:
+            verify_s = await self._run(check_local_folder, found, folder)
+            cold_start = ColdStart(source, download_s=0.0, verify_s=verify_s)
+        else:
+            await self._run(check_remote_artifact, found, self._weight_store)
+        replicas = []
+        for _ in range(count):
+            local = await self._launch(settings, found, replace(cold_start), actor, pool)
+            replicas.append(local)
+        return replicas
 
     async def _launch(
-        self, settings: CpuEngineModelSettings, version: str, actor: str, pool: ReplicaPool
+        self,
+        settings: CpuEngineModelSettings,
+        found: ModelVersion,
+        cold_start: ColdStart,
+        actor: str,
+        pool: ReplicaPool,
     ) -> Replica:
         local = await self._run(
-            LocalReplica.prepare, self._root, settings, version, self._triton_state_dir, self._ready_timeout_s
-        )
-        replica_id, model, folder = local.replica_id, local.model, local.folder
+            LocalReplica.prepare, self._root, found.model, found.version, found.weights_digest, cold_start,
+            self._triton_state_dir, self._ready_timeout_s,
+        )  # fmt: skip
+        replica_id, model, version, folder = local.replica_id, local.model, local.version, local.folder
         try:
             replica = await self._states.register(
                 replica_id, endpoint=local.endpoint, model=model, version=version, actor=actor,
-                state=ReplicaState.STARTING, detail="starting tritonserver", metrics_url=local.metrics_url,
+                state=ReplicaState.STARTING, detail="starting", metrics_url=local.metrics_url,
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
@@ -227,38 +276,70 @@ class LocalReplicas:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
         self._local[replica_id] = local
-        local.launch = asyncio.create_task(self._bring_up(local, actor), name=f"launch-{replica_id}")
+        local.launch = asyncio.create_task(
+            self._bring_up(local, settings, found, actor), name=f"launch-{replica_id}"
+        )
         log.info("replica %s (%s version %s) starting at %s", replica_id, model, version, local.endpoint)
         return replica
 
-    async def _bring_up(self, local: LocalReplica, actor: str) -> None:
-        started_s = time.monotonic()
+    async def _bring_up(
+        self, local: LocalReplica, settings: CpuEngineModelSettings, found: ModelVersion, actor: str
+    ) -> None:
+        """The four phases (module docstring); the outcome recorded, the cold start logged."""
+        cold = local.cold_start
         try:
+            if cold.download_s is None:  # a remote artifact
+                detail = f"downloading {cold.artifact_uri} into the weight cache, then verifying it"
+                await self._phase(local, "download", detail, actor)
+                weights = await self._run(pull_weights, cold, found, self._weight_store)
+                settings = replace(settings, checkpoint_dir=weights)
+            await self._phase(local, "load", "loading: tritonserver starting", actor)
+            started_s = time.monotonic()
+            await self._run(local.render, settings)
             await self._run(local.server.start)
+            cold.load_s = time.monotonic() - started_s
+        except PullFailed as exc:
+            await self._fail(local, str(exc), actor)
+            return
         except Exception as exc:  # TritonLaunchError; or the launch killed by close()
-            if self._closing:
-                return
-            log.warning("replica %s failed to start: %s", local.replica_id, exc)
-            await self._record(local, ReplicaState.FAILED, launch_failure(exc), actor)
+            if not self._closing:
+                await self._fail(local, launch_failure(exc), actor)
             return
         if self._closing:
             return
-        result = await self._verify_launched(local)
-        if not result.ok:
+        await self._phase(local, "first token", "warming up: verifying, then a first token", actor)
+        started_s = time.monotonic()
+        problem = await self._first_token(local)
+        if problem:
             await self._run(local.server.stop)
-            detail = f"verification failed: {result.detail}; its tritonserver was stopped"
-            log.warning("replica %s %s", local.replica_id, detail)
-            await self._record(local, ReplicaState.FAILED, detail, actor)
+            await self._fail(local, f"{problem}; its tritonserver was stopped", actor)
             return
+        cold.first_token_s = time.monotonic() - started_s
+        cold.phase = "ready"
         await self._record(local, ReplicaState.READY, "", actor)
         log.info(
-            "replica %s ready and verified at %s (%s version %s) in %.1f s",
-            local.replica_id,
-            local.endpoint,
-            local.model,
-            local.version,
-            time.monotonic() - started_s,
-        )
+            "replica %s ready and verified at %s (%s version %s); cold start: %s",
+            local.replica_id, local.endpoint, local.model, local.version, cold.describe(),
+        )  # fmt: skip
+
+    async def _first_token(self, local: LocalReplica) -> str:
+        """Why the replica does not serve its version yet ("" when it does): verified, then probed."""
+        result = await self._verify_launched(local)
+        if not result.ok:
+            return f"verification failed: {result.detail}"
+        probed = await self._probe(local.endpoint, local.model, local.version, FIRST_TOKEN_TIMEOUT_S)
+        return "" if probed.ok else f"no first token: {probed.detail}"
+
+    async def _phase(self, local: LocalReplica, phase: str, detail: str, actor: str) -> None:
+        """Enter ``phase``: the replica's health detail says so while it is starting."""
+        local.cold_start.phase = phase
+        await self._record(local, ReplicaState.STARTING, detail, actor)
+
+    async def _fail(self, local: LocalReplica, detail: str, actor: str) -> None:
+        local.cold_start.phase = "failed"
+        log.warning("replica %s failed to start: %s (cold start: %s)", local.replica_id, detail,
+                    local.cold_start.describe())  # fmt: skip
+        await self._record(local, ReplicaState.FAILED, detail, actor)
 
     async def _verify_launched(self, local: LocalReplica) -> Verification:
         """Verify a replica Triton reports ready, retrying failures for ``VERIFY_RETRY_S``.

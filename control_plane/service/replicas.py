@@ -1,8 +1,9 @@
 """``/admin/v1/replicas``: the replicas serving the registry's versions, and the local actuator.
 
 - ``GET /replicas`` (viewer): every registered replica (``?model=`` for one model's), with its state,
-  last health report, metrics URL (where gateways read its load; "" unknown), and whether this control
-  plane started it (``local``).
+  last health report, metrics URL (where gateways read its load; "" unknown), whether this control
+  plane started it (``local``) and, for those, its cold start so far (``cold_start``: each phase's
+  seconds, the bytes downloaded into the weight cache).
 - ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?, pool?}``: start ``count``
   local tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
   ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ from sluice.registry.base import (
     ReplicaState,
 )
 from sluice.settings import Settings
+from sluice.weight_store import WeightStore
 
 
 async def open_replica_services(
@@ -73,7 +76,10 @@ async def open_replica_services(
     """The health checks (a background task) and the local actuator, closed by ``stack`` (the actuator's
     replicas stop with the service)."""
     states = ReplicaStates(registry)
-    local = LocalReplicas(states, settings.state_dir, engine_dtype=settings.engine_dtype)
+    local = LocalReplicas(
+        states, settings.state_dir, engine_dtype=settings.engine_dtype,
+        weight_store=partial(WeightStore.from_settings, settings, quiet=True),
+    )  # fmt: skip
     await local.open()
     stack.push_async_callback(local.close)
     health = HealthChecker(states, metrics.registry, interval_s=health_interval_s)
@@ -98,6 +104,9 @@ class ReplicaView(msgspec.Struct):
     registered_at: datetime
     updated_at: datetime
     local: bool  # started (and owned) by this control plane
+    # A local replica's start (control_plane.service.replica_weights.ColdStart): phase, download_s,
+    # num_downloaded_bytes, num_downloaded_files, verify_s, load_s, first_token_s, total_s; None otherwise.
+    cold_start: dict[str, Any] | None = None
 
 
 class ReplicaList(msgspec.Struct):
@@ -150,6 +159,7 @@ def replica_view(replica: Replica, services: ReplicaServices) -> ReplicaView:
         registered_at=replica.registered_at,
         updated_at=replica.updated_at,
         local=services.local.is_local(replica.replica_id),
+        cold_start=cold.as_dict() if (cold := services.local.cold_start(replica.replica_id)) else None,
     )
 
 
