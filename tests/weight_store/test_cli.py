@@ -1,0 +1,59 @@
+"""``python -m sluice.weight_store``: upload, manifest and fetch from the settings, against moto's S3
+server, as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from s3_server import MotoS3
+
+from sluice.weight_store.__main__ import main
+
+
+@pytest.fixture
+def operator_env(moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SLUICE_S3_ENDPOINT_URL", moto_s3.endpoint_url)
+    monkeypatch.setenv("SLUICE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("SLUICE_WEIGHT_STORE_PART_SIZE_BYTES", str(64 * 1024))
+    return tmp_path / "state" / "weight-cache"
+
+
+def test_upload_manifest_and_fetch_from_the_command_line(
+    operator_env: Path, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "model.bin").write_bytes(b"w" * 200_000)
+    (src / "tokenizer.json").write_text("{}")
+    uri = f"s3://{s3_bucket}/ckpt/1"
+
+    assert main(["--quiet", "upload", str(src), uri, "--metadata", '{"by": "cli"}']) == 0
+    digest = capsys.readouterr().out.strip()
+    assert digest.startswith("sha256:")
+
+    assert main(["manifest", uri]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["artifact_digest"] == digest and manifest["metadata"] == {"by": "cli"}
+
+    assert main(["--quiet", "fetch", uri, "--include", "tokenizer*"]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == operator_env / "artifacts" / digest.removeprefix("sha256:")
+    assert sorted(p.name for p in folder.iterdir()) == ["tokenizer.json"]
+
+
+def test_errors_exit_1_with_a_one_line_reason(
+    operator_env: Path, s3_bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, says in (
+        (["manifest", f"s3://{s3_bucket}/nothing/here"], "no manifest there"),
+        (["fetch", "s3://Bad/x"], "not a valid S3 bucket name"),
+        (["upload", "/no/such/folder", f"s3://{s3_bucket}/x"], "no folder at"),
+        (["upload", ".", f"s3://{s3_bucket}/x", "--metadata", "[1]"], "must be a JSON object"),
+        (["upload", ".", f"s3://{s3_bucket}/x", "--metadata", "{"], "is not JSON"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code in (1, 2)
+        assert says in capsys.readouterr().err
