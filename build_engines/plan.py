@@ -37,7 +37,7 @@ ENGINE_DIGEST_PENDING = "(the built engine's sha256, computed after trtllm-build
 FP8_CALIB_SIZE = 512  # ModelOpt's calibration samples (its examples' default)
 # How many steps each target's plan has (the progress lines number them; the fetch is logged before
 # the plan exists).
-STEP_COUNTS = {"cpu": 5, "trtllm-llmapi": 5, "trtllm": 9}
+STEP_COUNTS = {"cpu": 5, "trtllm-llmapi": 5, "trtllm": 8}
 # convert_checkpoint.py by config.json's model_type (the check admits the Llama family only).
 _FAMILY_SCRIPT = {"llama": "models/core/llama", "mistral": "models/core/llama"}
 
@@ -143,6 +143,7 @@ def plan_build(
             "render", f"render the CPU engine's model repository into {repo} (dtype {config['dtype']})"
         )
         steps = (fetch, check, render, upload, register)
+        assert len(steps) == STEP_COUNTS["cpu"]
         rendered = render_cpu(settings)
         return BuildPlan(spec, source_dir, work_dir, source_dir, config, versions, steps, digest, rendered)
     if spec.target == "trtllm-llmapi":
@@ -155,6 +156,7 @@ def plan_build(
         )
         render = Step("render", f"render the llmapi model (config.pbtxt, model.yaml) into {repo}")
         steps = (fetch, check, render, upload, register)
+        assert len(steps) == STEP_COUNTS["trtllm-llmapi"]
         return BuildPlan(spec, source_dir, work_dir, source_dir, config, versions, steps, digest, rendered)
     plan = _plan_trtllm(spec, config, source_dir, work_dir, info, versions, trtllm_examples, (fetch, check))
     return replace(plan, source_weights_digest=digest)
@@ -233,6 +235,7 @@ def _plan_trtllm(
     upload = Step("upload", f"upload the artifact to {spec.dest} with its manifest")
     register = Step("register", f"register {spec.model}@{spec.version} as staged with the engine's digest")
     all_steps = (*steps, convert, build, stage, render, upload, register)
+    assert len(all_steps) == STEP_COUNTS["trtllm"]
     return BuildPlan(spec, source_dir, work_dir, artifact, config, versions, all_steps, "", rendered)
 
 

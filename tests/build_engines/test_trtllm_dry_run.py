@@ -56,6 +56,19 @@ def test_trtllm_dry_run_prints_the_engine_build_commands_and_a_filled_config(
         *("--max-input-len", "1024", "--max-seq-len", "2048", "--work-dir", str(work), "--dry-run"),
     )
     assert code == 0 and err == "", (out, err)
+    assert out.startswith("[1/8] fetch: ")
+    steps = re.findall(r"^  (\d)\. (\w+):", out, flags=re.M)
+    assert [name for _, name in steps] == [
+        "fetch",
+        "check",
+        "convert",
+        "build",
+        "stage",
+        "render",
+        "upload",
+        "register",
+    ]
+    assert [int(n) for n, _ in steps] == list(range(1, 9))
     convert, build_cmd = commands(out)
     source_dir = convert[convert.index("--model_dir") + 1]
     assert convert == [
