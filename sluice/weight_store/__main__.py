@@ -21,6 +21,7 @@ from pathlib import Path
 from sluice.settings import SettingsError, load_settings
 from sluice.weight_store.errors import WeightStoreError
 from sluice.weight_store.store import WeightStore
+from sluice.weight_store.uri import parse_s3_uri
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,16 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
+        uri = parse_s3_uri(args.uri)  # bad input fails before any client is made
+        metadata = json.loads(args.metadata) if args.verb == "upload" else {}
+        if not isinstance(metadata, dict):
+            parser.error("--metadata must be a JSON object")
         store = WeightStore.from_settings(load_settings(), quiet=args.quiet)
         if args.verb == "upload":
-            metadata = json.loads(args.metadata)
-            if not isinstance(metadata, dict):
-                parser.error("--metadata must be a JSON object")
-            print(store.upload_dir(args.directory, args.uri, metadata).artifact_digest)
+            print(store.upload_dir(args.directory, uri, metadata).artifact_digest)
         elif args.verb == "fetch":
-            print(store.fetch_artifact(args.uri, include=_include(args.include)).path)
+            print(store.fetch_artifact(uri, include=_include(args.include)).path)
         else:
-            print(store.read_manifest(args.uri).to_json())
+            print(store.read_manifest(uri).to_json())
     except json.JSONDecodeError as exc:
         parser.exit(1, f"{parser.prog}: error: --metadata is not JSON: {exc}\n")
     except (WeightStoreError, SettingsError, FileNotFoundError) as exc:

@@ -1,10 +1,12 @@
 """Fetch an artifact into the cache: the files the cache lacks, each split into ranged GETs run in
 parallel (parts of several files at once), written in place into a partial file whose finished parts are
-recorded, so an interrupted fetch resumes where it stopped; then each file is checked against its sha256
-and only then published into the cache. See ``WeightStore.fetch_artifact`` and ``cache.py``."""
+recorded, so an interrupted fetch resumes where it stopped. Each file is hashed while it arrives (the
+parts in order, read back from the page cache as soon as they are contiguous), checked against its
+sha256, and only then published into the cache. See ``WeightStore.fetch_artifact`` and ``cache.py``."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -16,7 +18,7 @@ from typing import Any
 
 from sluice.weight_store.cache import ObjectCache, PartsRecord
 from sluice.weight_store.errors import IntegrityError, WeightStoreError
-from sluice.weight_store.manifest import Manifest, ManifestEntry, file_sha256
+from sluice.weight_store.manifest import Manifest, ManifestEntry
 from sluice.weight_store.progress import Progress
 from sluice.weight_store.s3 import store_errors
 from sluice.weight_store.uri import S3Uri
@@ -36,6 +38,55 @@ class FileOutcome:
 
 class _Stopped(Exception):
     """Another part or file failed: parts not yet started are skipped (their record stays for a resume)."""
+
+
+class _InOrderHash:
+    """The sha256 of a file whose parts finish in any order: each finished part is hashed as soon as every
+    part before it is, by whichever thread finds it next in line (the others do not wait for it)."""
+
+    def __init__(self, fd: int, sizes: list[int], finished: set[int]) -> None:
+        self._fd = fd
+        self._sizes = sizes
+        self._finished = set(finished)
+        self._finished_lock = threading.Lock()
+        self._hashing = threading.Lock()
+        self._sha = hashlib.sha256()
+        self._next = 0
+        self._offset = 0
+
+    def finished(self, index: int) -> None:
+        with self._finished_lock:
+            self._finished.add(index)
+        self._advance(blocking=False)
+
+    def hexdigest(self) -> str:
+        """Once every part has finished: hash what is left in line and return the digest."""
+        self._advance(blocking=True)
+        assert self._next == len(self._sizes), "hexdigest() before every part finished"
+        return self._sha.hexdigest()
+
+    def _advance(self, *, blocking: bool) -> None:
+        # NOTE: re-check after releasing: a part that finished while we held the lock found it taken.
+        while self._ready() and self._hashing.acquire(blocking=blocking):
+            try:
+                while self._ready():
+                    self._hash_part()
+            finally:
+                self._hashing.release()
+
+    def _ready(self) -> bool:
+        with self._finished_lock:
+            return self._next in self._finished
+
+    def _hash_part(self) -> None:
+        end = self._offset + self._sizes[self._next]
+        while self._offset < end:
+            chunk = os.pread(self._fd, min(_READ_CHUNK_BYTES, end - self._offset), self._offset)
+            if not chunk:
+                raise OSError(f"partial file shorter than {end} bytes")
+            self._sha.update(chunk)
+            self._offset += len(chunk)
+        self._next += 1
 
 
 @dataclass
@@ -68,33 +119,44 @@ class _Fetch:
                 partial.parent.mkdir(parents=True, exist_ok=True)
                 with partial.open("wb") as f:
                     f.truncate(entry.size_bytes)
-            num_parts = -(-entry.size_bytes // self.part_size_bytes)
-            todo = [i for i in range(num_parts) if i not in done]
-            self.progress.add(entry.size_bytes - sum(self._part_len(entry, i) for i in todo))
+            sizes = self._part_sizes(entry)
+            todo = [i for i in range(len(sizes)) if i not in done]
+            self.progress.skip(entry.size_bytes - sum(sizes[i] for i in todo))
             fd = os.open(partial, os.O_RDWR)
             try:
-                futures = [self.part_pool.submit(self.part, fd, entry, key, i, record) for i in todo]
+                sha = _InOrderHash(fd, sizes, done)
+                futures = [self.part_pool.submit(self.part, fd, entry, key, i, record, sha) for i in todo]
                 _wait_all(futures, self.stop)
                 os.fsync(fd)
+                actual = sha.hexdigest()
+                if actual != entry.sha256:
+                    raise IntegrityError(
+                        f"s3://{self.uri.bucket}/{key}: sha256 {actual} does not match its manifest "
+                        f"({entry.sha256}); the download was discarded and nothing of it is cached",
+                        key=key,
+                    )
             except IntegrityError:
                 partial.unlink(missing_ok=True)
                 record.discard()
                 raise
             finally:
                 os.close(fd)
-            self._verify_and_publish(entry, key, partial, record)
-            return FileOutcome(sum(self._part_len(entry, i) for i in todo), resumed=bool(done))
+            self.cache.publish(partial, entry.sha256)
+            record.discard()
+            return FileOutcome(sum(sizes[i] for i in todo), resumed=bool(done))
 
-    def part(self, fd: int, entry: ManifestEntry, key: str, index: int, record: PartsRecord) -> None:
+    def part(
+        self, fd: int, entry: ManifestEntry, key: str, index: int, record: PartsRecord, sha: _InOrderHash
+    ) -> None:
         """One ranged GET written at its offset, then recorded as finished."""
         if self.stop.is_set():
             raise _Stopped
         start = index * self.part_size_bytes
-        length = self._part_len(entry, index)
-        where = f"GET s3://{self.uri.bucket}/{key} bytes {start}-{start + length - 1}"
+        end = start + self._part_sizes(entry)[index]  # exclusive
+        where = f"GET s3://{self.uri.bucket}/{key} bytes {start}-{end - 1}"
         with store_errors(where):
             response = self.client.get_object(
-                Bucket=self.uri.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
+                Bucket=self.uri.bucket, Key=key, Range=f"bytes={start}-{end - 1}"
             )
             total = _CONTENT_RANGE_TOTAL.search(str(response.get("ContentRange", "")))
             if total is not None and int(total.group(1)) != entry.size_bytes:
@@ -105,38 +167,22 @@ class _Fetch:
                 )
             offset = start
             body = response["Body"]
-            while chunk := body.read(min(_READ_CHUNK_BYTES, start + length - offset)):
+            while offset < end and (chunk := body.read(min(_READ_CHUNK_BYTES, end - offset))):
                 os.pwrite(fd, chunk, offset)
                 offset += len(chunk)
-                if offset >= start + length:
-                    break
-        if offset != start + length:
+        if offset != end:
             raise IntegrityError(
-                f"{where}: got {offset - start} bytes, expected {length}: the object is shorter than its "
-                "manifest says; download discarded",
+                f"{where}: got {offset - start} bytes: the object is shorter than its manifest says; "
+                "download discarded",
                 key=key,
             )
         record.mark_done(index)
-        self.progress.add(length)
+        self.progress.add(end - start)
+        sha.finished(index)
 
-    def _verify_and_publish(
-        self, entry: ManifestEntry, key: str, partial: Any, record: PartsRecord
-    ) -> None:
-        actual = file_sha256(partial)
-        if actual != entry.sha256:
-            partial.unlink(missing_ok=True)
-            record.discard()
-            raise IntegrityError(
-                f"s3://{self.uri.bucket}/{key}: sha256 {actual} does not match its manifest "
-                f"({entry.sha256}); the download was discarded and nothing of it is cached",
-                key=key,
-            )
-        self.cache.publish(partial, entry.sha256)
-        record.discard()
-
-    def _part_len(self, entry: ManifestEntry, index: int) -> int:
-        start = index * self.part_size_bytes
-        return min(self.part_size_bytes, entry.size_bytes - start)
+    def _part_sizes(self, entry: ManifestEntry) -> list[int]:
+        starts = range(0, entry.size_bytes, self.part_size_bytes)
+        return [min(self.part_size_bytes, entry.size_bytes - start) for start in starts]
 
 
 def fetch_files(
@@ -161,14 +207,14 @@ def fetch_files(
     if missing:
         progress = Progress(f"fetch {uri}", sum(e.size_bytes for e in missing), quiet=quiet)
         stop = threading.Event()
-        num_file_workers = min(_MAX_FILES_AT_ONCE, len(missing))
         with (
             ThreadPoolExecutor(max_concurrency, thread_name_prefix="weight-part") as part_pool,
-            ThreadPoolExecutor(num_file_workers, thread_name_prefix="weight-file") as file_pool,
+            ThreadPoolExecutor(
+                min(_MAX_FILES_AT_ONCE, len(missing)), thread_name_prefix="weight-file"
+            ) as files,
         ):
             job = _Fetch(client, uri, cache, part_size_bytes, part_pool, progress, stop)
-            futures = [file_pool.submit(job.file, e) for e in missing]
-            outcomes = _wait_all(futures, stop)
+            outcomes = _wait_all([files.submit(job.file, e) for e in missing], stop)
         progress.close()
     view = cache.view_dir(manifest.artifact_digest)
     for entry in wanted:

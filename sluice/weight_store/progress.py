@@ -26,6 +26,7 @@ class Progress:
         self._lock = threading.Lock()
         self._started_s = time.monotonic()
         self._drawn_s = 0.0
+        self._skipped_bytes = 0
 
     def add(self, num_bytes: int) -> None:
         with self._lock:
@@ -35,6 +36,12 @@ class Progress:
                 self._drawn_s = now_s
                 self._draw(now_s, end="")
 
+    def skip(self, num_bytes: int) -> None:
+        """Bytes already there (a resumed download): counted as done, not in the rate."""
+        with self._lock:
+            self.done_bytes += num_bytes
+            self._skipped_bytes += num_bytes
+
     def close(self) -> None:
         with self._lock:
             if self.enabled:
@@ -43,7 +50,7 @@ class Progress:
     def line(self, now_s: float) -> str:
         """The text shown, e.g. ``fetch s3://b/p  120.0/512.0 MiB  85.3 MiB/s  ETA 5s``."""
         elapsed_s = max(now_s - self._started_s, 1e-6)
-        rate_bytes_s = self.done_bytes / elapsed_s
+        rate_bytes_s = (self.done_bytes - self._skipped_bytes) / elapsed_s
         left_bytes = max(self.total_bytes - self.done_bytes, 0)
         eta = f"ETA {left_bytes / rate_bytes_s:.0f}s" if rate_bytes_s > 0 and left_bytes else "done"
         return (

@@ -3,8 +3,11 @@ the progress line."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +137,21 @@ def test_progress_draws_on_a_terminal_only_and_not_when_quiet() -> None:
         silent.add(10)
         silent.close()
         assert stream.getvalue() == ""
+
+
+def test_a_file_hashed_part_by_part_in_any_order_gets_its_sha256(tmp_path: Path) -> None:
+    from sluice.weight_store.fetch import _InOrderHash
+
+    data = bytes(range(256)) * 41  # 10,496 bytes: ten parts of 1,000 and one of 496
+    path = tmp_path / "f.part"
+    path.write_bytes(data)
+    sizes = [1000] * 10 + [496]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        sha = _InOrderHash(fd, sizes, finished={0, 1})  # as after a resume: two parts already there
+        for index in (7, 3, 2, 10, 4, 6, 5, 9, 8):
+            sha.finished(index)
+        assert sha.hexdigest() == hashlib.sha256(data).hexdigest()
+        assert _InOrderHash(fd, [], set()).hexdigest() == hashlib.sha256(b"").hexdigest()
+    finally:
+        os.close(fd)
