@@ -6,8 +6,12 @@ pool in ``sluice_gateway_pool_fallbacks_total``, logging when a version starts a
 
 Two ways to know the replicas, chosen by ``SLUICE_ROUTING`` and logged at start:
 - ``registry``: the routing table follows the registry (``gateway.routing.follower``); each version's
-  tokenizer is read from its artifact (a local folder: ``file://`` or a path; a version whose artifact
-  this gateway cannot read is not routed, and says why in /readyz).
+  tokenizer is read from its artifact through ``sluice.artifacts`` in a worker thread: a local folder
+  (``file://`` or a path) as it is, an ``s3://`` one by fetching only its tokenizer files from the weight
+  store into this node's cache (``read_tokenizer``). A version whose tokenizer this gateway cannot read
+  (yet) is not routed, and says why in /readyz; the next registry read retries it. A table change waits
+  at most ``TOKENIZER_WAIT_S`` for the tokenizers it is the first to ask for; a slower fetch goes on in
+  the background and its version is routed once it lands.
 - ``static``: one model, one version, one replica given at start (``SLUICE_TRITON_GRPC_URL`` or the
   in-process engine), the settings' tokenizer: a single replica without a control plane.
 """
@@ -17,22 +21,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from urllib.parse import urlparse
 
 from gateway.errors import OpenAIError, model_not_found
 from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
 from gateway.routing.table import ModelRoutes, RoutingTable, VersionTarget, choose_pool
 from gateway.scheduling.scheduler import ModelScheduler
+from sluice.artifacts import StoreFactory, artifact_folder, is_tokenizer_file
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
 from sluice.registry.base import ReplicaPool
 from sluice.text import TextCodec
+from sluice.weight_store import WeightStore
 
 log = logging.getLogger(__name__)
+
+# How long a routing table change waits for the tokenizers it is the first to ask for (then they go on
+# being fetched in the background, and the table is applied without their versions meanwhile).
+TOKENIZER_WAIT_S = 5.0
+CodecKey = tuple[str, str]  # (artifact_uri, weights_digest)
 
 
 @dataclass(frozen=True)
@@ -58,14 +68,16 @@ def model_unavailable(model: str) -> OpenAIError:
     )
 
 
-def local_artifact_dir(artifact_uri: str) -> Path | None:
-    """The folder a ``file://`` URI or a plain absolute path names; None for a remote artifact."""
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if parsed.scheme == "" and artifact_uri.startswith("/"):
-        return Path(artifact_uri)
-    return None
+def read_tokenizer(artifact_uri: str, weights_digest: str, store: StoreFactory) -> TextCodec:
+    """A version's tokenizer (blocking: call it in a worker thread): from a local folder as it is, from
+    the weight store only the tokenizer's files. An artifact whose manifest records other weights than
+    the version's is refused (ValueError). Raises ``ArtifactUnavailable``, OSError, ValueError."""
+    artifact = artifact_folder(artifact_uri, store, include=is_tokenizer_file)
+    if artifact.fetched is not None:
+        recorded = artifact.fetched.manifest.metadata.get("weights_digest")
+        if recorded is not None and recorded != weights_digest:
+            raise ValueError(f"{artifact_uri} records weights {recorded}, not the version's {weights_digest}")
+    return TextCodec.from_checkpoint(artifact.folder)
 
 
 class Router:
@@ -73,8 +85,11 @@ class Router:
         self.pools = pools
         self._metrics = metrics
         self.table = RoutingTable(-1)
-        self._codecs: dict[tuple[str, str], TextCodec] = {}  # (artifact_uri, digest) -> its tokenizer
+        self._codecs: dict[CodecKey, TextCodec] = {}
+        self._reading: dict[CodecKey, asyncio.Task[TextCodec]] = {}  # tokenizers being read
         self._unreadable: dict[tuple[str, str], str] = {}  # (model, version) -> why it is not routed
+        self._store: WeightStore | None = None  # made at the first s3:// artifact (in a worker thread)
+        self._store_lock = threading.Lock()
         self._static_codec: TextCodec | None = None
         self._falling_back: set[tuple[str, str, ReplicaPool]] = set()  # (model, version, wanted pool)
 
@@ -145,33 +160,69 @@ class Router:
     def report(self) -> dict[str, object]:
         return {
             **self.pools.report(),
-            "models": {
-                m: {"split_pct": dict(r.split_pct)} for m, r in sorted(self.table.models.items())
-            },
-            **({"unroutable_versions": {f"{m} {v}": why for (m, v), why in self._unreadable.items()}}
-               if self._unreadable else {}),
-        }  # fmt: skip
+            "models": {m: {"split_pct": dict(r.split_pct)} for m, r in sorted(self.table.models.items())},
+            **({"unroutable_versions": unroutable} if (unroutable := self._unroutable()) else {}),
+        }
+
+    def _unroutable(self) -> dict[str, str]:
+        """Why each version without a tokenizer is not routed (one fetched since the last read is)."""
+        return {
+            f"{m} {v}": why
+            for (m, v), why in self._unreadable.items()
+            if m not in self.table.models or v not in self.table.models[m].versions or not self._codec(m, v)
+        }
 
     def _codec(self, model: str, version: str) -> TextCodec | None:
         target = self.table.models[model].versions[version]
         return self._codecs.get((target.artifact_uri, target.weights_digest))
 
     async def _load_codecs(self, table: RoutingTable) -> None:
-        """Read the tokenizer of every routed version this gateway has not read yet."""
-        self._unreadable.clear()
+        """Read the tokenizer of every routed version this gateway has not read yet (module docstring)."""
+        wanted: dict[CodecKey, list[VersionTarget]] = {}
         for routes in table.models.values():
             for version in routes.versions.values():
                 key = (version.artifact_uri, version.weights_digest)
-                if key in self._codecs:
-                    continue
-                folder = local_artifact_dir(version.artifact_uri)
-                if folder is None:
-                    why = f"artifact {version.artifact_uri} is not a local folder this gateway can read"
-                else:
-                    try:
-                        self._codecs[key] = await asyncio.to_thread(TextCodec.from_checkpoint, folder)
-                        continue
-                    except (OSError, ValueError) as exc:
-                        why = f"tokenizer at {folder} unreadable: {exc}"
-                self._unreadable[(version.model, version.version)] = why
-                log.error("%s version %s is not routed: %s", version.model, version.version, why)
+                if key not in self._codecs:
+                    wanted.setdefault(key, []).append(version)
+        for gone in [k for k, task in self._reading.items() if k not in wanted and task.done()]:
+            del self._reading[gone]  # its version left the table before its read was looked at
+        started = [self._start_reading(key) for key in wanted if key not in self._reading]
+        if started:
+            await asyncio.wait(started, timeout=TOKENIZER_WAIT_S)
+        unreadable: dict[tuple[str, str], str] = {}
+        for key, targets in wanted.items():
+            why = self._why_unread(key)
+            for target in targets if why else ():
+                unreadable[(target.model, target.version)] = why
+                if self._unreadable.get((target.model, target.version)) != why:  # once per reason
+                    log.error("%s version %s is not routed: %s", target.model, target.version, why)
+        self._unreadable = unreadable
+
+    def _start_reading(self, key: CodecKey) -> asyncio.Task[TextCodec]:
+        async def read() -> TextCodec:
+            codec = await asyncio.to_thread(read_tokenizer, key[0], key[1], self._weight_store)
+            self._codecs[key] = codec  # routed from now on, without waiting for the next table
+            return codec
+
+        task = asyncio.create_task(read(), name=f"tokenizer {key[0]}")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # read by _why_unread, maybe not
+        self._reading[key] = task
+        return task
+
+    def _why_unread(self, key: CodecKey) -> str:
+        """Why ``key``'s tokenizer is not read yet ("" once it is); a failed read is retried next time."""
+        if key in self._codecs:
+            self._reading.pop(key, None)
+            return ""
+        task = self._reading[key]
+        if not task.done():
+            return f"its tokenizer is still being fetched from {key[0]}"
+        del self._reading[key]
+        exc = task.exception()
+        return f"tokenizer of {key[0]} unreadable: {exc}"
+
+    def _weight_store(self) -> WeightStore:
+        with self._store_lock:
+            if self._store is None:
+                self._store = WeightStore.from_settings(self.pools.settings, quiet=True)
+            return self._store
