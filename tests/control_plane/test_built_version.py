@@ -1,0 +1,194 @@
+"""A built version served end to end, from S3 to the openai client: the dev checkpoint uploaded to moto's
+S3 server (tests/s3_server.py: moto, an S3 implementation on 127.0.0.1, not AWS) as a build's source,
+``sluice build-engine --target cpu`` uploading the artifact and staging the version in the control plane
+(a real process), ``sluice replicas start MODEL VERSION`` pulling the artifact into the node's weight
+cache and starting a real tritonserver from it (its cold start printed by phase), the version routed,
+and a gateway routing by the registry, which reads the version's tokenizer from S3 (only the tokenizer's
+files, into its own cache), serving it through the official openai client. A second replica on the same
+node downloads nothing: the cache has every file (the weight store's own count, as the start reports it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from ports import free_port
+from s3_server import MotoS3, moto_s3  # noqa: F401  (a fixture, found by name)
+
+from control_plane.cli.main import main
+from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.registry.sqlite import SqliteRegistry
+from sluice.settings import get_settings
+from sluice.weight_store import WeightStore
+
+# NOTE: the gateway harness lives beside the gateway's tests; pytest puts that folder on sys.path only
+# when it collects them, so a run of this folder alone adds it here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+from harness import MODEL, start_gateway, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+NUM_CHECKPOINT_FILES = 5  # the dev checkpoint: config, generation config, weights, tokenizer, its config
+
+
+@dataclass(frozen=True)
+class Node:
+    """The control plane's machine: its admin URL, state folder (its weight cache under it) and log."""
+
+    url: str
+    state_dir: Path
+    log_path: Path
+
+
+@pytest.fixture
+def node(
+    clean_env: Path,
+    moto_s3: MotoS3,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Node]:
+    """The control plane as a process over a registry holding the model (no version yet), its weight
+    store on moto; the CLI in this process reaches both (the build caches what it fetches elsewhere)."""
+    clean_env.mkdir(parents=True)
+
+    async def seed() -> None:
+        registry = SqliteRegistry(clean_env / "sluice.db")
+        await registry.open()
+        try:
+            await registry.create_model(MODEL, actor="test")
+        finally:
+            await registry.close()
+
+    asyncio.run(seed())
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SLUICE_")}
+    env.update(moto_s3.env())
+    env.update(
+        SLUICE_STATE_DIR=str(clean_env), SLUICE_CONTROL_PLANE_PORT=str(port), SLUICE_DEV_TENANTS="true"
+    )
+    log_path = tmp_path / "control_plane.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "control_plane.service"],
+            cwd=REPO,
+            env=env,
+            stdout=log_file,
+            stderr=log_file,
+        )
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("SLUICE_S3_ENDPOINT_URL", moto_s3.endpoint_url)  # the CLI's build, in this process
+    monkeypatch.setenv("SLUICE_WEIGHT_CACHE_DIR", str(tmp_path / "build-cache"))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield Node(url, clean_env, log_path)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def sluice(capsys: pytest.CaptureFixture[str], node: Node, *argv: str) -> str:
+    """Run ``sluice *argv`` against the node's control plane; its output (it must succeed)."""
+    get_settings.cache_clear()
+    code = main([*argv, "--admin-url", node.url, "--token", DEV_ADMIN_TOKEN])
+    out, err = capsys.readouterr()
+    assert code == 0, (argv, out, err, node.log_path.read_text()[-3000:])
+    return out
+
+
+def start_replica(capsys: pytest.CaptureFixture[str], node: Node) -> dict[str, object]:
+    """``sluice replicas start MODEL 1``: the started replica's row, once ready (with its cold start)."""
+    (replica,) = json.loads(sluice(capsys, node, "replicas", "start", MODEL, "1", "--json"))["replicas"]
+    assert replica["state"] == "ready" and replica["local"] is True, replica
+    cold = replica["cold_start"]
+    assert isinstance(cold, dict) and cold["phase"] == "ready", replica
+    assert all(cold[phase] > 0 for phase in ("download_s", "verify_s", "load_s", "first_token_s")), cold
+    return replica
+
+
+def test_a_built_version_is_pulled_started_routed_and_served(
+    capsys: pytest.CaptureFixture[str],
+    node: Node,
+    moto_s3: MotoS3,  # noqa: F811
+    dev_checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    bucket = moto_s3.create_bucket()
+    source = f"s3://{bucket}/checkpoints/{MODEL}"
+    WeightStore(moto_s3.client(), tmp_path / "uploader-cache", quiet=True).upload_dir(dev_checkpoint, source)
+    out = sluice(capsys, node, "build-engine", "--source", source, "--model", MODEL, "--version", "1",
+                 "--target", "cpu")  # fmt: skip
+    artifact = f"s3://{bucket}/engines/{MODEL}/1"
+    assert f"Built {MODEL}@1 (cpu): {artifact}" in out
+    (version,) = json.loads(sluice(capsys, node, "versions", "list", MODEL, "--json"))["versions"]
+    assert (version["state"], version["artifact_uri"]) == ("staged", artifact)
+
+    # The first replica of the version on this node: every file downloaded into the node's cache.
+    first = start_replica(capsys, node)
+    cold = first["cold_start"]
+    assert isinstance(cold, dict) and cold["artifact_uri"] == artifact
+    assert cold["num_downloaded_files"] == NUM_CHECKPOINT_FILES
+    assert cold["num_downloaded_bytes"] == sum(f.stat().st_size for f in dev_checkpoint.iterdir())
+    cache = node.state_dir / "weight-cache"
+    assert sum(1 for p in cache.rglob("model.safetensors")) >= 1
+    log = node.log_path.read_text()
+    assert re.search(rf"replica {first['replica_id']} ready .*cold start: download [0-9.]+ s \(", log), log
+
+    sluice(capsys, node, "versions", "set-state", MODEL, "1", "warming")
+    sluice(capsys, node, "versions", "set-state", MODEL, "1", "serving")
+    sluice(capsys, node, "routes", "set", MODEL, "1=100")
+
+    # A gateway on another node (its own weight cache): it fetches the tokenizer's files, not the weights.
+    gateway_cache = tmp_path / "gateway-cache"
+    gateway = start_gateway(
+        node.state_dir, dev_checkpoint, engine_client="triton", routing="registry",
+        registry_poll_interval_s=0.5, s3_endpoint_url=moto_s3.endpoint_url, weight_cache_dir=gateway_cache,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: gateway.gw.router.pools.num_in_rotation == 1, 20.0, "the replica in rotation")
+        stream = gateway.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chunks = list(stream)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[0].system_fingerprint == f"{MODEL}:1"
+        ready = httpx.get(f"{gateway.base_url}/readyz").json()
+        assert "unroutable_versions" not in json.dumps(ready), ready
+        (view,) = [p.parent for p in gateway_cache.rglob("tokenizer.json")]
+        assert not (view / "model.safetensors").exists()
+        cached_bytes = sum(p.stat().st_size for p in gateway_cache.rglob("*") if p.is_file())
+        assert cached_bytes < 1_000_000  # the tokenizer's files (links counted twice), not 28 MB of weights
+    finally:
+        gateway.stop()
+
+    # A second replica on the same node: the cache holds every file, nothing is downloaded.
+    out = sluice(capsys, node, "replicas", "start", MODEL, "1")
+    second = re.search(r"Cold start of (\S+): download [0-9.]+ s \(0\.0 MB in 0 files\), verify", out)
+    assert second is not None, out
+    (listed,) = [
+        r
+        for r in json.loads(sluice(capsys, node, "replicas", "list", "--json"))["replicas"]
+        if r["replica_id"] == second.group(1)
+    ]
+    assert listed["cold_start"]["num_downloaded_bytes"] == 0 and listed["state"] == "ready"
+    # docs/operations.md, "Cold start": the figures (``pytest -s`` prints them).
+    print("\n".join(line for line in node.log_path.read_text().splitlines() if "cold start:" in line))
