@@ -168,16 +168,19 @@ def render_for_replica(
     out_dir: Path,
     model_name: str,
     version: str,
-    build_config: Mapping[str, Any],
+    build_config: Mapping[str, Any] | None = None,
     *,
     expected_digest: str | None = None,
     llmapi_model_py: Path | None = None,
 ) -> Path:
-    """Render the repository a replica serves from its cached artifact (``build_config``: the registry
-    version's, whose ``target`` picks the model). ``expected_digest``: the registry's weights digest,
-    checked against the artifact's before anything is written. ``llmapi_model_py``: TensorRT-LLM's
-    ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`` (the trtllm-llmapi target needs it;
-    it ships with TensorRT-LLM, not with Sluice). Returns the model's folder."""
+    """Render the repository a replica serves from its cached artifact and return the model's folder.
+
+    ``build_config``: the registry version's, whose ``target`` picks the model (None: a cpu artifact,
+    dtype "auto"). ``expected_digest``: the registry's weights digest, checked against the artifact's
+    before anything is written. ``llmapi_model_py``: TensorRT-LLM's
+    ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`` (the trtllm-llmapi target needs it; it
+    ships with TensorRT-LLM, not with Sluice)."""
+    build_config = build_config or {"target": "cpu"}
     target = build_config.get("target", "cpu")
     triton_version = int(version)
     weights_dir = artifact_dir / ENGINE_SUBDIR if target == "trtllm" else artifact_dir
