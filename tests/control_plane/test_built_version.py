@@ -4,7 +4,8 @@ S3 server (tests/s3_server.py: moto, an S3 implementation on 127.0.0.1, not AWS)
 (a real process), ``sluice replicas start MODEL VERSION`` pulling the artifact into the node's weight
 cache and starting a real tritonserver from it (its cold start printed by phase), the version routed,
 and a gateway routing by the registry, which reads the version's tokenizer from S3 (only the tokenizer's
-files, into its own cache), serving it through the official openai client. A second replica on the same
+files, into its own cache), serving it through the official openai client; a version whose artifact was
+never uploaded is not routed, and the gateway's /readyz says why. A second replica on the same
 node downloads nothing: the cache has every file (the weight store's own count, as the start reports it).
 """
 
@@ -153,7 +154,11 @@ def test_a_built_version_is_pulled_started_routed_and_served(
 
     sluice(capsys, node, "versions", "set-state", MODEL, "1", "warming")
     sluice(capsys, node, "versions", "set-state", MODEL, "1", "serving")
-    sluice(capsys, node, "routes", "set", MODEL, "1=100")
+    # Version 2 names an artifact that was never uploaded: in the route at 0%, never routed.
+    missing = f"s3://{bucket}/engines/{MODEL}/2"
+    sluice(capsys, node, "versions", "add", MODEL, "2", "--artifact-uri", missing,
+           "--weights-digest", version["weights_digest"])  # fmt: skip
+    sluice(capsys, node, "routes", "set", MODEL, "1=100", "2=0")
 
     # A gateway on another node (its own weight cache): it fetches the tokenizer's files, not the weights.
     gateway_cache = tmp_path / "gateway-cache"
@@ -172,7 +177,8 @@ def test_a_built_version_is_pulled_started_routed_and_served(
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[0].system_fingerprint == f"{MODEL}:1"
         ready = httpx.get(f"{gateway.base_url}/readyz").json()
-        assert "unroutable_versions" not in json.dumps(ready), ready
+        assert ready["status"] == "ready" and list(ready["unroutable_versions"]) == [f"{MODEL} 2"], ready
+        assert f"tokenizer of {missing} unreadable" in ready["unroutable_versions"][f"{MODEL} 2"], ready
         (view,) = [p.parent for p in gateway_cache.rglob("tokenizer.json")]
         assert not (view / "model.safetensors").exists()
         cached_bytes = sum(p.stat().st_size for p in gateway_cache.rglob("*") if p.is_file())
