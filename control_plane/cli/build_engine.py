@@ -151,7 +151,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", required=True, help="the registry's model (create it first)")
     parser.add_argument("--version", required=True, help="the version to register: a positive integer")
-    parser.add_argument("--target", required=True, choices=TARGETS)
+    parser.add_argument(
+        "--target",
+        required=True,
+        choices=TARGETS,
+        help="cpu: the CPU engine; trtllm: a TensorRT-LLM 1.2 engine; trtllm-llmapi: its PyTorch backend",
+    )
     parser.add_argument(
         "--dest",
         default=None,

@@ -42,7 +42,7 @@ COMMAND_GROUPS: list[tuple[str, str, Register]] = [
         "start, list, drain and stop the replicas serving the versions (admin API)",
         replicas.register,
     ),
-    ("build-engine", "build a checkpoint into a staged version (cpu, trtllm)", register_build_engine),
+    ("build-engine", "build a stored checkpoint into a staged version (cpu, trtllm*)", register_build_engine),
     ("top", "a live view of each model version and replica: load, latency, tokens/s, health", top.register),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]
