@@ -120,6 +120,11 @@ def run_build(
     existing = _existing_artifact(store, spec)
     if existing is not None and not dry_run:
         return _already_built(spec, existing, key, registrar, say)
+    if not dry_run and registrar.registered_version(spec.model, spec.version) is not None:
+        raise BuildConflict(
+            f"{spec.model}@{spec.version} is already in the registry, with another artifact than "
+            f"{spec.dest}: a version is registered once; build a new version"
+        )
     if existing is not None:
         same = all(existing.metadata.get(name) == value for name, value in key.items())
         say(

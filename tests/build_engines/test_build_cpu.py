@@ -16,7 +16,7 @@ from build_service import ControlPlane
 from build_engines.repository import render_for_replica
 from control_plane.cli.main import main
 from sluice.settings import get_settings
-from sluice.weight_store import WeightStore
+from sluice.weight_store import ManifestNotFoundError, WeightStore
 from sluice.weights_digest import weights_digest
 
 
@@ -167,3 +167,30 @@ def test_a_missing_source_or_an_unknown_model_is_a_clear_error(
     argv = ("--source", source_uri, "--model", "no-such-model", "--version", "1", "--target", "cpu")
     code, _, err = sluice(capsys, control_plane, "build-engine", *argv)
     assert code == 2 and "`sluice models create no-such-model` first" in err, err
+
+
+def test_a_version_already_registered_is_refused_before_building(
+    capsys: pytest.CaptureFixture[str], control_plane: ControlPlane, source_uri: str
+) -> None:
+    model = new_model(capsys, control_plane)
+    digest = "sha256:" + "ab" * 32
+    added = sluice(
+        capsys,
+        control_plane,
+        "versions",
+        "add",
+        model,
+        "5",
+        "--artifact-uri",
+        "s3://x/y",
+        "--weights-digest",
+        digest,
+    )
+    assert added[0] == 0, added
+    argv = ("--source", source_uri, "--model", model, "--version", "5", "--target", "cpu")
+    code, out, err = sluice(capsys, control_plane, "build-engine", *argv)
+    assert code == 1 and f"{model}@5 is already in the registry" in err, (out, err)
+    assert "fetch" not in out
+    store = WeightStore.from_settings(get_settings(), quiet=True)
+    with pytest.raises(ManifestNotFoundError):
+        store.read_manifest(f"s3://{source_uri.split('/')[2]}/engines/{model}/5")
