@@ -10,9 +10,10 @@ it). Per replica it picks free loopback ports, registers the replica ``starting`
 ``127.0.0.1:<grpc port>`` (metrics at ``http://127.0.0.1:<metrics port>/metrics``, where gateways read its
 load) and returns; in the background it brings the replica up in four phases, each timed
 (``ColdStart``, logged, and given by ``cold_start(replica_id)`` to the admin API): download (the
-artifact into the cache), verify (the local folder's weights digest is the registry's), load (its
-model repository rendered under ``<state_dir>/replicas/<replica_id>/``, config carrying the registry's
-digest, tritonserver started until ready), first token (``verify_replica`` and one probe generation).
+artifact into the cache), verify (the local folder holds the registry's weights; see
+``replica_weights``), load (its model repository rendered under ``<state_dir>/replicas/<replica_id>/``,
+config carrying the registry's digest, tritonserver started until ready), first token
+(``verify_replica`` and one probe generation).
 Then it records the replica ``ready`` (or ``failed`` with the reason, its process stopped); while
 starting, its health detail names the phase it is in.
 
@@ -245,7 +246,7 @@ class LocalReplicas:
         cold_start = ColdStart(source)
         if folder is not None:
             verify_s = await self._run(check_local_folder, found, folder)
-            cold_start = ColdStart(source, download_s=0.0, verify_s=verify_s)
+            cold_start = ColdStart(source, download_s=0.0, verify_s=verify_s, verified_by="weights digest")
         else:
             await self._run(check_remote_artifact, found, self._weight_store)
         replicas = []

@@ -105,13 +105,13 @@ def node(
         proc.wait(timeout=30)
 
 
-def sluice(capsys: pytest.CaptureFixture[str], node: Node, *argv: str) -> str:
-    """Run ``sluice *argv`` against the node's control plane; its output (it must succeed)."""
+def sluice(capsys: pytest.CaptureFixture[str], node: Node, *argv: str, code: int = 0) -> str:
+    """Run ``sluice *argv`` against the node's control plane; its output (and exit ``code``)."""
     get_settings.cache_clear()
-    code = main([*argv, "--admin-url", node.url, "--token", DEV_ADMIN_TOKEN])
+    exited = main([*argv, "--admin-url", node.url, "--token", DEV_ADMIN_TOKEN])
     out, err = capsys.readouterr()
-    assert code == 0, (argv, out, err, node.log_path.read_text()[-3000:])
-    return out
+    assert exited == code, (argv, out, err, node.log_path.read_text()[-3000:])
+    return out + err
 
 
 def start_replica(capsys: pytest.CaptureFixture[str], node: Node) -> dict[str, object]:
@@ -120,7 +120,9 @@ def start_replica(capsys: pytest.CaptureFixture[str], node: Node) -> dict[str, o
     assert replica["state"] == "ready" and replica["local"] is True, replica
     cold = replica["cold_start"]
     assert isinstance(cold, dict) and cold["phase"] == "ready", replica
-    assert all(cold[phase] > 0 for phase in ("download_s", "verify_s", "load_s", "first_token_s")), cold
+    assert all(cold[phase] > 0 for phase in ("download_s", "load_s", "first_token_s")), cold
+    # Its files were checked against the manifest as they arrived, which records the version's digest.
+    assert cold["verify_s"] >= 0 and cold["verified_by"] == "manifest", cold
     return replica
 
 
@@ -188,7 +190,7 @@ def test_a_built_version_is_pulled_started_routed_and_served(
 
     # A second replica on the same node: the cache holds every file, nothing is downloaded.
     out = sluice(capsys, node, "replicas", "start", MODEL, "1")
-    second = re.search(r"Cold start of (\S+): download [0-9.]+ s \(0\.0 MB in 0 files\), verify", out)
+    second = re.search(r"Cold start of (\S+): download [0-9.]+ s \(0\.0 MB in 0 files\), verify .* load", out)
     assert second is not None, out
     (listed,) = [
         r
@@ -196,5 +198,12 @@ def test_a_built_version_is_pulled_started_routed_and_served(
         if r["replica_id"] == second.group(1)
     ]
     assert listed["cold_start"]["num_downloaded_bytes"] == 0 and listed["state"] == "ready"
+
+    # An artifact whose manifest records no weights digest is hashed once fetched: other weights than
+    # the version's fail the replica before any tritonserver starts, saying why.
+    sluice(capsys, node, "versions", "add", MODEL, "3", "--artifact-uri", source,
+           "--weights-digest", "sha256:" + "0" * 64)  # fmt: skip
+    out = sluice(capsys, node, "replicas", "start", MODEL, "3", code=1)
+    assert f"{source} (fetched to " in out and f"but {MODEL} version 3 is sha256:000" in out, out
     # docs/operations.md, "Cold start": the figures (``pytest -s`` prints them).
     print("\n".join(line for line in node.log_path.read_text().splitlines() if "cold start:" in line))
