@@ -88,6 +88,9 @@ class ObjectCache:
             shutil.copyfile(source, tmp)
             os.chmod(tmp, 0o444)
         os.replace(tmp, dest)
+        # NOTE: rename() does nothing when both names are already links to one inode (another fetch linked
+        # the same object meanwhile), leaving the temporary name behind.
+        tmp.unlink(missing_ok=True)
 
     def save_manifest(self, manifest: Manifest) -> None:
         """Keep the artifact's manifest beside its folder (for operators; the folder holds only files)."""

@@ -32,6 +32,10 @@ _MAX_FILES_AT_ONCE = 4
 
 @dataclass(frozen=True)
 class FileOutcome:
+    """One missing object: whether this fetch downloaded it (False: another fetch on the node published
+    it while this one waited for its lock), how many bytes it got, and whether it resumed a partial."""
+
+    downloaded: bool
     downloaded_bytes: int
     resumed: bool
 
@@ -105,7 +109,7 @@ class _Fetch:
         """Download, verify and publish one object unless the cache has it (checked under its lock)."""
         with self.cache.lock(entry.sha256):
             if self.cache.has(entry):
-                return FileOutcome(0, resumed=False)  # another fetch published it while we waited
+                return FileOutcome(False, 0, resumed=False)  # another fetch published it meanwhile
             key = self.uri.key(entry.path)
             partial = self.cache.partial_path(entry.sha256)
             record = PartsRecord(
@@ -143,7 +147,7 @@ class _Fetch:
                 os.close(fd)
             self.cache.publish(partial, entry.sha256)
             record.discard()
-            return FileOutcome(sum(sizes[i] for i in todo), resumed=bool(done))
+            return FileOutcome(True, sum(sizes[i] for i in todo), resumed=bool(done))
 
     def part(
         self, fd: int, entry: ManifestEntry, key: str, index: int, record: PartsRecord, sha: _InOrderHash

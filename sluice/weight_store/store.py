@@ -142,15 +142,16 @@ class WeightStore:
             max_concurrency=self.max_concurrency,
             quiet=self.quiet,
         )
+        downloads = [o for o in outcomes if o.downloaded]
         result = FetchResult(
             path=ObjectCache(self.cache_dir).view_dir(manifest.artifact_digest),
             manifest=manifest,
             num_files=len(wanted),
-            num_downloaded_files=len(outcomes),
-            downloaded_bytes=sum(o.downloaded_bytes for o in outcomes),
-            num_resumed_files=sum(o.resumed for o in outcomes),
+            num_downloaded_files=len(downloads),
+            downloaded_bytes=sum(o.downloaded_bytes for o in downloads),
+            num_resumed_files=sum(o.resumed for o in downloads),
         )
-        if not outcomes:
+        if not downloads:
             log.info("%s: all %d files already in the cache, nothing downloaded", target, len(wanted))
         else:
             log.info(

@@ -4,6 +4,10 @@ server, as an operator runs them."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +61,39 @@ def test_errors_exit_1_with_a_one_line_reason(
             main(argv)
         assert exited.value.code in (1, 2)
         assert says in capsys.readouterr().err
+
+
+def test_two_processes_fetching_one_artifact_share_the_work_and_one_copy(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Two replicas starting on one node: two processes, one cache, each object downloaded once."""
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    for i in range(4):
+        (src / f"shard-{i}.bin").write_bytes(os.urandom(300_000))
+    env = {
+        **os.environ,
+        **moto_s3.env(),
+        "SLUICE_STATE_DIR": str(tmp_path / "state"),
+        "SLUICE_WEIGHT_STORE_PART_SIZE_BYTES": str(64 * 1024),
+    }
+    uri = f"s3://{s3_bucket}/ckpt/1"
+    command = [sys.executable, "-m", "sluice.weight_store", "--quiet"]
+    subprocess.run([*command, "upload", str(src), uri], env=env, check=True, capture_output=True, timeout=60)
+
+    fetches = [
+        subprocess.Popen([*command, "fetch", uri], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=60) for p in fetches]
+    assert [p.returncode for p in fetches] == [0, 0], outputs
+    folders = {Path(out.decode().strip()) for out, _ in outputs}
+    assert len(folders) == 1
+    (folder,) = folders
+    assert sorted(p.read_bytes() for p in folder.iterdir()) == sorted(p.read_bytes() for p in src.iterdir())
+    # Each process logs how many files it downloaded ("downloaded N of 4 files" or "nothing downloaded").
+    downloaded = [re.search(r"downloaded (\d+) of 4 files", err.decode()) for _, err in outputs]
+    assert sum(int(m.group(1)) for m in downloaded if m) == 4
+    objects = [p for p in (tmp_path / "state" / "weight-cache" / "objects").rglob("*") if p.is_file()]
+    assert len(objects) == 4
+    assert not any((tmp_path / "state" / "weight-cache" / "partial").glob("*.part"))

@@ -16,6 +16,7 @@ from s3_server import MotoS3
 from weight_store_clients import InterruptingClient, RangedGetLog, SimulatedInterruption
 
 from sluice.weight_store import (
+    FetchResult,
     IntegrityError,
     Manifest,
     ManifestError,
@@ -222,13 +223,13 @@ def test_two_concurrent_fetches_of_one_artifact_end_with_one_correct_copy(
     uploader.upload_dir(artifact, uri)
     replicas = [make_store(), make_store()]  # two stores, two clients, one cache folder
     start = threading.Barrier(2)
-    folders: list[Path] = []
+    results: list[FetchResult] = []
     errors: list[BaseException] = []
 
     def run(store: WeightStore) -> None:
         start.wait()
         try:
-            folders.append(store.fetch(uri))
+            results.append(store.fetch_artifact(uri))
         except BaseException as exc:
             errors.append(exc)
 
@@ -237,14 +238,16 @@ def test_two_concurrent_fetches_of_one_artifact_end_with_one_correct_copy(
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert errors == [] and len(folders) == 2 and folders[0] == folders[1]
-    assert _same_files(folders[0], artifact)
+    assert errors == [] and len(results) == 2 and results[0].path == results[1].path
+    assert _same_files(results[0].path, artifact)
     assert sum(len(log.ranged) for _, log in replicas) == _num_parts(artifact)  # each part once
-    cache = tmp_path / "cache"
-    assert _cache_is_clean(cache)
-    assert len([p for p in (cache / "objects").rglob("*") if p.is_file()]) == len(
+    num_objects = len(
         {hashlib.sha256(p.read_bytes()).hexdigest() for p in artifact.rglob("*") if p.is_file()}
     )
+    assert sum(r.num_downloaded_files for r in results) == num_objects
+    cache = tmp_path / "cache"
+    assert _cache_is_clean(cache)
+    assert len([p for p in (cache / "objects").rglob("*") if p.is_file()]) == num_objects
 
 
 def test_a_prefix_without_a_manifest_is_an_incomplete_upload(
