@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
-from build_engines.repository import TRTLLM_DIR, render_trtllm
+from build_engines.repository import TRTLLM_DIR, render_llmapi, render_trtllm
 from control_plane.cli.main import main
 from sluice.settings import get_settings
 from sluice.triton.render import fill_template
@@ -212,3 +215,52 @@ def test_every_template_refuses_a_missing_or_unknown_placeholder() -> None:
         max_batch_size=8,
     )
     assert "${" not in out["m/config.pbtxt"]
+
+
+def test_the_rendered_configs_parse_as_tritons_model_config_and_yaml() -> None:
+    """Text checks miss a misspelt field: Triton's own ModelConfig schema (protobuf text format) and a
+    YAML parser read every rendered file."""
+    digest = "sha256:" + "0" * 64
+    trtllm = render_trtllm(
+        model_name="m", triton_version=2, engine_dir="/e", weights_digest_value=digest, max_batch_size=8
+    )
+    config = text_format.Parse(trtllm["m/config.pbtxt"], model_config_pb2.ModelConfig())
+    assert (config.backend, config.max_batch_size, config.model_transaction_policy.decoupled) == (
+        "tensorrtllm",
+        8,
+        True,
+    )
+    assert list(config.version_policy.specific.versions) == [2]
+    assert config.parameters["gpt_model_path"].string_value == "/e"
+    assert config.parameters["weights_digest"].string_value == digest
+    build_config = {
+        "dtype": "bfloat16",
+        "tp_size": 2,
+        "max_batch_size": 8,
+        "max_num_tokens": 4096,
+        "max_seq_len": 2048,
+        "max_input_len": 1024,
+    }
+    llmapi = render_llmapi(
+        model_name="m",
+        triton_version=2,
+        checkpoint_dir="/ckpt",
+        weights_digest_value=digest,
+        build_config=build_config,
+    )
+    config = text_format.Parse(llmapi["m/config.pbtxt"], model_config_pb2.ModelConfig())
+    assert config.backend == "python" and config.parameters["weights_digest"].string_value == digest
+    assert yaml.safe_load(llmapi["m/2/model.yaml"]) == {
+        "model": "/ckpt",
+        "backend": "pytorch",
+        "dtype": "bfloat16",
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "max_batch_size": 8,
+        "max_num_tokens": 4096,
+        "max_seq_len": 2048,
+        "max_input_len": 1024,
+        "enable_chunked_prefill": True,
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True},
+        "triton_config": {"max_batch_size": 0, "decoupled": True},
+    }
