@@ -50,3 +50,16 @@ def get_bytes(client: Any, bucket: str, key: str, *, missing_is_manifest: bool =
     with store_errors(f"GET s3://{bucket}/{key}", missing_is_manifest=missing_is_manifest):
         response = client.get_object(Bucket=bucket, Key=key)
         return bytes(response["Body"].read())
+
+
+def object_size(client: Any, bucket: str, key: str) -> int | None:
+    """The object's size in bytes (a HEAD), or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    with store_errors(f"HEAD s3://{bucket}/{key}"):
+        try:
+            return int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING_CODES:
+                return None
+            raise

@@ -94,7 +94,9 @@ class WeightStore:
         self, local_dir: Path, uri: str | S3Uri, metadata: Mapping[str, Any] | None = None
     ) -> Manifest:
         """Upload every file under ``local_dir`` to ``uri`` (multipart for big files, several at once),
-        then its manifest LAST, and return the manifest. Re-uploading the same prefix overwrites it.
+        then its manifest LAST, and return the manifest. If the prefix already holds an equal manifest
+        (same files and metadata) and every object at its size, nothing is uploaded (logged); otherwise
+        the prefix is overwritten.
         Raises FileNotFoundError, ManifestError (an empty folder, a top-level manifest.json) and
         StoreAccessError."""
         return upload_dir(

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sluice.weight_store.errors import ManifestError, ManifestNotFoundError
 from sluice.weight_store.manifest import Manifest, manifest_for_dir
 from sluice.weight_store.progress import Progress
-from sluice.weight_store.s3 import store_errors
+from sluice.weight_store.s3 import get_bytes, object_size, store_errors
 from sluice.weight_store.uri import S3Uri
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,11 @@ def upload_dir(
     from boto3.s3.transfer import TransferConfig
 
     manifest = manifest_for_dir(local_dir, metadata)
+    if _already_uploaded(client, uri, manifest):
+        log.info(
+            "%s already holds these files and metadata (%s): nothing uploaded", uri, manifest.artifact_digest
+        )
+        return manifest
     chunk_bytes = max(part_size_bytes, _MIN_MULTIPART_BYTES)
     # Parts of one file in parallel, and a few files at once; together about max_concurrency requests.
     num_file_workers = max(1, min(4, max_concurrency, len(manifest.files)))
@@ -71,3 +77,15 @@ def upload_dir(
         manifest.artifact_digest,
     )
     return manifest
+
+
+def _already_uploaded(client: Any, uri: S3Uri, manifest: Manifest) -> bool:
+    """Whether ``uri`` holds an equal manifest and every object it lists at its size (a HEAD each; an
+    object changed at the same size is caught by the sha256 check of whoever fetches it)."""
+    try:
+        body = get_bytes(client, uri.bucket, uri.manifest_key, missing_is_manifest=True)
+        if Manifest.from_json(body) != manifest:
+            return False
+    except (ManifestNotFoundError, ManifestError):
+        return False
+    return all(object_size(client, uri.bucket, uri.key(e.path)) == e.size_bytes for e in manifest.files)

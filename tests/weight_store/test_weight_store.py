@@ -300,3 +300,30 @@ def test_the_manifest_read_back_equals_the_one_returned(
     store.fetch(f"s3://{s3_bucket}/m/1")
     (saved_path,) = (store.cache_dir / "artifacts").glob("*.manifest.json")
     assert Manifest.from_json(saved_path.read_text()) == manifest
+
+
+def test_uploading_the_same_files_and_metadata_again_uploads_nothing(
+    make_store: MakeStore, s3_bucket: str, artifact: Path, moto_s3: MotoS3
+) -> None:
+    store, _ = make_store()
+    uri = f"s3://{s3_bucket}/m/1"
+    first = store.upload_dir(artifact, uri, {"build": 1})
+    writes: list[str] = []
+    store.client.meta.events.register(
+        "provide-client-params.s3",
+        lambda event_name, **_: (
+            writes.append(event_name) if "Put" in event_name or "Upload" in event_name else None
+        ),
+    )
+    assert store.upload_dir(artifact, uri, {"build": 1}) == first
+    assert writes == []
+
+    store.upload_dir(artifact, uri, {"build": 2})  # other metadata: a new manifest
+    assert writes and writes[-1].endswith("PutObject")
+    assert store.read_manifest(uri).metadata == {"build": 2}
+
+    moto_s3.client().delete_object(Bucket=s3_bucket, Key="m/1/tokenizer.json")
+    writes.clear()
+    store.upload_dir(artifact, uri, {"build": 2})  # an object went missing: everything again
+    assert len(writes) > 1
+    assert _same_files(store.fetch(uri), artifact)
