@@ -3,6 +3,7 @@
 with parallel, resumable ranged downloads. See ``store.WeightStore`` and docs/operations.md."""
 
 from sluice.weight_store.errors import (
+    CacheError,
     IntegrityError,
     InvalidUriError,
     ManifestError,
@@ -17,6 +18,7 @@ from sluice.weight_store.uri import MANIFEST_NAME, S3Uri, parse_s3_uri
 
 __all__ = [
     "MANIFEST_NAME",
+    "CacheError",
     "FetchResult",
     "IntegrityError",
     "InvalidUriError",

@@ -29,3 +29,7 @@ class IntegrityError(WeightStoreError):
 
 class StoreAccessError(WeightStoreError):
     """The object store refused or failed a request (no such bucket, denied, unreachable)."""
+
+
+class CacheError(WeightStoreError):
+    """The local cache could not be written or read (disk full, a bad SLUICE_WEIGHT_CACHE_DIR)."""

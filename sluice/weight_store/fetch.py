@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.weight_store.cache import ObjectCache, PartsRecord
-from sluice.weight_store.errors import IntegrityError, WeightStoreError
+from sluice.weight_store.errors import IntegrityError, StoreAccessError, WeightStoreError
 from sluice.weight_store.manifest import Manifest, ManifestEntry
 from sluice.weight_store.progress import Progress
 from sluice.weight_store.s3 import store_errors
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 _READ_CHUNK_BYTES = 1 << 20
 _CONTENT_RANGE_TOTAL = re.compile(r"/(\d+)$")
 _MAX_FILES_AT_ONCE = 4
+_PART_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -152,11 +153,25 @@ class _Fetch:
     def part(
         self, fd: int, entry: ManifestEntry, key: str, index: int, record: PartsRecord, sha: _InOrderHash
     ) -> None:
-        """One ranged GET written at its offset, then recorded as finished."""
-        if self.stop.is_set():
-            raise _Stopped
+        """One ranged GET written at its offset, then recorded as finished. A transport failure while
+        the body streams (which botocore does not retry) is retried from the part's start."""
         start = index * self.part_size_bytes
         end = start + self._part_sizes(entry)[index]  # exclusive
+        for attempt in range(1, _PART_ATTEMPTS + 1):
+            if self.stop.is_set():
+                raise _Stopped
+            try:
+                self._get_range(fd, entry, key, start, end)
+                break
+            except StoreAccessError as exc:
+                if attempt == _PART_ATTEMPTS or not _is_transport_error(exc):
+                    raise
+                log.warning("%s (attempt %d of %d); retrying the part", exc, attempt, _PART_ATTEMPTS)
+        record.mark_done(index)
+        self.progress.add(end - start)
+        sha.finished(index)
+
+    def _get_range(self, fd: int, entry: ManifestEntry, key: str, start: int, end: int) -> None:
         where = f"GET s3://{self.uri.bucket}/{key} bytes {start}-{end - 1}"
         with store_errors(where):
             response = self.client.get_object(
@@ -180,9 +195,6 @@ class _Fetch:
                 "download discarded",
                 key=key,
             )
-        record.mark_done(index)
-        self.progress.add(end - start)
-        sha.finished(index)
 
     def _part_sizes(self, entry: ManifestEntry) -> list[int]:
         starts = range(0, entry.size_bytes, self.part_size_bytes)
@@ -225,6 +237,13 @@ def fetch_files(
         cache.link_into_view(view, entry)
     cache.save_manifest(manifest)
     return wanted, outcomes
+
+
+def _is_transport_error(exc: StoreAccessError) -> bool:
+    """A connection or read failure (worth another try), not a refusal by the server."""
+    from botocore.exceptions import BotoCoreError
+
+    return isinstance(exc.__cause__, BotoCoreError)
 
 
 def _wait_all(futures: list[Future[Any]], stop: threading.Event) -> list[Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.weight_store.cache import ObjectCache
+from sluice.weight_store.errors import CacheError
 from sluice.weight_store.fetch import fetch_files
 from sluice.weight_store.manifest import Manifest
 from sluice.weight_store.s3 import get_bytes, make_s3_client
@@ -131,19 +132,23 @@ class WeightStore:
         from the parts it had finished; two fetches of one artifact on one node (threads or processes)
         share the work through per-object lock files. A file whose bytes do not match raises
         IntegrityError naming its key and leaves nothing of it in the cache. Files in the folder are
-        hard links to read-only cache objects: do not write to them."""
+        hard links to read-only cache objects: do not write to them. A local disk failure (full, not
+        writable) raises CacheError."""
         target = _as_uri(uri)
         manifest = self.read_manifest(target)
-        wanted, outcomes = fetch_files(
-            self.client,
-            target,
-            manifest,
-            ObjectCache(self.cache_dir),
-            include=include,
-            part_size_bytes=self.part_size_bytes,
-            max_concurrency=self.max_concurrency,
-            quiet=self.quiet,
-        )
+        try:
+            wanted, outcomes = fetch_files(
+                self.client,
+                target,
+                manifest,
+                ObjectCache(self.cache_dir),
+                include=include,
+                part_size_bytes=self.part_size_bytes,
+                max_concurrency=self.max_concurrency,
+                quiet=self.quiet,
+            )
+        except OSError as exc:
+            raise CacheError(f"{target}: the weight cache at {self.cache_dir} failed: {exc}") from exc
         downloads = [o for o in outcomes if o.downloaded]
         result = FetchResult(
             path=ObjectCache(self.cache_dir).view_dir(manifest.artifact_digest),

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from s3_server import MotoS3
-from weight_store_clients import InterruptingClient, RangedGetLog, SimulatedInterruption
+from weight_store_clients import DroppingBodiesClient, InterruptingClient, RangedGetLog, SimulatedInterruption
 
 from sluice.weight_store import (
+    CacheError,
     FetchResult,
     IntegrityError,
     Manifest,
@@ -327,3 +328,26 @@ def test_uploading_the_same_files_and_metadata_again_uploads_nothing(
     store.upload_dir(artifact, uri, {"build": 2})  # an object went missing: everything again
     assert len(writes) > 1
     assert _same_files(store.fetch(uri), artifact)
+
+
+def test_a_part_whose_body_breaks_midway_is_fetched_again(
+    make_store: MakeStore, s3_bucket: str, artifact: Path
+) -> None:
+    uri = f"s3://{s3_bucket}/m/1"
+    uploader, _ = make_store()
+    uploader.upload_dir(artifact, uri)
+    store, log = make_store(client=lambda real: DroppingBodiesClient(real, num_broken=2))
+    assert _same_files(store.fetch(uri), artifact)
+    assert len(log.ranged) == _num_parts(artifact) + 2  # the two broken parts, once more each
+
+
+def test_a_cache_that_cannot_be_written_is_a_cache_error(
+    make_store: MakeStore, s3_bucket: str, artifact: Path, tmp_path: Path
+) -> None:
+    uri = f"s3://{s3_bucket}/m/1"
+    not_a_folder = tmp_path / "cache-file"
+    not_a_folder.write_text("")
+    store, _ = make_store(cache=not_a_folder)
+    store.upload_dir(artifact, uri)
+    with pytest.raises(CacheError, match=r"the weight cache at .*cache-file failed"):
+        store.fetch(uri)

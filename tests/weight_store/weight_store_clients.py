@@ -29,8 +29,9 @@ class RangedGetLog:
         return {key for key, _ in self.ranged}
 
 
-class SimulatedInterruption(ConnectionError):
-    """The fake cut-off: raised by InterruptingClient instead of the request."""
+class SimulatedInterruption(Exception):
+    """The fake cut-off: raised by InterruptingClient instead of the request (as a process kill would
+    end it: not a store error the fetch could retry)."""
 
 
 class InterruptingClient:
@@ -54,6 +55,39 @@ class InterruptingClient:
                 self.completed.append((params["Key"], params["Range"]))
             return response
         return self._client.get_object(**params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class _BrokenBody:
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def read(self, *args: Any) -> bytes:
+        from botocore.exceptions import ResponseStreamingError
+
+        self._body.read(1)
+        raise ResponseStreamingError(error="simulated: connection reset while the body streamed")
+
+
+class DroppingBodiesClient:
+    """A real client whose first ``num_broken`` ranged responses break while their body streams (a
+    connection reset mid-part, the failure botocore does not retry). Everything else is delegated."""
+
+    def __init__(self, client: Any, num_broken: int) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._num_left = num_broken
+
+    def get_object(self, **params: Any) -> Any:
+        response = self._client.get_object(**params)
+        with self._lock:
+            broken = "Range" in params and self._num_left > 0
+            self._num_left -= broken
+        if broken:
+            response["Body"] = _BrokenBody(response["Body"])
+        return response
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
