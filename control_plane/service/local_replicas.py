@@ -54,6 +54,7 @@ from control_plane.service.replica_weights import (
     PullFailed,
     check_local_folder,
     check_remote_artifact,
+    engine_settings,
     pull_weights,
 )
 from sluice.artifacts import StoreFactory, local_artifact_dir
@@ -68,7 +69,7 @@ from sluice.registry.base import (
 )
 from sluice.settings import get_settings
 from sluice.triton.probe import probe_replica
-from sluice.triton.render import DTYPE_SETTINGS, CpuEngineModelSettings, DTypeSetting
+from sluice.triton.render import CpuEngineModelSettings, DTypeSetting
 from sluice.triton.verify import Verification, verify_replica
 from sluice.weight_store import WeightStore
 
@@ -225,24 +226,10 @@ class LocalReplicas:
         found = await self._registry.get_version(model, version)
         if found.state == VersionState.RETIRED:
             raise InvalidReplicaRequest(f"{model} version {version} is retired: it is never served again")
-        target = found.build_config.get("target", "cpu")
-        if target != "cpu":
-            raise InvalidReplicaRequest(
-                f"{model} version {version} was built for the {target} target; local replicas run the CPU "
-                "engine: start it where its engine runs (a GPU node)"
-            )
-        built_dtype = found.build_config.get("dtype")  # the build's choice, else this node's setting
-        dtype = built_dtype if built_dtype in DTYPE_SETTINGS else self._engine_dtype
         source = str(checkpoint) if checkpoint is not None else found.artifact_uri
         folder = checkpoint or local_artifact_dir(source)
-        try:
-            # NOTE: an s3:// artifact's folder is known once fetched; the settings are checked now.
-            settings = CpuEngineModelSettings(
-                checkpoint_dir=folder or Path(), model_name=model, model_version=number,
-                weights_digest=found.weights_digest, dtype=dtype,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise InvalidReplicaRequest(f"cannot serve {model} version {version}: {exc}") from None
+        # NOTE: an s3:// artifact's folder is known once fetched; the settings are checked now.
+        settings = engine_settings(found, number, folder or Path(), self._engine_dtype)
         cold_start = ColdStart(source)
         if folder is not None:
             verify_s = await self._run(check_local_folder, found, folder)

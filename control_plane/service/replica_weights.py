@@ -1,6 +1,8 @@
 """A local replica's weights: where they come from, how they are checked, and how long its cold start
 took (``ColdStart``). The functions block (disk, network): the actuator runs them in its worker threads.
 
+- ``engine_settings``: the CPU engine's settings for a version (one built for a GPU target is refused;
+  a CPU build's dtype is used, else this node's);
 - ``check_local_folder``: a local folder (``--checkpoint``, a ``file://`` artifact) digests to the
   version's weights digest, checked before any replica is registered;
 - ``check_remote_artifact``: an ``s3://`` artifact's manifest is there (its upload finished) and does not
@@ -22,6 +24,7 @@ from pathlib import Path
 from control_plane.service.local_replica import InvalidReplicaRequest
 from sluice.artifacts import ArtifactUnavailable, StoreFactory, artifact_folder, artifact_manifest
 from sluice.registry.base import ModelVersion
+from sluice.triton.render import DTYPE_SETTINGS, CpuEngineModelSettings, DTypeSetting
 from sluice.weights_digest import weights_digest
 
 
@@ -74,6 +77,30 @@ class ColdStart:
             if value is not None:
                 parts.append(f"{name} {value:.2f} s")
         return f"{', '.join(parts) or 'nothing yet'}; {self.total_s:.2f} s in all"
+
+
+def engine_settings(
+    version: ModelVersion, triton_version: int, weights: Path, engine_dtype: DTypeSetting
+) -> CpuEngineModelSettings:
+    """The CPU engine's settings to serve ``version`` from ``weights``; InvalidReplicaRequest when local
+    replicas cannot run it (built for a GPU target, a name Triton refuses)."""
+    target = version.build_config.get("target", "cpu")
+    if target != "cpu":
+        raise InvalidReplicaRequest(
+            f"{version.model} version {version.version} was built for the {target} target; local replicas "
+            "run the CPU engine: start it where its engine runs (a GPU node)"
+        )
+    built_dtype = version.build_config.get("dtype")  # the build's choice, else this node's setting
+    try:
+        return CpuEngineModelSettings(
+            checkpoint_dir=weights, model_name=version.model, model_version=triton_version,
+            weights_digest=version.weights_digest,
+            dtype=built_dtype if built_dtype in DTYPE_SETTINGS else engine_dtype,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise InvalidReplicaRequest(
+            f"cannot serve {version.model} version {version.version}: {exc}"
+        ) from None
 
 
 def check_local_folder(version: ModelVersion, folder: Path) -> float:
