@@ -3,7 +3,7 @@ node::
 
     objects/<sha[:2]>/<sha>      verified file contents, read-only, named by their sha256
     partial/<sha>.part           a download in progress (the file's full size, parts written in place)
-    partial/<sha>.parts.json     which parts of it are finished (the resume record)
+    partial/<sha>.parts          which parts of it are finished (the resume record, appended to)
     locks/<sha>.lock             held (flock) by whoever downloads that object
     artifacts/<digest hex>/      an artifact's folder: hard links to objects, by relative path
     artifacts/<digest hex>.manifest.json
@@ -48,7 +48,7 @@ class ObjectCache:
         return self.root / "partial" / f"{sha256}.part"
 
     def record_path(self, sha256: str) -> Path:
-        return self.root / "partial" / f"{sha256}.parts.json"
+        return self.root / "partial" / f"{sha256}.parts"
 
     @contextmanager
     def lock(self, sha256: str) -> Iterator[None]:
@@ -99,32 +99,58 @@ class ObjectCache:
 
 
 class PartsRecord:
-    """Which parts of one partial download are finished, kept in a small JSON file rewritten atomically
-    after each part. A record for another size or part size (or a missing partial file) starts over."""
+    """Which parts of one partial download are finished: a file whose first line names the download
+    (key, size, part size) and each further line one finished part index, appended as it finishes (a
+    write of a few bytes, not a rewrite of the whole list, so 10,000 parts cost 10,000 small appends). A
+    kill mid-append leaves at most a last line without its newline, which is ignored. A record for another
+    download, or whose partial file is missing or of another size, starts over."""
 
     def __init__(self, path: Path, *, key: str, size_bytes: int, part_size_bytes: int) -> None:
         self.path = path
         self._identity = {"key": key, "size_bytes": size_bytes, "part_size_bytes": part_size_bytes}
+        self._num_parts = -(-size_bytes // part_size_bytes)
+        self._size_bytes = size_bytes
         self._lock = threading.Lock()
-        self.done: set[int] = set()
+        self._fd: int | None = None
 
-    def load(self, partial: Path) -> set[int]:
-        """The finished parts of ``partial`` (empty if there is no usable record or no partial file)."""
-        try:
-            doc = json.loads(self.path.read_text())
-            usable = all(doc.get(k) == v for k, v in self._identity.items()) and partial.exists()
-            self.done = {int(i) for i in doc["done"]} if usable else set()
-        except (OSError, ValueError, KeyError, TypeError):
-            self.done = set()
-        return set(self.done)
+    def open(self, partial: Path) -> set[int]:
+        """The parts of ``partial`` already finished (empty: start over, with a new record); after it,
+        ``mark_done`` appends to the record until ``close``."""
+        done = self._load(partial)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if done:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        else:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(self._fd, (json.dumps(self._identity, sort_keys=True) + "\n").encode())
+        return done
 
     def mark_done(self, part_index: int) -> None:
         with self._lock:
-            self.done.add(part_index)
-            write_atomically(self.path, json.dumps({**self._identity, "done": sorted(self.done)}))
+            assert self._fd is not None, "mark_done() before open()"
+            os.write(self._fd, f"{part_index}\n".encode())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def discard(self) -> None:
+        self.close()
         self.path.unlink(missing_ok=True)
+
+    def _load(self, partial: Path) -> set[int]:
+        try:
+            header, *lines = self.path.read_text().split("\n")
+            if json.loads(header) != self._identity:
+                return set()
+            if partial.stat().st_size != self._size_bytes:
+                return set()
+        except (OSError, ValueError):
+            return set()
+        # lines[-1] is what follows the last newline: "" or a torn line; never trusted.
+        return {int(line) for line in lines[:-1] if line.isdigit() and int(line) < self._num_parts}
 
 
 def write_atomically(path: Path, text: str) -> None:

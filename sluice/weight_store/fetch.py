@@ -119,7 +119,7 @@ class _Fetch:
                 size_bytes=entry.size_bytes,
                 part_size_bytes=self.part_size_bytes,
             )
-            done = record.load(partial)
+            done = record.open(partial)
             if not done:
                 partial.parent.mkdir(parents=True, exist_ok=True)
                 with partial.open("wb") as f:
@@ -146,6 +146,7 @@ class _Fetch:
                 raise
             finally:
                 os.close(fd)
+                record.close()
             self.cache.publish(partial, entry.sha256)
             record.discard()
             return FileOutcome(True, sum(sizes[i] for i in todo), resumed=bool(done))

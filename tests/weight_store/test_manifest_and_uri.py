@@ -1,5 +1,5 @@
-"""The weight store's pure parts: s3:// locations, the manifest's validation and artifact digest, and
-the progress line."""
+"""The weight store's pure parts: s3:// locations, the manifest's validation and artifact digest, the
+resume record, hashing parts in order, and the progress line."""
 
 from __future__ import annotations
 
@@ -155,3 +155,29 @@ def test_a_file_hashed_part_by_part_in_any_order_gets_its_sha256(tmp_path: Path)
         assert _InOrderHash(fd, [], set()).hexdigest() == hashlib.sha256(b"").hexdigest()
     finally:
         os.close(fd)
+
+
+def test_the_resume_record_keeps_finished_parts_and_ignores_a_torn_line(tmp_path: Path) -> None:
+    from sluice.weight_store.cache import PartsRecord
+
+    partial = tmp_path / "x.part"
+    partial.write_bytes(b"\0" * 1000)
+    path = tmp_path / "x.parts"
+
+    def record(size_bytes: int = 1000, part_size_bytes: int = 100) -> PartsRecord:
+        return PartsRecord(path, key="p/x", size_bytes=size_bytes, part_size_bytes=part_size_bytes)
+
+    first = record()
+    assert first.open(partial) == set()  # a new download
+    for index in (3, 0, 7):
+        first.mark_done(index)
+    first.close()
+    with path.open("a") as f:
+        f.write("9")  # killed mid-append: no newline
+    resumed = record()
+    assert resumed.open(partial) == {0, 3, 7}
+    resumed.close()
+    partial.write_bytes(b"\0" * 10)  # the partial file is not the size it should be: start over
+    for other in (record(), record(size_bytes=10, part_size_bytes=5)):  # the second: another download
+        assert other.open(partial) == set()
+        other.close()
