@@ -7,8 +7,8 @@ start-up). It holds an S3 client, the local cache folder and the transfer sizes;
     folder = store.fetch("s3://weights/engines/m/3")                      # every file, verified
     tokenizer = store.fetch(uri, include=lambda p: p.startswith("tokenizer"))  # only these files
 
-The client is any boto3 S3 client (or an object with the same ``get_object`` / ``put_object`` /
-``upload_file`` methods, e.g. a test's wrapper that counts requests).
+The client is any boto3 S3 client (or an object with its ``get_object``, ``head_object``,
+``put_object`` and ``upload_file`` methods, e.g. a test's wrapper that breaks a download).
 """
 
 from __future__ import annotations
