@@ -24,7 +24,6 @@ from sluice.weight_store.uri import MANIFEST_NAME
 
 MANIFEST_FORMAT = "sluice-weight-manifest/1"
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
 _HASH_CHUNK_BYTES = 1 << 20
 
@@ -58,13 +57,6 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(e.size_bytes for e in self.files)
-
-    def entry(self, path: str) -> ManifestEntry:
-        """The entry at ``path``, or KeyError."""
-        for e in self.files:
-            if e.path == path:
-                return e
-        raise KeyError(path)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -189,10 +181,3 @@ def _check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
         return dict(json.loads(json.dumps(metadata)))  # JSON-able, and a copy the caller cannot change
     except (TypeError, ValueError) as exc:
         raise ManifestError(f"metadata must be JSON-serialisable: {exc}") from None
-
-
-def check_artifact_digest(digest: str) -> str:
-    """``digest`` if it reads ``sha256:<64 hex>``, else ManifestError."""
-    if not _DIGEST.fullmatch(digest):
-        raise ManifestError(f"an artifact digest reads sha256:<64 lowercase hex digits>, got {digest!r}")
-    return digest
