@@ -218,8 +218,8 @@ class Router:
         if not task.done():
             return f"its tokenizer is still being fetched from {key[0]}"
         del self._reading[key]
-        exc = task.exception()
-        return f"tokenizer of {key[0]} unreadable: {exc}"
+        exc = None if task.cancelled() else task.exception()
+        return f"tokenizer of {key[0]} unreadable: {exc or 'its read was cancelled'}"
 
     def _weight_store(self) -> WeightStore:
         with self._store_lock:
