@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from s3_server import MotoS3
+from weight_store_clients import RangedGetLog
 
+from sluice.weight_store import WeightStore
 from sluice.weight_store.__main__ import main
 
 
@@ -97,3 +100,46 @@ def test_two_processes_fetching_one_artifact_share_the_work_and_one_copy(
     objects = [p for p in (tmp_path / "state" / "weight-cache" / "objects").rglob("*") if p.is_file()]
     assert len(objects) == 4
     assert not any((tmp_path / "state" / "weight-cache" / "partial").glob("*.part"))
+
+
+def test_a_fetch_killed_midway_resumes_without_fetching_recorded_parts_again(
+    moto_s3: MotoS3, s3_bucket: str, tmp_path: Path
+) -> None:
+    """A real kill (SIGKILL of the fetching process after 7 ranged GETs), then a fetch in this process."""
+    part_bytes = 64 * 1024
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(10 * part_bytes + 5))  # 11 parts
+    (src / "b.bin").write_bytes(os.urandom(4 * part_bytes))  # 4 parts
+    cache = tmp_path / "cache"
+    uri = f"s3://{s3_bucket}/ckpt/1"
+    store = WeightStore(moto_s3.client(), cache, part_size_bytes=part_bytes, quiet=True)
+    store.upload_dir(src, uri)
+
+    child = Path(__file__).with_name("killed_fetch.py")
+    argv = [sys.executable, str(child), moto_s3.endpoint_url, uri, str(cache), str(part_bytes), "7"]
+    killed = subprocess.run(argv, env={**os.environ, **moto_s3.env()}, capture_output=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+
+    # What the killed fetch left: finished parts in each resume record, and any file it published.
+    recorded: set[tuple[str, int]] = set()
+    manifest = store.read_manifest(uri)
+    for entry in manifest.files:
+        record = cache / "partial" / f"{entry.sha256}.parts"
+        if record.exists():
+            lines = record.read_text().split("\n")[1:-1]
+            recorded |= {(entry.path, int(line)) for line in lines}
+        elif (cache / "objects" / entry.sha256[:2] / entry.sha256).exists():
+            recorded |= {(entry.path, i) for i in range(-(-entry.size_bytes // part_bytes))}
+    assert 0 < len(recorded) <= 7
+
+    log = RangedGetLog(store.client)
+    assert sorted(p.read_bytes() for p in store.fetch(uri).iterdir()) == sorted(
+        p.read_bytes() for p in src.iterdir()
+    )
+    fetched = {
+        (key.removeprefix("ckpt/1/"), int(rng.split("=")[1].split("-")[0]) // part_bytes)
+        for key, rng in log.ranged
+    }
+    assert not fetched & recorded  # no recorded part fetched again
+    assert len(log.ranged) == 15 - len(recorded)
