@@ -5,8 +5,9 @@ S3 server (tests/s3_server.py: moto, an S3 implementation on 127.0.0.1, not AWS)
 cache and starting a real tritonserver from it (its cold start printed by phase), the version routed,
 and a gateway routing by the registry, which reads the version's tokenizer from S3 (only the tokenizer's
 files, into its own cache), serving it through the official openai client; a version whose artifact was
-never uploaded is not routed, and the gateway's /readyz says why. A second replica on the same
-node downloads nothing: the cache has every file (the weight store's own count, as the start reports it).
+never uploaded is not routed, and the gateway's /readyz says why. Two replicas started at once share
+the download (each file fetched once between them); a third one on the same node downloads nothing: the
+cache has every file (the weight store's own count, as the start reports it).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -114,16 +116,18 @@ def sluice(capsys: pytest.CaptureFixture[str], node: Node, *argv: str, code: int
     return out + err
 
 
-def start_replica(capsys: pytest.CaptureFixture[str], node: Node) -> dict[str, object]:
-    """``sluice replicas start MODEL 1``: the started replica's row, once ready (with its cold start)."""
-    (replica,) = json.loads(sluice(capsys, node, "replicas", "start", MODEL, "1", "--json"))["replicas"]
-    assert replica["state"] == "ready" and replica["local"] is True, replica
-    cold = replica["cold_start"]
-    assert isinstance(cold, dict) and cold["phase"] == "ready", replica
-    assert all(cold[phase] > 0 for phase in ("download_s", "load_s", "first_token_s")), cold
-    # Its files were checked against the manifest as they arrived, which records the version's digest.
-    assert cold["verify_s"] >= 0 and cold["verified_by"] == "manifest", cold
-    return replica
+def start_replicas(capsys: pytest.CaptureFixture[str], node: Node, count: int) -> list[dict[str, Any]]:
+    """``sluice replicas start MODEL 1 --count N``: the started replicas' rows, once ready."""
+    out = sluice(capsys, node, "replicas", "start", MODEL, "1", "--count", str(count), "--json")
+    replicas: list[dict[str, Any]] = json.loads(out)["replicas"]
+    for replica in replicas:
+        assert replica["state"] == "ready" and replica["local"] is True, replica
+        cold = replica["cold_start"]
+        assert cold["phase"] == "ready", replica
+        assert all(cold[phase] > 0 for phase in ("download_s", "load_s", "first_token_s")), cold
+        # Its files were checked against the manifest as they arrived, which records the version's digest.
+        assert cold["verify_s"] >= 0 and cold["verified_by"] == "manifest", cold
+    return replicas
 
 
 def test_a_built_version_is_pulled_started_routed_and_served(
@@ -143,16 +147,19 @@ def test_a_built_version_is_pulled_started_routed_and_served(
     (version,) = json.loads(sluice(capsys, node, "versions", "list", MODEL, "--json"))["versions"]
     assert (version["state"], version["artifact_uri"]) == ("staged", artifact)
 
-    # The first replica of the version on this node: every file downloaded into the node's cache.
-    first = start_replica(capsys, node)
-    cold = first["cold_start"]
-    assert isinstance(cold, dict) and cold["artifact_uri"] == artifact
-    assert cold["num_downloaded_files"] == NUM_CHECKPOINT_FILES
-    assert cold["num_downloaded_bytes"] == sum(f.stat().st_size for f in dev_checkpoint.iterdir())
+    # The first two replicas of the version on this node, started at once: between them every file is
+    # downloaded into the node's cache exactly once (they share the work).
+    first = start_replicas(capsys, node, count=2)
+    colds = [replica["cold_start"] for replica in first]
+    assert {cold["artifact_uri"] for cold in colds} == {artifact}
+    assert sum(cold["num_downloaded_files"] for cold in colds) == NUM_CHECKPOINT_FILES
+    checkpoint_bytes = sum(f.stat().st_size for f in dev_checkpoint.iterdir())
+    assert sum(cold["num_downloaded_bytes"] for cold in colds) == checkpoint_bytes
     cache = node.state_dir / "weight-cache"
     assert sum(1 for p in cache.rglob("model.safetensors")) >= 1
     log = node.log_path.read_text()
-    assert re.search(rf"replica {first['replica_id']} ready .*cold start: download [0-9.]+ s \(", log), log
+    for replica in first:
+        assert re.search(rf"replica {replica['replica_id']} ready .*cold start: download [0-9.]+ s \(", log)
 
     sluice(capsys, node, "versions", "set-state", MODEL, "1", "warming")
     sluice(capsys, node, "versions", "set-state", MODEL, "1", "serving")
@@ -169,7 +176,7 @@ def test_a_built_version_is_pulled_started_routed_and_served(
         registry_poll_interval_s=0.5, s3_endpoint_url=moto_s3.endpoint_url, weight_cache_dir=gateway_cache,
     )  # fmt: skip
     try:
-        wait_until(lambda: gateway.gw.router.pools.num_in_rotation == 1, 20.0, "the replica in rotation")
+        wait_until(lambda: gateway.gw.router.pools.num_in_rotation == 2, 20.0, "the replicas in rotation")
         stream = gateway.client().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
@@ -188,7 +195,7 @@ def test_a_built_version_is_pulled_started_routed_and_served(
     finally:
         gateway.stop()
 
-    # A second replica on the same node: the cache holds every file, nothing is downloaded.
+    # A third replica on the same node: the cache holds every file, nothing is downloaded.
     out = sluice(capsys, node, "replicas", "start", MODEL, "1")
     second = re.search(r"Cold start of (\S+): download [0-9.]+ s \(0\.0 MB in 0 files\), verify .* load", out)
     assert second is not None, out
