@@ -236,11 +236,7 @@ class LocalReplicas:
             cold_start = ColdStart(source, download_s=0.0, verify_s=verify_s, verified_by="weights digest")
         else:
             await self._run(check_remote_artifact, found, self._weight_store)
-        replicas = []
-        for _ in range(count):
-            local = await self._launch(settings, found, replace(cold_start), actor, pool)
-            replicas.append(local)
-        return replicas
+        return [await self._launch(settings, found, replace(cold_start), actor, pool) for _ in range(count)]
 
     async def _launch(
         self,
