@@ -94,9 +94,11 @@ class Reader:
         return list(view["replicas"]), None
 
 
-def _title(interval_s: float) -> str:
+def _title(interval_s: float, *, live: bool) -> str:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"sluice top: every {interval_s:g} s, {now} (Ctrl-C quits)"
+    if live:
+        return f"sluice top: every {interval_s:g} s, {now} (Ctrl-C quits)"
+    return f"sluice top: {now}, rates and p95s over the last {interval_s:g} s"
 
 
 def _run(args: argparse.Namespace, api: AdminApi) -> int:
@@ -109,7 +111,7 @@ def _run(args: argparse.Namespace, api: AdminApi) -> int:
             if args.json:
                 print(json.dumps(as_json(snapshot, datetime.now(UTC).isoformat()), indent=2))
             else:
-                print(render(snapshot, _title(args.interval)))
+                print(render(snapshot, _title(args.interval, live=False)))
         else:
             _live(reader, args.interval, args.model)
     finally:
@@ -124,7 +126,7 @@ def _live(reader: Reader, interval_s: float, model: str | None) -> None:
     next_s = time.monotonic()
     try:
         while True:
-            text = render(build_snapshot(reader.read(), model), _title(interval_s))
+            text = render(build_snapshot(reader.read(), model), _title(interval_s, live=True))
             columns = shutil.get_terminal_size().columns
             sys.stdout.write(CLEAR_SCREEN + "\n".join(line[:columns] for line in text.splitlines()) + "\n")
             sys.stdout.flush()
