@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from build_engines.checkpoint import TOKENIZER_FILES, check_checkpoint
+from build_engines.checkpoint import check_checkpoint
 from build_engines.plan import STEP_COUNTS, BuildPlan, Step, plan_build, tool_versions
 from build_engines.repository import (
     ENGINE_SUBDIR,
-    TOKENIZER_SUBDIR,
     render_trtllm,
     write_repository,
 )
 from build_engines.spec import BuildSpec
+from sluice import artifacts
 from sluice.triton.render import CpuEngineModelSettings, render_model_repository
 from sluice.weight_store import Manifest, ManifestNotFoundError, WeightStore
 from sluice.weights_digest import weights_digest
@@ -231,7 +231,7 @@ def _execute(plan: BuildPlan, say: Say) -> str:
             step = _step(plan, name, say)
             subprocess.run(step.command, check=True)
         _step(plan, "stage", say)
-        _stage_tokenizer(plan.source_dir, plan.artifact_dir / TOKENIZER_SUBDIR)
+        _stage_tokenizer(plan.source_dir, plan.artifact_dir)
         digest = weights_digest(plan.artifact_dir / ENGINE_SUBDIR)
         _step(plan, "render", say)
         files = render_trtllm(
@@ -260,8 +260,10 @@ def _execute(plan: BuildPlan, say: Say) -> str:
 
 
 def _stage_tokenizer(source_dir: Path, out_dir: Path) -> None:
+    """What a gateway reads of the checkpoint (its tokenizer, and config.json for the context length) at
+    the artifact's top level, beside the engine."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in (*TOKENIZER_FILES, "special_tokens_map.json", "tokenizer.model", "generation_config.json"):
+    for name in sorted(artifacts.TOKENIZER_FILES):
         if (source_dir / name).is_file():
             shutil.copyfile(source_dir / name, out_dir / name)
 

@@ -33,8 +33,9 @@ from sluice.triton.render import (
 from sluice.weights_digest import weights_digest
 
 TRTLLM_DIR = CPU_SOURCE_DIR.parent / "trtllm"
-ENGINE_SUBDIR = "engine"  # a trtllm artifact: the engine under engine/, the tokenizer under tokenizer/
-TOKENIZER_SUBDIR = "tokenizer"
+# A trtllm artifact: the engine under engine/; the tokenizer and the model's config.json at the top level,
+# where every target's artifact has them (a gateway fetches only those: ``sluice.artifacts``).
+ENGINE_SUBDIR = "engine"
 MODEL_YAML = "model.yaml"
 
 

@@ -19,6 +19,7 @@ import pytest
 from build_service import ControlPlane
 
 from control_plane.cli.main import main
+from gateway.routing.router import read_tokenizer
 from sluice.settings import get_settings
 from sluice.weight_store import WeightStore
 from sluice.weights_digest import weights_digest
@@ -106,14 +107,18 @@ def test_trtllm_build_runs_the_commands_uploads_the_engine_and_stages_it(
     engine_digest = weights_digest(work / "artifact" / "engine")
     dest = f"s3://{source_uri.split('/')[2]}/engines/{model}/1"
     manifest = WeightStore.from_settings(get_settings(), quiet=True).read_manifest(dest)
-    assert sorted(e.path for e in manifest.files) == [
+    assert sorted(e.path for e in manifest.files) == [  # the gateway's files at the top, as for cpu
+        "config.json",
         "engine/config.json",
         "engine/rank0.engine",
-        "tokenizer/generation_config.json",
-        "tokenizer/tokenizer.json",
-        "tokenizer/tokenizer_config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert manifest.metadata["weights_digest"] == engine_digest
+    # A gateway routes the version: it reads the tokenizer from the artifact as for a cpu build.
+    codec = read_tokenizer(dest, engine_digest, lambda: WeightStore.from_settings(get_settings(), quiet=True))
+    assert codec.encode("hello")
     assert manifest.metadata["tool_versions"] == {"sluice": version("sluice"), "tensorrt_llm": "1.2.0+fake"}
     config = (work / "repository" / model / "config.pbtxt").read_text()
     assert engine_digest in config and f"{work}/artifact/engine" in config
