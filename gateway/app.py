@@ -35,6 +35,7 @@ from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import TelemetryWriter
 from gateway.usage.controller import UsageController
 from sluice.engine_client import EngineClient
+from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.factory import open_engine_client
 from sluice.engine_client.triton import TritonEngineClient
 from sluice.idempotency.factory import open_idempotency_store
@@ -189,7 +190,11 @@ async def _open_routing(
 def _replica_client(target: ReplicaTarget) -> EngineClient:
     # A replica registered without a metrics URL: its load is not read, so the scheduler's KV gate stays
     # open for it and the replica's own admission applies.
-    client = TritonEngineClient(target.endpoint, target.model, metrics_url=target.metrics_url or None)
+    # NOTE: a target without a dialect never gets here (gateway.routing.pools.unservable refuses it).
+    dialect = target.dialect or Dialect.CPU_ENGINE
+    client = TritonEngineClient(
+        target.endpoint, target.model, metrics_url=target.metrics_url or None, dialect=dialect
+    )
     client.model_version = target.version
     return client
 

@@ -324,6 +324,7 @@ def _engine_request(job: Job, priority: EnginePriority) -> GenerateRequest:
         cache_scope=job.tenant.tenant_id,
         priority=priority,
         ignore_eos=job.ignore_eos,
+        eos_token_ids=job.target.codec.eos_token_ids,
     )
 
 

@@ -7,7 +7,9 @@ only behind other short prompts (``gateway.routing.table.choose_pool`` picks the
 queue metrics carry its pool as a label.
 
 A replica enters rotation only after this gateway verified it (``verify``: ready at the version, serving
-its weights digest); one that fails stays out and is tried again at the next ``apply`` (the registry
+its weights digest) and only if its model's request dialect is one the engine client speaks (``unservable``:
+not the text-only llmapi model, not an unknown build target); the client is made for that dialect
+(``ReplicaTarget.dialect``); one that fails stays out and is tried again at the next ``apply`` (the registry
 follower re-reads every poll interval). A replica the table no longer names is drained (its requests
 finish, nothing new goes to it) and its client closed once it holds nothing. A (model, version) whose
 scheduler is empty and no longer routed is closed the same way.
@@ -23,6 +25,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.table import ReplicaTarget, RoutingTable
 from gateway.scheduling.scheduler import ModelScheduler
 from sluice.engine_client import EngineClient
+from sluice.engine_client.dialects import UNSERVABLE
 from sluice.registry.base import ReplicaPool
 from sluice.settings import Settings
 from sluice.triton.verify import Verification
@@ -31,6 +34,20 @@ log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[ReplicaTarget], EngineClient]
 Verifier = Callable[[ReplicaTarget], Awaitable[Verification]]
+
+
+def unservable(target: ReplicaTarget) -> Verification | None:
+    """Why a replica cannot be sent requests whatever it answers (a model this gateway cannot speak to);
+    None when it may be verified."""
+    if target.dialect is None:
+        return Verification(
+            False, "its version's build target is unknown to this gateway (no request dialect)"
+        )
+    if target.dialect in UNSERVABLE:
+        return Verification(
+            False, f"its version is served by a {target.dialect} model: {UNSERVABLE[target.dialect]}"
+        )
+    return None
 
 
 class ReplicaPools:
@@ -129,7 +146,7 @@ class ReplicaPools:
 
     # ----- internals -----
     async def _admit(self, target: ReplicaTarget) -> None:
-        verdict = await self._verify(target)
+        verdict = unservable(target) or await self._verify(target)
         if not verdict.ok:
             if self._refused.get(target.replica_id) != verdict.detail:
                 log.warning("replica %s kept out of rotation: %s", target.replica_id, verdict.detail)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from sluice.engine_client.dialects import Dialect, dialect_of
 from sluice.policy.rollout import bucket_of, version_for_bucket
 from sluice.registry.base import RegistrySnapshot, ReplicaPool, ReplicaState, VersionState
 
@@ -41,6 +42,9 @@ class ReplicaTarget:
     # metrics URL is a changed target, drained and admitted again (``gateway.routing.pools``).
     metrics_url: str = ""
     pool: ReplicaPool = ReplicaPool.GENERAL  # which queue it serves; a new pool is a changed target too
+    # The request dialect of the model it serves, from its version's build target (sluice.engine_client.
+    # dialects): which tensors the gateway sends it.
+    dialect: Dialect | None = Dialect.CPU_ENGINE  # None: the build target is unknown to this gateway
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class VersionTarget:
     weights_digest: str
     artifact_uri: str
     replicas: tuple[ReplicaTarget, ...]  # routable ones only (general and long-prompt pools)
+    dialect: Dialect | None = Dialect.CPU_ENGINE  # as its replicas'
 
     def pools(self) -> frozenset[ReplicaPool]:
         """The pools its routable replicas are in."""
@@ -89,16 +94,22 @@ class RoutingTable:
                 if version is None:  # the registry's rules prevent it; a table must not crash on it
                     continue
                 serving = version.state is VersionState.SERVING
+                dialect = _dialect(version.build_config)
                 replicas = tuple(
                     ReplicaTarget(
                         r.replica_id, r.endpoint, r.model, r.version, version.weights_digest, r.metrics_url,
-                        r.pool,
+                        r.pool, dialect,
                     )
                     for r in snapshot.replicas_of(route.model, entry.version, ReplicaState.READY)
                     if serving and r.pool in ROUTED_POOLS
                 )  # fmt: skip
                 targets[entry.version] = VersionTarget(
-                    route.model, entry.version, version.weights_digest, version.artifact_uri, replicas
+                    route.model,
+                    entry.version,
+                    version.weights_digest,
+                    version.artifact_uri,
+                    replicas,
+                    dialect,
                 )
             split = {v: w for v, w in route.split_pct().items() if v in targets}
             if split and any(w > 0 for w in split.values()):
@@ -126,6 +137,16 @@ class RoutingTable:
         return {
             r.replica_id: r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         }
+
+
+def _dialect(build_config: Mapping[str, object]) -> Dialect | None:
+    """The version's dialect; None for a build target this gateway does not know (a newer control plane's):
+    its replicas are kept out of rotation with the reason (``gateway.routing.pools``), the table still
+    builds."""
+    try:
+        return dialect_of(build_config)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ class GenerateRequest:
     # A class preempts lower ones to be admitted (an int is taken as the EnginePriority of that value).
     priority: EnginePriority = EnginePriority.UNDER_SHARE
     ignore_eos: bool = False
+    # The model's end-of-sequence ids (its tokenizer's), for an engine that is not told them otherwise: the
+    # TensorRT-LLM model stops only at the end_id it is sent. The CPU engine applies its checkpoint's own.
+    eos_token_ids: tuple[int, ...] = ()
     cache_scope: str = field(kw_only=True)  # the tenant
 
     def __post_init__(self) -> None:

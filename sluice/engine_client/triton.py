@@ -1,8 +1,10 @@
 """``EngineClient`` over Triton's gRPC streaming API (``tritonclient.grpc.aio``): production's path.
 
-One gRPC stream per request. Leaving the ``async for`` over the call does not end it, so closing the
-generator cancels the call explicitly (``GenerateStream.__aexit__``); Triton marks the request
-cancelled and the model aborts it in the engine within a step.
+One client for every Triton model a replica may serve: ``dialect`` (``sluice.engine_client.dialects``)
+says which tensors to send and how to read the responses; the gateway picks it from the registry
+version's build target. One gRPC stream per request. Leaving the ``async for`` over the call does not
+end it, so closing the generator cancels the call explicitly (``GenerateStream.__aexit__``); Triton
+marks the request cancelled and the model aborts it in the engine within a step.
 
 How a failure becomes an ``EngineErrorKind``, one rule for every backend behind Triton:
 - A response carrying the ``error_kind`` output (the CPU engine's model refusing or failing a request)
@@ -18,23 +20,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 import grpc
 import httpx
+import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
+from sluice.engine_client.dialects import TRTLLM_OUTPUTS, Dialect, TrtllmDecoder, build_tensors
 from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
-from sluice.triton.client import GenerateStream, grpc_target, request_tensors
+from sluice.triton.client import GenerateStream, grpc_target
 from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger(__name__)
-
-# top_p travels as FP32, where a tiny value rounds to 0, which is TensorRT-LLM's "no cut" (the whole
-# distribution). Any top_p at or below this keeps only the most likely token (whose probability is at
-# least 1 / vocabulary size), so it is sent as this instead.
-MIN_SENT_TOP_P = 1e-6
 
 
 class TritonEngineClient(EngineClient):
@@ -47,8 +47,10 @@ class TritonEngineClient(EngineClient):
         stream_timeout_s: float | None = None,
         *,
         metrics_url: str | None = None,
+        dialect: Dialect = Dialect.CPU_ENGINE,
     ) -> None:
         self.replica = grpc_target(grpc_url)
+        self.dialect = dialect
         self._model_name = model_name
         self._stream_timeout_s = stream_timeout_s
         self._metrics_url = metrics_url
@@ -101,27 +103,26 @@ class TritonEngineClient(EngineClient):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
         if self._client is None:
             raise EngineError(EngineErrorKind.UNAVAILABLE, "the Triton client is not started")
-        # NOTE: a tiny temperature is sent as greedy (no sampling inputs), whatever engine serves it.
-        sampled = not request.greedy
-        tensors = request_tensors(
-            request.prompt_token_ids,
-            request.max_tokens,
-            streaming=True,
-            temperature=request.temperature if sampled else None,
-            top_p=max(request.top_p, MIN_SENT_TOP_P) if sampled and request.top_p is not None else None,
-            seed=request.seed,
-            stop_token_ids=request.stop_token_ids,
-            priority=request.priority,
-            cache_scope=request.cache_scope,
-            ignore_eos=request.ignore_eos or None,
-        )
-        stream = GenerateStream(
+        tensors = build_tensors(self.dialect, request)
+        stream_class = _ResultStream if self.dialect is Dialect.TENSORRT_LLM else GenerateStream
+        stream = stream_class(
             self._client, self._model_name, tensors, request.request_id, self._stream_timeout_s
         )
         # NOTE: the `async with` cancels the gRPC call on every way out, including this generator's
         # aclose() when the consumer stops early; a call that already ended ignores the cancel.
         async with stream:
             try:
+                if isinstance(stream, _ResultStream):
+                    # NOTE: the model sends no finish reason; Triton ends the stream after the response it
+                    # flagged final, so the stream's end is when the decoder gives the final delta.
+                    decoder = TrtllmDecoder(request)
+                    async with aclosing(stream.outputs(TRTLLM_OUTPUTS)) as responses:
+                        async for outputs in responses:
+                            delta = decoder.on_response(outputs)
+                            if delta.token_ids:
+                                yield delta
+                    yield decoder.on_end()
+                    return
                 async for chunk in stream:
                     reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
                     yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
@@ -132,6 +133,18 @@ class TritonEngineClient(EngineClient):
             except grpc.RpcError as exc:  # the aio stream raises gRPC's own errors for transport failures
                 raise _rpc_error(exc) from None
         raise EngineError(EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing")
+
+
+class _ResultStream(GenerateStream):
+    """A stream whose responses are read as the model's raw output tensors (a dialect decodes them)."""
+
+    async def outputs(self, names: tuple[str, ...]) -> AsyncGenerator[dict[str, np.ndarray | None], None]:
+        if self._call is None:
+            raise RuntimeError("use the stream inside `async with`")
+        async for result, error in self._call:
+            if error is not None:
+                raise error
+            yield {name: result.as_numpy(name) for name in names}
 
 
 # The gRPC statuses that say whose fault it is; every other status, and none, is ENGINE_ERROR.
