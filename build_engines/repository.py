@@ -47,7 +47,10 @@ class TrtllmServing:
     batching_strategy: str = "inflight_fused_batching"
     # Of the GPU memory left once the engine is loaded, what the paged KV cache takes (backend default).
     kv_cache_free_gpu_mem_fraction: float = 0.9
-    enable_kv_cache_reuse: bool = True  # prefix caching, as the CPU engine does
+    # Prefix reuse of KV blocks across requests. Off unless explicitly allowed: TensorRT-LLM's Triton model
+    # takes no per-request cache salt, so it cannot scope reuse to one tenant as the CPU engine does, and
+    # a shared prefix cache lets one tenant time another's prompts (sluice.engine_client.dialects).
+    enable_kv_cache_reuse: bool = False
     enable_chunked_context: bool = True  # long prompts prefilled in chunks between decode steps
     # Never pause a started request (max_utilization packs more but may pause some).
     batch_scheduler_policy: str = "guaranteed_no_evict"

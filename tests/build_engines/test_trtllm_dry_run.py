@@ -99,7 +99,7 @@ def test_trtllm_dry_run_prints_the_engine_build_commands_and_a_filled_config(
     assert params["gpt_model_type"] == "inflight_fused_batching"
     assert params["batch_scheduler_policy"] == "guaranteed_no_evict"
     assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
-    assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
+    assert params["enable_kv_cache_reuse"] == "false" and params["enable_chunked_context"] == "true"
     assert params["exclude_input_in_output"] == "true" and params["cancellation_check_period_ms"] == "100"
     assert params["weights_digest"].startswith("(the built engine")  # unknown until trtllm-build ran
     assert "Dry run: nothing was built, uploaded or registered." in out
@@ -158,7 +158,7 @@ def test_llmapi_dry_run_renders_model_yaml_and_config_without_an_engine_build(
         "1536",
         "8192",
     )
-    assert fields["free_gpu_memory_fraction"] == "0.9" and fields["enable_block_reuse"] == "true"
+    assert fields["free_gpu_memory_fraction"] == "0.9" and fields["enable_block_reuse"] == "false"
     assert fields["decoupled"] == "True"
 
 
@@ -261,6 +261,6 @@ def test_the_rendered_configs_parse_as_tritons_model_config_and_yaml() -> None:
         "max_seq_len": 2048,
         "max_input_len": 1024,
         "enable_chunked_prefill": True,
-        "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True},
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": False},
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
