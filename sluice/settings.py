@@ -179,6 +179,14 @@ class Settings(BaseSettings):
     safety_classifier_model: str = "sluice-guard"  # the Triton model behind the "triton" classifier
     safety_holdback_chars: int = Field(64, ge=1, le=4096)  # streamed text withheld until screened
 
+    # Replica health checks (the control plane; docs/operations.md "Replicas"): every
+    # replica_health_interval_s, Triton ready at the version plus a one-token probe that must finish within
+    # replica_probe_timeout_s (a wedge is caught within two intervals while the timeout is at most the
+    # interval); a starting replica (downloading, loading) may fail them for replica_start_grace_s.
+    replica_health_interval_s: float = Field(2.0, gt=0, le=300)
+    replica_probe_timeout_s: float = Field(2.0, gt=0, le=300)
+    replica_start_grace_s: float = Field(120.0, ge=0, le=24 * 3600)
+
     # Autoscaler (issue 12; control_plane/autoscaler, docs/operations.md "Autoscaling"): off by default.
     # Every autoscaler_interval_s it scrapes the gateways' /metrics (comma-separated URLs) and sets each
     # routed model version's replicas from interactive TTFT p95 and queue wait p95 against their targets

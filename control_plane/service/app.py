@@ -24,7 +24,6 @@ from litestar.openapi.spec import Components, SecurityScheme
 from control_plane.autoscaler.service import open_autoscaler
 from control_plane.service.auth import SECURITY_SCHEME, check_roles_declared
 from control_plane.service.errors import exception_handlers
-from control_plane.service.health import DEFAULT_INTERVAL_S
 from control_plane.service.metrics import ControlPlaneMetrics, observe_requests
 from control_plane.service.models import RegistryController
 from control_plane.service.release_common import keep_encoded_slashes
@@ -53,7 +52,7 @@ def create_app(
     *,
     token_store: AdminTokenStore | None = None,
     registry: Registry | None = None,
-    health_interval_s: float = DEFAULT_INTERVAL_S,
+    health_interval_s: float | None = None,  # None: settings.replica_health_interval_s
 ) -> Litestar:
     metrics = ControlPlaneMetrics()
 

@@ -40,7 +40,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
 from control_plane.service.errors import AdminError, ErrorBody, unavailable
-from control_plane.service.health import DEFAULT_INTERVAL_S, HealthChecker, ReplicaStates
+from control_plane.service.health import HealthChecker, ReplicaStates
 from control_plane.service.local_replicas import (
     DEFAULT_STOP_TIMEOUT_S,
     MAX_REPLICAS_PER_START,
@@ -71,7 +71,7 @@ async def open_replica_services(
     metrics: ControlPlaneMetrics,
     stack: AsyncExitStack,
     *,
-    health_interval_s: float = DEFAULT_INTERVAL_S,
+    health_interval_s: float | None = None,  # None: settings.replica_health_interval_s
 ) -> ReplicaServices:
     """The health checks (a background task) and the local actuator, closed by ``stack`` (the actuator's
     replicas stop with the service)."""
@@ -82,7 +82,13 @@ async def open_replica_services(
     )  # fmt: skip
     await local.open()
     stack.push_async_callback(local.close)
-    health = HealthChecker(states, metrics.registry, interval_s=health_interval_s)
+    health = HealthChecker(
+        states,
+        metrics.registry,
+        interval_s=settings.replica_health_interval_s if health_interval_s is None else health_interval_s,
+        start_grace_s=settings.replica_start_grace_s,
+        probe_timeout_s=settings.replica_probe_timeout_s,
+    )
     await health.start()
     stack.push_async_callback(health.close)
     return ReplicaServices(states=states, health=health, local=local)
