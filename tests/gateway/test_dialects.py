@@ -1,0 +1,236 @@
+"""The request dialects against the model configurations Sluice renders (no TensorRT-LLM server here: no
+GPU). Every tensor a dialect builds must be an input the rendered config.pbtxt declares, with its data
+type and rank (one more than ``dims``: the batch dimension), and every required input must be sent;
+Triton rejects anything else before the model sees it. Plus the response side of ``tensorrt_llm``:
+canned responses to ``Delta``s, the last with a finish reason the backend never sends."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import np_to_triton_dtype
+
+from build_engines.repository import render_cpu, render_trtllm
+from gateway.routing.pools import unservable
+from gateway.routing.table import ReplicaTarget
+from sluice.engine_client import Delta, EnginePriority, FinishReason, GenerateRequest
+from sluice.engine_client.dialects import (
+    Dialect,
+    TrtllmDecoder,
+    build_tensors,
+    dialect_of,
+    stop_words_list,
+)
+from sluice.engine_client.wire import EngineError
+from sluice.triton.client import request_tensors
+from sluice.triton.render import CpuEngineModelSettings
+
+DIGEST = "sha256:" + "0" * 64
+PROMPT = [5, 17, 99, 4]
+EOS = (2, 7)  # a model with two end-of-sequence ids (Llama 3 has two)
+
+
+@dataclass(frozen=True)
+class Declared:
+    data_type: str  # tritonclient's spelling: INT32, BOOL, BYTES...
+    dims: tuple[int, ...]
+    optional: bool
+
+
+def _inputs(config_text: str) -> tuple[int, dict[str, Declared]]:
+    config = text_format.Parse(config_text, model_config_pb2.ModelConfig())
+    inputs = {}
+    for tensor in config.input:
+        name = model_config_pb2.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+        inputs[tensor.name] = Declared(
+            "BYTES" if name == "STRING" else name, tuple(tensor.dims), tensor.optional
+        )
+    return config.max_batch_size, inputs
+
+
+@pytest.fixture(scope="module")
+def trtllm_config() -> tuple[int, dict[str, Declared]]:
+    files = render_trtllm(
+        model_name="m", triton_version=1, engine_dir="/e", weights_digest_value=DIGEST, max_batch_size=8
+    )
+    return _inputs(files["m/config.pbtxt"])
+
+
+@pytest.fixture(scope="module")
+def cpu_config() -> tuple[int, dict[str, Declared]]:
+    files = render_cpu(CpuEngineModelSettings(Path("/ckpt"), model_name="m", weights_digest=DIGEST))
+    return _inputs(files["m/config.pbtxt"])
+
+
+def _request(**kwargs: object) -> GenerateRequest:
+    fields: dict[str, object] = {"max_tokens": 16, "cache_scope": "acme", "eos_token_ids": EOS, **kwargs}
+    return GenerateRequest("r", PROMPT, **fields)  # type: ignore[arg-type]
+
+
+REQUESTS = {
+    "greedy": _request(),
+    "sampled": _request(temperature=0.7, top_p=0.9),
+    "sampled without top_p": _request(temperature=1.3),
+    "tiny top_p": _request(temperature=1.0, top_p=1e-12),
+    "seed": _request(temperature=0.7, seed=2**63 + 5),
+    "stop ids": _request(stop_token_ids=(11, 12)),
+    "stop ids and an eos id among them": _request(stop_token_ids=(7, 12)),
+    "ignore_eos": _request(ignore_eos=True),
+    "ignore_eos with stop ids": _request(ignore_eos=True, stop_token_ids=(11,)),
+    **{f"priority {p.name}": _request(priority=p) for p in EnginePriority},
+    "another tenant": _request(cache_scope="globex"),
+}
+
+
+def _check_against(
+    tensors: Mapping[str, np.ndarray], max_batch_size: int, declared: Mapping[str, Declared]
+) -> None:
+    assert max_batch_size > 0  # so every tensor carries a batch dimension of 1
+    for name, array in tensors.items():
+        assert name in declared, f"{name} is not an input of the model"
+        spec = declared[name]
+        assert np_to_triton_dtype(array.dtype) == spec.data_type, name
+        assert array.ndim == len(spec.dims) + 1 and array.shape[0] == 1, (name, array.shape, spec.dims)
+        for sent, want in zip(array.shape[1:], spec.dims, strict=True):
+            assert want == -1 or sent == want, (name, array.shape, spec.dims)
+    missing = {name for name, spec in declared.items() if not spec.optional} - set(tensors)
+    assert not missing, f"required inputs not sent: {missing}"
+
+
+@pytest.mark.parametrize("case", sorted(REQUESTS))
+def test_tensorrt_llm_tensors_are_inputs_the_rendered_model_declares(
+    case: str, trtllm_config: tuple[int, dict[str, Declared]]
+) -> None:
+    _check_against(build_tensors(Dialect.TENSORRT_LLM, REQUESTS[case]), *trtllm_config)
+
+
+@pytest.mark.parametrize("case", sorted(REQUESTS))
+def test_cpu_engine_tensors_are_inputs_the_rendered_model_declares(
+    case: str, cpu_config: tuple[int, dict[str, Declared]]
+) -> None:
+    _check_against(build_tensors(Dialect.CPU_ENGINE, REQUESTS[case]), *cpu_config)
+
+
+def test_the_cpu_engine_tensors_are_what_the_tensorrt_llm_model_would_reject(
+    trtllm_config: tuple[int, dict[str, Declared]],
+) -> None:
+    """Why dialects exist, and proof the check above can fail: priority (and cache_scope) are no inputs."""
+    with pytest.raises(AssertionError, match="priority is not an input"):
+        _check_against(build_tensors(Dialect.CPU_ENGINE, REQUESTS["greedy"]), *trtllm_config)
+
+
+def test_the_cpu_engine_wire_is_what_it_was() -> None:
+    """The cpu_engine dialect sends exactly the tensors the client sent before dialects (eos ids not)."""
+    request = _request(temperature=0.5, top_p=1e-9, seed=3, stop_token_ids=(9,), priority=2, ignore_eos=True)
+    before = request_tensors(
+        PROMPT, 16, streaming=True, temperature=0.5, top_p=1e-6, seed=3, stop_token_ids=(9,), priority=2,
+        cache_scope="acme", ignore_eos=True,
+    )  # fmt: skip
+    sent = build_tensors(Dialect.CPU_ENGINE, request)
+    assert sent.keys() == before.keys()
+    for name, array in before.items():  # object arrays (the BYTES tenant) compare by value, not pointer
+        assert sent[name].dtype == array.dtype and sent[name].tolist() == array.tolist(), name
+
+
+def _scalar(tensors: Mapping[str, np.ndarray], name: str) -> Any:
+    return tensors[name].reshape(-1)[0].item()
+
+
+def test_tensorrt_llm_maps_sampling_seed_and_stops_onto_the_backends_names() -> None:
+    greedy = build_tensors(Dialect.TENSORRT_LLM, REQUESTS["greedy"])
+    assert _scalar(greedy, "runtime_top_k") == 1 and "temperature" not in greedy
+    assert (_scalar(greedy, "end_id"), _scalar(greedy, "input_lengths")) == (2, 4)
+    # the second EOS id can only be a stop word: the backend takes one end_id
+    assert greedy["stop_words_list"].tolist() == [[[7], [1]]]
+    sampled = build_tensors(Dialect.TENSORRT_LLM, REQUESTS["seed"])
+    assert _scalar(sampled, "seed") == 2**63 + 5 and sampled["seed"].dtype == np.uint64
+    assert _scalar(sampled, "runtime_top_k") == 0 and _scalar(sampled, "runtime_top_p") == 1.0
+    tiny = build_tensors(Dialect.TENSORRT_LLM, REQUESTS["tiny top_p"])
+    assert _scalar(tiny, "runtime_top_p") > 0  # 0 would be the backend's "no cut"
+    stops = build_tensors(Dialect.TENSORRT_LLM, REQUESTS["stop ids and an eos id among them"])
+    assert stops["stop_words_list"].tolist() == [[[7, 12], [1, 2]]]
+
+
+def test_tensorrt_llm_ignore_eos_sends_no_end_id_but_keeps_the_stop_ids() -> None:
+    tensors = build_tensors(Dialect.TENSORRT_LLM, REQUESTS["ignore_eos with stop ids"])
+    assert "end_id" not in tensors and "pad_id" not in tensors
+    assert tensors["stop_words_list"].tolist() == [[[11], [1]]]
+
+
+def test_tensorrt_llm_without_eos_ids_fails_loudly_instead_of_never_stopping() -> None:
+    with pytest.raises(EngineError, match="eos_token_ids"):
+        build_tensors(Dialect.TENSORRT_LLM, _request(eos_token_ids=()))
+
+
+def test_what_tensorrt_llm_cannot_carry_is_not_sent() -> None:
+    """No priority and no tenant scope: the backend declares neither (so its KV reuse is rendered off)."""
+    for case in ("priority BATCH", "another tenant"):
+        sent = build_tensors(Dialect.TENSORRT_LLM, REQUESTS[case])
+        assert sent.keys() == build_tensors(Dialect.TENSORRT_LLM, REQUESTS["greedy"]).keys()
+    files = render_trtllm(
+        model_name="m", triton_version=1, engine_dir="/e", weights_digest_value=DIGEST, max_batch_size=8
+    )
+    config = text_format.Parse(files["m/config.pbtxt"], model_config_pb2.ModelConfig())
+    assert config.parameters["enable_kv_cache_reuse"].string_value == "false"
+
+
+def test_stop_words_list_is_the_backends_sparse_form() -> None:
+    assert stop_words_list((5, 6, 7)).tolist() == [[[5, 6, 7], [1, 2, 3]]]
+
+
+def _response(token_ids: list[int]) -> dict[str, np.ndarray | None]:
+    """One tensorrt_llm response as the backend fills it: one beam, this response's tokens."""
+    return {
+        "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, -1),
+        "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
+    }
+
+
+def _decode(request: GenerateRequest, responses: list[list[int]]) -> list[Delta]:
+    decoder = TrtllmDecoder(request)
+    return [decoder.on_response(_response(ids)) for ids in responses] + [decoder.on_end()]
+
+
+def test_a_tensorrt_llm_stream_that_reached_max_tokens_ends_with_length() -> None:
+    deltas = _decode(_request(max_tokens=3), [[40], [41], [42]])
+    assert [d.token_ids for d in deltas] == [[40], [41], [42], []]
+    assert [d.finish_reason for d in deltas] == [None, None, None, FinishReason.LENGTH]
+    assert (deltas[-1].num_prompt_tokens, deltas[-1].num_cached_tokens) == (4, None)
+
+
+def test_a_tensorrt_llm_stream_that_ended_early_ends_with_stop() -> None:
+    deltas = _decode(_request(), [[40, 41], [2]])  # two tokens in one response (speculative steps)
+    assert [d.token_ids for d in deltas] == [[40, 41], [2], []]
+    assert deltas[-1].finish_reason is FinishReason.STOP
+
+
+def test_only_the_sequence_length_of_output_ids_is_read() -> None:
+    padded = {"output_ids": np.array([[[40, -1, -1]]], dtype=np.int32), "sequence_length": np.array([[1]])}
+    assert TrtllmDecoder(_request()).on_response(padded).token_ids == [40]
+
+
+def test_dialect_follows_the_build_target() -> None:
+    assert dialect_of(None) is dialect_of({}) is dialect_of({"target": "cpu"}) is Dialect.CPU_ENGINE
+    assert dialect_of({"target": "trtllm", "dtype": "fp8"}) is Dialect.TENSORRT_LLM
+    assert dialect_of({"target": "trtllm-llmapi"}) is Dialect.LLMAPI
+    with pytest.raises(ValueError, match="unknown build target"):
+        dialect_of({"target": "vllm"})
+
+
+def test_replicas_of_a_model_the_client_cannot_speak_to_stay_out_of_rotation() -> None:
+    def target(dialect: Dialect | None) -> ReplicaTarget:
+        return ReplicaTarget("r", "127.0.0.1:1", "m", "1", DIGEST, dialect=dialect)
+
+    assert unservable(target(Dialect.CPU_ENGINE)) is None
+    assert unservable(target(Dialect.TENSORRT_LLM)) is None
+    llmapi = unservable(target(Dialect.LLMAPI))
+    assert llmapi is not None and not llmapi.ok and "text" in llmapi.detail
+    unknown = unservable(target(None))
+    assert unknown is not None and "unknown" in unknown.detail
