@@ -27,13 +27,18 @@ class OpenAIError(ApiError):
         super().__init__(status_code, message, **kwargs)
         # Set when the request's own ``finally`` already counted it in the metrics.
         self.counted = False
+        # The request's id once it had one (admitted): sent as X-Request-Id, as on its successes, so a
+        # client can name a failed request in its telemetry record and logs.
+        self.request_id: str | None = None
 
     def headers(self) -> dict[str, str]:
         """``Retry-After`` and ``retry-after-ms``: the official OpenAI and Anthropic SDKs honour both, the
-        latter first."""
+        latter first; ``X-Request-Id`` when the request had one."""
         headers = super().headers()
         if self.retry_after_s is not None:
             headers["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
+        if self.request_id is not None:
+            headers["X-Request-Id"] = self.request_id
         return headers
 
 

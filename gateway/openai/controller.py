@@ -175,10 +175,14 @@ async def _respond(
     gw: GatewayState = request.app.state.gw
     timing = Timing(job.arrival_s)
     events = generate_text(job, gw, timing)
-    if stream:
-        return await _stream(request, events, shape, include_usage, timing)
-    async with aclosing(events):
-        return await _whole(request, events, shape, timing)
+    try:
+        if stream:
+            return await _stream(request, events, shape, include_usage, timing)
+        async with aclosing(events):
+            return await _whole(request, events, shape, timing)
+    except OpenAIError as exc:
+        exc.request_id = job.request_id
+        raise
 
 
 async def _stream(

@@ -239,6 +239,7 @@ def test_a_request_that_keeps_losing_its_replica_gets_503_after_its_redispatches
         assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
         assert [e.num_calls for e in engines] == [1, 1, 0]  # the first dispatch and 1 re-dispatch
         [record] = gateway.telemetry()
+        assert failed.value.response.headers["x-request-id"] == record["request_id"]  # nameable
         assert record["outcome"] == "failed" and record["num_dispatches"] == 2
         assert record["failed_replicas"] == ["a", "b"]
         assert gateway.usage(limit="100")["data"] == []
