@@ -10,7 +10,9 @@ included, fails with the reason in words; nothing here raises for a replica's an
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -42,14 +44,20 @@ async def verify_replica(
         await client.close()
 
 
+def served_digest(model_config: Mapping[str, Any]) -> str:
+    """The ``weights_digest`` parameter of a model configuration as Triton's gRPC API returns it in JSON
+    (``{"config": {"parameters": {...}}}``); "" when it has none. Every model Sluice renders declares it the
+    same way (the CPU engine's, TensorRT-LLM's ``tensorrt_llm`` and ``llmapi``)."""
+    parameters = model_config.get("config", {}).get("parameters", {})
+    return str(parameters.get(DIGEST_PARAMETER, {}).get("string_value", ""))
+
+
 async def _verify(
     client: grpcclient.InferenceServerClient, model: str, version: str, expected_digest: str
 ) -> Verification:
     if not await client.is_model_ready(model, version):
         return Verification(False, f"model {model} version {version} is not ready")
-    config = await client.get_model_config(model, version, as_json=True)
-    parameters = config.get("config", {}).get("parameters", {})
-    served = parameters.get(DIGEST_PARAMETER, {}).get("string_value", "")
+    served = served_digest(await client.get_model_config(model, version, as_json=True))
     if not served:
         return Verification(False, f"model {model} version {version} declares no {DIGEST_PARAMETER}")
     if served != expected_digest:

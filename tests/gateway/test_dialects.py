@@ -6,20 +6,23 @@ canned responses to ``Delta``s, the last with a finish reason the backend never 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+from google.protobuf.json_format import MessageToJson
+from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import np_to_triton_dtype
 
-from build_engines.repository import render_cpu, render_trtllm
+from build_engines.repository import render_cpu, render_llmapi, render_trtllm
 from gateway.routing.pools import unservable
-from gateway.routing.table import ReplicaTarget
+from gateway.routing.table import ReplicaTarget, RoutingTable
 from sluice.engine_client import Delta, EnginePriority, FinishReason, GenerateRequest
 from sluice.engine_client.dialects import (
     Dialect,
@@ -29,8 +32,19 @@ from sluice.engine_client.dialects import (
     stop_words_list,
 )
 from sluice.engine_client.wire import EngineError
+from sluice.registry.base import (
+    Model,
+    ModelVersion,
+    RegistrySnapshot,
+    Replica,
+    ReplicaState,
+    Route,
+    RouteEntry,
+    VersionState,
+)
 from sluice.triton.client import request_tensors
 from sluice.triton.render import CpuEngineModelSettings
+from sluice.triton.verify import served_digest
 
 DIGEST = "sha256:" + "0" * 64
 PROMPT = [5, 17, 99, 4]
@@ -234,3 +248,49 @@ def test_replicas_of_a_model_the_client_cannot_speak_to_stay_out_of_rotation() -
     assert llmapi is not None and not llmapi.ok and "text" in llmapi.detail
     unknown = unservable(target(None))
     assert unknown is not None and "unknown" in unknown.detail
+
+
+def test_verify_reads_the_weights_digest_of_every_rendered_model() -> None:
+    """As Triton's gRPC API returns a config (JSON of a ModelConfigResponse): the CPU engine's, the
+    tensorrt_llm model's and the llmapi model's all carry the digest where verify reads it."""
+    build_config = {
+        "dtype": "bfloat16", "tp_size": 1, "max_batch_size": 8, "max_num_tokens": 4096, "max_seq_len": 2048,
+        "max_input_len": 1024,
+    }  # fmt: skip
+    rendered = [
+        render_cpu(CpuEngineModelSettings(Path("/ckpt"), model_name="m", weights_digest=DIGEST)),
+        render_trtllm(
+            model_name="m", triton_version=1, engine_dir="/e", weights_digest_value=DIGEST, max_batch_size=8
+        ),
+        render_llmapi(
+            model_name="m", triton_version=1, checkpoint_dir="/c", weights_digest_value=DIGEST,
+            build_config=build_config,
+        ),
+    ]  # fmt: skip
+    for files in rendered:
+        config = text_format.Parse(files["m/config.pbtxt"], model_config_pb2.ModelConfig())
+        response = service_pb2.ModelConfigResponse(config=config)
+        assert served_digest(json.loads(MessageToJson(response, preserving_proto_field_name=True))) == DIGEST
+    assert served_digest({"config": {"parameters": {}}}) == ""
+
+
+def test_the_routing_table_carries_each_versions_dialect() -> None:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    builds = {"1": {}, "2": {"target": "trtllm"}, "3": {"target": "trtllm-llmapi"}, "4": {"target": "new"}}
+    snapshot = RegistrySnapshot(
+        generation=3,
+        models=(Model("m", "", now),),
+        versions=tuple(
+            ModelVersion("m", v, f"file:///{v}", DIGEST, build, VersionState.SERVING, now, now)
+            for v, build in builds.items()
+        ),
+        replicas=tuple(
+            Replica(f"r{v}", f"127.0.0.1:{9000 + int(v)}", "m", v, ReplicaState.READY, "", now, now, now)
+            for v in builds
+        ),
+        routes=(Route("m", (RouteEntry("1", 10_000), *(RouteEntry(v, 0) for v in "234"))),),
+    )
+    table = RoutingTable.from_snapshot(snapshot)
+    dialects = {r.version: r.dialect for r in table.replicas().values()}
+    assert dialects == {"1": Dialect.CPU_ENGINE, "2": Dialect.TENSORRT_LLM, "3": Dialect.LLMAPI, "4": None}
+    assert table.models["m"].versions["2"].dialect is Dialect.TENSORRT_LLM
