@@ -5,8 +5,10 @@ Imports nothing from Sluice: the gateway, the policies, the engine clients and t
 (model_repository/cpu_engine/1/) all read these. The CPU engine keeps its own types (it is the engine and
 imports no Sluice code); the replica's converters map between the two.
 
-Tensors (the TensorRT-LLM backend's ``tensorrt_llm`` model's names, so one client serves both engines;
-every tensor has a leading batch dimension of 1: ``input_ids`` [1, N], ``output_ids`` [1, 1, T]):
+Tensors of the CPU engine's model, the ``cpu_engine`` dialect (``sluice.engine_client.dialects`` maps a
+request onto the TensorRT-LLM backend's ``tensorrt_llm`` model instead, whose names these follow where
+they overlap, but which takes neither ``random_seed`` nor Sluice's extras below); every tensor has a
+leading batch dimension of 1: ``input_ids`` [1, N], ``output_ids`` [1, 1, T]:
 
 =====================  ======  ==================================================================
 ``input_ids``          INT32   prompt token ids
