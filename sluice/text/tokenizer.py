@@ -79,16 +79,15 @@ class TextCodec:
         root = Path(checkpoint_dir)
         tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
         config = json.loads((root / "tokenizer_config.json").read_text())
-        eos: list[int] = []
-        gen_path = root / "generation_config.json"
-        if gen_path.exists():
-            raw = json.loads(gen_path.read_text()).get("eos_token_id", [])
-            eos = [raw] if isinstance(raw, int) else list(raw)
-        special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
-        max_context = config.get("model_max_length")
         model_path = root / "config.json"
-        if model_path.exists():
-            max_context = json.loads(model_path.read_text()).get("max_position_embeddings", max_context)
+        model = json.loads(model_path.read_text()) if model_path.exists() else {}
+        # The end-of-sequence ids: generation_config.json's, else config.json's (as the CPU engine does).
+        gen_path = root / "generation_config.json"
+        generation = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+        raw = generation.get("eos_token_id", model.get("eos_token_id"))
+        eos = [] if raw is None else [raw] if isinstance(raw, int) else list(raw)
+        special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+        max_context = model.get("max_position_embeddings", config.get("model_max_length"))
         return cls(tokenizer, config.get("chat_template"), special, eos, max_context)
 
     @property

@@ -113,3 +113,18 @@ def test_a_message_the_template_cannot_render_is_a_chat_template_error(codec: Te
         codec.render_chat([{"role": "user", "content": None}])
     with pytest.raises(ChatTemplateError):
         codec.encode_chat([{"role": "user", "content": None}])
+
+
+def test_the_end_of_sequence_ids_come_from_config_json_when_there_is_no_generation_config(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A TensorRT-LLM artifact's tokenizer may come without generation_config.json: its replica must still
+    be sent an end_id, so the ids are read from config.json as the CPU engine reads them."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copyfile(dev_checkpoint / name, tmp_path / name)
+    expected = json.loads((dev_checkpoint / "config.json").read_text())["eos_token_id"]
+    assert TextCodec.from_checkpoint(tmp_path).eos_token_ids == tuple(expected)
+    assert TextCodec.from_checkpoint(dev_checkpoint).eos_token_ids  # generation_config.json's
