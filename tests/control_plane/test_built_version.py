@@ -14,20 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from ports import free_port
+from control_plane_process import RunningControlPlane, running_control_plane
 from s3_server import MotoS3, moto_s3  # noqa: F401  (a fixture, found by name)
 
 from control_plane.cli.main import main
@@ -41,17 +36,11 @@ from sluice.weight_store import WeightStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from harness import MODEL, start_gateway, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 NUM_CHECKPOINT_FILES = 5  # the dev checkpoint: config, generation config, weights, tokenizer, its config
 
 
-@dataclass(frozen=True)
-class Node:
-    """The control plane's machine: its admin URL, state folder (its weight cache under it) and log."""
-
-    url: str
-    state_dir: Path
-    log_path: Path
+# The control plane's machine: its admin URL, state folder (its weight cache under it) and log.
+Node = RunningControlPlane
 
 
 @pytest.fixture
@@ -74,37 +63,10 @@ def node(
             await registry.close()
 
     asyncio.run(seed())
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SLUICE_")}
-    env.update(moto_s3.env())
-    env.update(
-        SLUICE_STATE_DIR=str(clean_env), SLUICE_CONTROL_PLANE_PORT=str(port), SLUICE_DEV_TENANTS="true"
-    )
-    log_path = tmp_path / "control_plane.log"
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "control_plane.service"],
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=log_file,
-        )
-    url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("SLUICE_S3_ENDPOINT_URL", moto_s3.endpoint_url)  # the CLI's build, in this process
     monkeypatch.setenv("SLUICE_WEIGHT_CACHE_DIR", str(tmp_path / "build-cache"))
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield Node(url, clean_env, log_path)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+    with running_control_plane(clean_env, **moto_s3.env()) as running:
+        yield running
 
 
 def sluice(capsys: pytest.CaptureFixture[str], node: Node, *argv: str, code: int = 0) -> str:

@@ -6,16 +6,11 @@ live traffic, and the exit codes (0 done, 1 refused or unreachable, 2 usage)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from control_plane_process import running_control_plane
 from ports import free_port
 from release_helpers import DIGEST, make_tokens, usage_rows, write_usage
 
@@ -23,8 +18,6 @@ from control_plane.cli.main import main
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
 from sluice.admin_tokens.roles import Role
 from sluice.settings import Settings, get_settings, load_settings
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Service:
@@ -36,38 +29,8 @@ class Service:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """The control plane as an operator starts it, with the dev admin token (platform-admin) on."""
-    state_dir = tmp_path_factory.mktemp("cp") / "state"
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SLUICE_")}
-    env.update(
-        SLUICE_STATE_DIR=str(state_dir), SLUICE_CONTROL_PLANE_PORT=str(port), SLUICE_DEV_TENANTS="true"
-    )
-    log_path = state_dir.parent / "service.log"
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "control_plane.service"],
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=log_file,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-        yield Service(url, load_settings(state_dir=state_dir))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
-    assert "Traceback" not in log_path.read_text()
+    with running_control_plane(tmp_path_factory.mktemp("cp") / "state") as running:
+        yield Service(running.url, running.settings())
 
 
 @pytest.fixture(autouse=True)

@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from ports import free_port
+from control_plane_process import running_control_plane
 from proc_table import processes_mentioning
 
 from control_plane.cli.main import main
@@ -26,12 +20,11 @@ from sluice.registry.sqlite import SqliteRegistry
 from sluice.triton.launcher import TritonServer
 from sluice.weights_digest import weights_digest
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "sluice-tiny"
 
 
 @pytest.fixture
-def service(clean_env: Path, dev_checkpoint: Path, tmp_path: Path) -> Iterator[str]:
+def service(clean_env: Path, dev_checkpoint: Path) -> Iterator[str]:
     """The control plane as a process, with ``sluice-tiny`` version 1 (the dev checkpoint) registered;
     its URL."""
 
@@ -50,34 +43,8 @@ def service(clean_env: Path, dev_checkpoint: Path, tmp_path: Path) -> Iterator[s
 
     clean_env.mkdir(parents=True)
     asyncio.run(register())
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SLUICE_")}
-    env.update(
-        SLUICE_STATE_DIR=str(clean_env), SLUICE_CONTROL_PLANE_PORT=str(port), SLUICE_DEV_TENANTS="true"
-    )
-    log_path = tmp_path / "service.log"
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "control_plane.service"],
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=log_file,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+    with running_control_plane(clean_env) as running:
+        yield running.url
     assert processes_mentioning(str(clean_env / "replicas")) == [], "its replicas stop with the service"
 
 

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from ports import free_port
+from control_plane_process import running_control_plane
 
 from control_plane.cli.main import main
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
@@ -33,7 +29,6 @@ from sluice.weights_digest import weights_digest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from harness import MODEL, RunningGateway, start_gateway, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 ACTOR = "test"
 NUM_STREAMS = 3
 
@@ -60,38 +55,12 @@ def _seed_registry(state_dir: Path, checkpoint: Path) -> None:
 
 
 @pytest.fixture
-def control_plane(clean_env: Path, dev_checkpoint: Path, tmp_path: Path) -> Iterator[str]:
+def control_plane(clean_env: Path, dev_checkpoint: Path) -> Iterator[str]:
     """The control plane as a process over a seeded registry; its URL."""
     clean_env.mkdir(parents=True)
     _seed_registry(clean_env, dev_checkpoint)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SLUICE_")}
-    env.update(
-        SLUICE_STATE_DIR=str(clean_env), SLUICE_CONTROL_PLANE_PORT=str(port), SLUICE_DEV_TENANTS="true"
-    )
-    log_path = tmp_path / "control_plane.log"
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "control_plane.service"],
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=log_file,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+    with running_control_plane(clean_env) as running:
+        yield running.url
 
 
 @pytest.fixture
