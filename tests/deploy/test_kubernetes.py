@@ -1,0 +1,387 @@
+"""The Kubernetes manifests (deploy/kubernetes) as the cluster would get them: each overlay rendered by
+``kubectl kustomize`` and checked object by object (security, probes, resources, GPU scheduling, network
+policies, RBAC, settings names), and the Dockerfiles (deploy/docker) checked as text: no container engine
+here, so none is built."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from control_plane.autoscaler.kube import deployment_name
+from sluice.settings import env_names
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE_DIR = ROOT / "deploy" / "kubernetes"
+DOCKER_DIR = ROOT / "deploy" / "docker"
+OVERLAYS = ["dev", "prod"]
+REPLICA_PORTS = {8000, 8001, 8002}
+TRITON_IMAGE = re.compile(r"^nvcr\.io/nvidia/tritonserver:[0-9.]+-trtllm-python-py3$")
+# What control_plane/autoscaler/kube.py calls: read/patch deployments/scale, patch pods (and get/list to
+# find them); nothing more.
+ACTUATOR_RULES = {("apps", "deployments/scale"): {"get", "patch"}, ("", "pods"): {"get", "list", "patch"}}
+
+Obj = dict[str, Any]
+
+
+@cache
+def rendered(overlay: str) -> tuple[Obj, ...]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the kustomize overlays cannot be rendered")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(KUBE_DIR / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, f"kubectl kustomize overlays/{overlay} failed:\n{out.stderr}"
+    return tuple(obj for obj in yaml.safe_load_all(out.stdout) if obj)
+
+
+def of_kind(objs: tuple[Obj, ...], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def named(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    found = [o for o in of_kind(objs, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def workloads(objs: tuple[Obj, ...]) -> Iterator[tuple[Obj, Obj]]:
+    """(object, pod spec) of every Deployment and Job."""
+    for o in objs:
+        if o["kind"] in ("Deployment", "Job"):
+            yield o, o["spec"]["template"]["spec"]
+
+
+def replica_deployments(objs: tuple[Obj, ...]) -> list[Obj]:
+    return [
+        o
+        for o in of_kind(objs, "Deployment")
+        if o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "replica"
+    ]
+
+
+@pytest.fixture(params=OVERLAYS)
+def overlay(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def objs(overlay: str) -> tuple[Obj, ...]:
+    return rendered(overlay)
+
+
+def test_every_container_is_bounded_and_unprivileged(objs: tuple[Obj, ...]) -> None:
+    for obj, pod in workloads(objs):
+        where = f"{obj['kind']} {obj['metadata']['name']}"
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", where
+        assert pod["securityContext"].get("runAsUser", 0) != 0, where
+        assert not pod.get("hostNetwork") and not pod.get("hostPID"), where
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            at = f"{where} container {c['name']}"
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"].get(bound, {})), f"{at}: {bound}"
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, at
+            assert sc["allowPrivilegeEscalation"] is False, at
+            assert sc["readOnlyRootFilesystem"] is True, at
+            assert sc["capabilities"]["drop"] == ["ALL"], at
+            assert not sc.get("privileged") and "add" not in sc["capabilities"], at
+
+
+def test_long_running_containers_have_readiness_probes(objs: tuple[Obj, ...]) -> None:
+    for obj in of_kind(objs, "Deployment"):
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            assert "readinessProbe" in c, f"{obj['metadata']['name']} container {c['name']}"
+    gateway = named(objs, "Deployment", "sluice-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_replicas_run_on_gpu_nodes_and_are_ready_when_their_version_is(objs: tuple[Obj, ...]) -> None:
+    replicas = replica_deployments(objs)
+    assert replicas, "no replica Deployment"
+    for obj in replicas:
+        pod = obj["spec"]["template"]["spec"]
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        model, version = labels["sluice.io/model"], labels["sluice.io/version"]
+        assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in (
+            pod["tolerations"]
+        )
+        assert pod["nodeSelector"] == {"sluice.io/role": "replica"}
+        triton = next(c for c in pod["containers"] if c["name"] == "triton")
+        assert TRITON_IMAGE.match(triton["image"]), triton["image"]
+        assert triton["resources"]["requests"]["nvidia.com/gpu"] == "1"
+        assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        ready = triton["readinessProbe"]["httpGet"]
+        assert ready["path"] == f"/v2/models/{model}/versions/{version}/ready"
+        startup = triton["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "a cold start takes minutes"
+        assert "preStop" in triton["lifecycle"]
+        assert pod["terminationGracePeriodSeconds"] > 60
+        # The autoscaler finds it by SLUICE_AUTOSCALER_KUBE_DEPLOYMENT filled with its labels, and owns
+        # its count (an apply must not reset it).
+        assert obj["metadata"]["name"] == deployment_name(
+            config(objs)["SLUICE_AUTOSCALER_KUBE_DEPLOYMENT"], model, version
+        )
+        assert "replicas" not in obj["spec"]
+
+
+def test_replica_init_containers_fetch_through_the_weight_store(objs: tuple[Obj, ...]) -> None:
+    for obj in replica_deployments(objs):
+        pod = obj["spec"]["template"]["spec"]
+        fetch = pod["initContainers"][0]
+        command = " ".join(fetch["command"] + fetch.get("args", []))
+        assert "python -m sluice.weight_store --quiet fetch" in command
+        uri = next(e["value"] for e in fetch["env"] if e["name"] == "ARTIFACT_URI")
+        assert uri.startswith("s3://")
+        mounts = {m["name"]: m["mountPath"] for m in fetch["volumeMounts"]}
+        cache_dir = next(e["value"] for e in fetch["env"] if e["name"] == "SLUICE_WEIGHT_CACHE_DIR")
+        assert cache_dir.startswith(mounts["weight-cache"] + "/")
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes["weight-cache"] or "hostPath" in volumes["weight-cache"]
+        # The render script the next init container runs is shipped beside the manifests, and imports.
+        render = pod["initContainers"][1]
+        assert render["command"] == ["python", "/opt/sluice-scripts/render_repository.py"]
+        assert (KUBE_DIR / "base" / "render_repository.py").is_file()
+
+
+def test_gpu_workloads_are_the_only_ones_on_gpu_nodes(objs: tuple[Obj, ...]) -> None:
+    for obj, pod in workloads(objs):
+        wants_gpu = any("nvidia.com/gpu" in c["resources"]["limits"] for c in pod["containers"])
+        tolerates = any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", []))
+        assert wants_gpu == tolerates, obj["metadata"]["name"]
+    job = named(objs, "Job", "sluice-build-engine-example")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["sluice", "build-engine"]
+    assert job["spec"]["suspend"] is True, "an apply must not start a build"
+
+
+def test_network_policies_deny_by_default_and_fence_replicas_and_datastores(
+    objs: tuple[Obj, ...], overlay: str
+) -> None:
+    policies = of_kind(objs, "NetworkPolicy")
+    deny = [
+        p
+        for p in policies
+        if p["spec"]["podSelector"] == {}
+        and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
+    assert deny, "no default-deny policy"
+
+    # Ingress to replicas: only from gateway and control-plane pods, only on Triton's ports.
+    replica_labels = replica_deployments(objs)[0]["spec"]["template"]["metadata"]["labels"]
+    to_replicas = [
+        p for p in policies if "Ingress" in p["spec"]["policyTypes"] and selects(p, replica_labels)
+    ]
+    assert any(p["spec"].get("ingress") for p in to_replicas), "nothing may reach replicas"
+    for p in to_replicas:
+        for rule in p["spec"].get("ingress", []):
+            assert rule.get("from"), f"{p['metadata']['name']}: ingress from anywhere"
+            for peer in rule["from"]:
+                assert set(peer) == {"podSelector"}, f"{p['metadata']['name']}: {peer}"
+                assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] in (
+                    "gateway",
+                    "control-plane",
+                )
+            assert ports_of(rule) <= REPLICA_PORTS
+
+    # Egress to PostgreSQL and Redis: only to the VPC, only from labelled Sluice pods.
+    datastore_ports = {5432, 6379}
+    for p in policies:
+        for rule in p["spec"].get("egress", []):
+            if ports_of(rule) & datastore_ports:
+                assert p["spec"]["podSelector"] == {"matchLabels": {"sluice.io/datastore-client": "true"}}
+                assert ports_of(rule) == datastore_ports
+                assert [peer["ipBlock"]["cidr"] for peer in rule["to"]] == [vpc_cidr(overlay)]
+    labelled = {
+        o["metadata"]["name"]
+        for o, pod in workloads(objs)
+        if o["spec"]["template"]["metadata"]["labels"].get("sluice.io/datastore-client") == "true"
+    }
+    assert labelled == {"sluice-gateway", "sluice-control-plane"}
+
+
+def test_hpa_and_disruption_budgets_exist_with_overlay_bounds(objs: tuple[Obj, ...]) -> None:
+    hpa = named(objs, "HorizontalPodAutoscaler", "sluice-gateway")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "sluice-gateway"
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert "replicas" not in named(objs, "Deployment", "sluice-gateway")["spec"], "the HPA owns the count"
+    pdbs = {p["metadata"]["name"] for p in of_kind(objs, "PodDisruptionBudget")}
+    assert {"sluice-gateway", "sluice-control-plane", "sluice-replica-sluice-tiny-1"} <= pdbs
+    assert named(objs, "Service", "sluice-control-plane")["spec"]["ports"][0]["port"] == 8090
+
+
+def test_overlays_differ_where_they_should() -> None:
+    dev, prod = rendered("dev"), rendered("prod")
+    hpa_dev = named(dev, "HorizontalPodAutoscaler", "sluice-gateway")["spec"]
+    hpa_prod = named(prod, "HorizontalPodAutoscaler", "sluice-gateway")["spec"]
+    assert hpa_dev["minReplicas"] == 1 and hpa_prod["minReplicas"] >= 3
+    assert hpa_prod["maxReplicas"] > hpa_dev["maxReplicas"]
+    assert named(prod, "PodDisruptionBudget", "sluice-gateway")["spec"]["minAvailable"] >= 2
+    cpu = [
+        named(o, "Deployment", "sluice-gateway")["spec"]["template"]["spec"]["containers"][0]["resources"][
+            "requests"
+        ]["cpu"]
+        for o in (dev, prod)
+    ]
+    assert cpu == ["500m", "2"]
+    for objs, env in ((dev, "dev"), (prod, "prod")):
+        for sa in of_kind(objs, "ServiceAccount"):
+            arn = sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+            assert re.fullmatch(rf"arn:aws:iam::ACCOUNT_ID:role/sluice-{env}-[a-z-]+", arn), arn
+
+
+def test_every_sluice_env_name_is_a_setting(objs: tuple[Obj, ...]) -> None:
+    known = set(env_names())
+    used = set(config(objs))
+    for _, pod in workloads(objs):
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            used |= {e["name"] for e in c.get("env", [])}
+            for source in c.get("envFrom", []):
+                assert source["configMapRef"]["name"] == config_name(objs)
+    sluice_names = {n for n in used if n.startswith("SLUICE_")}
+    assert sluice_names, "no SLUICE_* name found"
+    assert sluice_names <= known, f"not settings: {sorted(sluice_names - known)}"
+    secrets = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for _, pod in workloads(objs)
+        for c in pod["containers"]
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert {"SLUICE_DATABASE_URL", "SLUICE_REDIS_URL", "SLUICE_ADMIN_TOKEN"} <= set(secrets)
+    assert not of_kind(objs, "Secret"), "secrets are created out of band, never in the repository"
+
+
+def test_rbac_allows_exactly_what_the_actuator_calls(objs: tuple[Obj, ...]) -> None:
+    assert not of_kind(objs, "ClusterRole") and not of_kind(objs, "ClusterRoleBinding")
+    role = named(objs, "Role", "sluice-control-plane-actuator")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == ACTUATOR_RULES
+    binding = named(objs, "RoleBinding", "sluice-control-plane-actuator")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "sluice-control-plane", "namespace": "sluice"}
+    ]
+    deployment = named(objs, "Deployment", "sluice-control-plane")["spec"]["template"]["spec"]
+    assert deployment["serviceAccountName"] == "sluice-control-plane"
+    sa = named(objs, "ServiceAccount", "sluice-control-plane")
+    assert "eks.amazonaws.com/role-arn" in sa["metadata"]["annotations"]
+    for other in ("sluice-gateway", "sluice-replica", "sluice-build"):
+        assert named(objs, "ServiceAccount", other)["automountServiceAccountToken"] is False
+
+
+# ---------------------------------------------------------------- Dockerfiles
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; comments dropped, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def entry_module(args: str) -> str:
+    """The Python module an ENTRYPOINT (exec form) runs: ``python -m X``, or a console script's."""
+    argv = json.loads(args)
+    if argv[:2] in (["python", "-m"], ["python3", "-m"]):
+        return str(argv[2])
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert argv[0] in scripts, f"{argv[0]} is neither python -m nor a console script"
+    return str(scripts[argv[0]].split(":")[0])
+
+
+@pytest.mark.parametrize("name", ["gateway", "control-plane", "cpu-replica", "build-engine"])
+def test_dockerfile_is_multistage_non_root_and_runs_a_real_module(name: str) -> None:
+    path = DOCKER_DIR / f"{name}.Dockerfile"
+    steps = dockerfile_instructions(path)
+    words = [w for w, _ in steps]
+    first = next(w for w in words if w != "ARG")
+    assert first == "FROM", f"{path.name}: the first instruction is {first}"
+    assert words.count("FROM") >= 2, f"{path.name}: not multi-stage"
+    users = [a for w, a in steps if w == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), f"{path.name}: runs as root"
+    assert words.index("USER") > max(i for i, w in enumerate(words) if w == "FROM"), (
+        "USER before the last FROM"
+    )
+    entry = [a for w, a in steps if w == "ENTRYPOINT"]
+    assert len(entry) == 1, f"{path.name}: one exec-form ENTRYPOINT expected"
+    module = entry_module(entry[0])
+    assert find_spec(module) is not None, f"{path.name}: no module {module}"
+    text = path.read_text()
+    assert not re.search(r"(?i)(password|secret|token|aws_access_key)\s*=", text), f"{path.name}: a secret?"
+    for copied in (a.split()[0] for w, a in steps if w == "COPY" and not a.startswith("--from")):
+        assert not copied.startswith((".sluice", ".venv", ".")), f"{path.name} copies {copied}"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def selects(policy: Obj, labels: dict[str, str]) -> bool:
+    selector = policy["spec"]["podSelector"]
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In", "only In is understood here"
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def ports_of(rule: Obj) -> set[int]:
+    ports: set[int] = set()
+    for p in rule.get("ports", []):
+        ports.update(range(p["port"], p.get("endPort", p["port"]) + 1))
+    return ports
+
+
+def config_name(objs: tuple[Obj, ...]) -> str:
+    names = [
+        c["metadata"]["name"]
+        for c in of_kind(objs, "ConfigMap")
+        if c["metadata"]["name"].startswith("sluice-config")
+    ]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def config(objs: tuple[Obj, ...]) -> dict[str, str]:
+    return dict(named(objs, "ConfigMap", config_name(objs))["data"])
+
+
+def vpc_cidr(overlay: str) -> str:
+    """The VPC CIDR Terraform gives that environment (its root's ``cidr = "..."``), else the network
+    module's default."""
+    root = ROOT / "deploy" / "terraform" / "environments" / overlay
+    for tf in sorted(root.glob("*.tf")):
+        m = re.search(r'^\s*(?:vpc_)?cidr\s*=\s*"([0-9./]+)"', tf.read_text(), re.MULTILINE)
+        if m:
+            return m.group(1)
+    return "10.0.0.0/16"
