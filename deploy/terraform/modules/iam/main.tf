@@ -1,0 +1,96 @@
+# IAM roles for service accounts (IRSA), least privilege:
+# - replica:        read the weights bucket, decrypt with its key;
+# - build:          read the bucket, write only under engines/, encrypt with the key;
+# - gateway, control_plane: an identity with no S3 or KMS access at all.
+# Each role trusts exactly one namespace/service account through the cluster's OIDC provider, for the
+# STS audience: a token minted for any other service account, or for another audience, cannot assume it.
+
+# NOTE: the documents are jsonencode()d here rather than aws_iam_policy_document data sources, so that
+# the plan tests (tests/iam.tftest.hcl, mocked provider) read the exact JSON each role gets.
+
+locals {
+  oidc_issuer = trimprefix(var.oidc_provider_url, "https://")
+  engines_arn = "${var.weights_bucket_arn}/${var.engines_prefix}*"
+
+  trust_policies = {
+    for key, sa in var.service_accounts : key => {
+      Version = "2012-10-17"
+      Statement = [{
+        Effect    = "Allow"
+        Action    = "sts:AssumeRoleWithWebIdentity"
+        Principal = { Federated = var.oidc_provider_arn }
+        Condition = {
+          StringEquals = {
+            "${local.oidc_issuer}:sub" = "system:serviceaccount:${var.namespace}:${sa}"
+            "${local.oidc_issuer}:aud" = "sts.amazonaws.com"
+          }
+        }
+      }]
+    }
+  }
+
+  list_bucket = {
+    Sid      = "ListWeights"
+    Effect   = "Allow"
+    Action   = "s3:ListBucket"
+    Resource = var.weights_bucket_arn
+  }
+  read_objects = {
+    Sid      = "ReadWeightsAndEngines"
+    Effect   = "Allow"
+    Action   = "s3:GetObject"
+    Resource = "${var.weights_bucket_arn}/*"
+  }
+
+  replica_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      local.list_bucket,
+      local.read_objects,
+      { Sid = "DecryptWeights", Effect = "Allow", Action = "kms:Decrypt", Resource = var.weights_kms_key_arn },
+    ]
+  }
+
+  build_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      local.list_bucket,
+      local.read_objects,
+      {
+        Sid      = "WriteEngines"
+        Effect   = "Allow"
+        Action   = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+        Resource = local.engines_arn
+      },
+      # NOTE: a multipart upload to an SSE-KMS bucket needs Decrypt as well as GenerateDataKey.
+      {
+        Sid      = "EncryptEngines"
+        Effect   = "Allow"
+        Action   = ["kms:GenerateDataKey", "kms:Encrypt", "kms:Decrypt"]
+        Resource = var.weights_kms_key_arn
+      },
+    ]
+  }
+}
+
+resource "aws_iam_role" "this" {
+  for_each = var.service_accounts
+
+  name                 = "${var.name}-${replace(each.key, "_", "-")}"
+  description          = "IRSA role of ${var.namespace}/${each.value}"
+  assume_role_policy   = jsonencode(local.trust_policies[each.key])
+  max_session_duration = 3600
+  tags                 = merge(var.tags, { "sluice.io/service-account" = "${var.namespace}.${each.value}" })
+}
+
+resource "aws_iam_role_policy" "replica" {
+  name   = "read-weights"
+  role   = aws_iam_role.this["replica"].id
+  policy = jsonencode(local.replica_policy)
+}
+
+resource "aws_iam_role_policy" "build" {
+  name   = "write-engines"
+  role   = aws_iam_role.this["build"].id
+  policy = jsonencode(local.build_policy)
+}
