@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from functools import cache
@@ -18,9 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client as kube
+from kubernetes.client import models as kube_models
 
 from control_plane.autoscaler.kube import deployment_name
 from sluice.settings import env_names
+from sluice.weights_digest import weights_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_DIR = ROOT / "deploy" / "kubernetes"
@@ -83,6 +87,16 @@ def overlay(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def objs(overlay: str) -> tuple[Obj, ...]:
     return rendered(overlay)
+
+
+def test_every_object_matches_the_kubernetes_api_schema(objs: tuple[Obj, ...]) -> None:
+    """Against the official client's models (the API's OpenAPI types): no field the API does not know
+    (a typo the API server would drop or refuse), no required field missing, every value of its type."""
+    for obj in objs:
+        type_name = obj["apiVersion"].split("/")[-1].capitalize() + obj["kind"]
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert unknown_fields(obj, type_name, where) == []
+        kube.ApiClient()._ApiClient__deserialize(obj, type_name)  # ValueError: a required field missing
 
 
 def test_every_container_is_bounded_and_unprivileged(objs: tuple[Obj, ...]) -> None:
@@ -159,6 +173,38 @@ def test_replica_init_containers_fetch_through_the_weight_store(objs: tuple[Obj,
         render = pod["initContainers"][1]
         assert render["command"] == ["python", "/opt/sluice-scripts/render_repository.py"]
         assert (KUBE_DIR / "base" / "render_repository.py").is_file()
+
+
+@pytest.mark.parametrize("digest_ok", [True, False])
+def test_render_init_container_script_renders_the_cached_artifact(tmp_path: Path, digest_ok: bool) -> None:
+    """The replica's render step as its init container runs it, on the dev checkpoint as a cpu artifact:
+    the repository is written when the registry's digest matches, refused (exit 1, nothing served) when
+    it does not."""
+    checkpoint = ROOT / ".sluice" / "models" / "sluice-tiny"
+    if not (checkpoint / "config.json").is_file():
+        pytest.skip(f"no dev checkpoint at {checkpoint} (make installs it)")
+    (tmp_path / "artifact-dir").write_text(f"{checkpoint}\n")
+    digest = weights_digest(checkpoint) if digest_ok else "0" * 64
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "ARTIFACT_DIR_FILE": str(tmp_path / "artifact-dir"),
+        "REPOSITORY_DIR": str(tmp_path / "repository"),
+        "MODEL_NAME": "sluice-tiny",
+        "MODEL_VERSION": "1",
+        "BUILD_CONFIG_JSON": '{"target": "cpu"}',
+        "WEIGHTS_DIGEST": digest,
+    }
+    script = KUBE_DIR / "base" / "render_repository.py"
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    config = tmp_path / "repository" / "sluice-tiny" / "config.pbtxt"
+    if digest_ok:
+        assert out.returncode == 0, out.stderr
+        assert digest in config.read_text()
+    else:
+        assert out.returncode == 1 and "weights digest" in out.stderr, out.stderr
+        assert not config.exists()
 
 
 def test_gpu_workloads_are_the_only_ones_on_gpu_nodes(objs: tuple[Obj, ...]) -> None:
@@ -385,3 +431,28 @@ def vpc_cidr(overlay: str) -> str:
         if m:
             return m.group(1)
     return "10.0.0.0/16"
+
+
+_PRIMITIVES = {"str", "int", "float", "bool", "object", "datetime", "date"}
+
+
+def unknown_fields(data: Any, type_name: str, path: str) -> list[str]:
+    """Every key under ``data`` that the client model ``type_name`` (e.g. V1Deployment) does not have."""
+    if type_name.startswith("list["):
+        return [e for i, x in enumerate(data) for e in unknown_fields(x, type_name[5:-1], f"{path}[{i}]")]
+    if type_name.startswith("dict("):
+        inner = type_name[type_name.index(",") + 1 : -1].strip()
+        return [e for k, v in data.items() for e in unknown_fields(v, inner, f"{path}.{k}")]
+    if type_name in _PRIMITIVES:
+        return []
+    model = getattr(kube_models, type_name)
+    if not isinstance(data, dict):
+        return [f"{path}: {type_name} expected, got {type(data).__name__}"]
+    attribute_by_key = {key: attr for attr, key in model.attribute_map.items()}
+    errors = []
+    for key, value in data.items():
+        if key not in attribute_by_key:
+            errors.append(f"{path}.{key}: no such field in {type_name}")
+        else:
+            errors += unknown_fields(value, model.openapi_types[attribute_by_key[key]], f"{path}.{key}")
+    return errors
