@@ -1,0 +1,121 @@
+# Sluice dev: one NAT gateway, one small GPU node at most scaled to zero when idle, single-node Redis and
+# single-AZ PostgreSQL that may be destroyed. Same modules and wiring as environments/prod; only the sizes
+# in local.env differ.
+
+locals {
+  name = "sluice-dev"
+
+  env = {
+    cidr               = "10.0.0.0/16"
+    single_nat_gateway = true
+    enable_flow_logs   = false
+    kubernetes_version = "1.32"
+    gpu_instance_types = ["p5.48xlarge"]
+    gpu_min            = 0
+    gpu_max            = 1
+    gpu_desired        = 0
+    cpu_instance_types = ["m7i.xlarge"]
+    cpu_min            = 1
+    cpu_max            = 3
+    cpu_desired        = 2
+    redis_node_type    = "cache.t4g.medium"
+    redis_num_nodes    = 1
+    postgres_class     = "db.t4g.medium"
+    postgres_multi_az  = false
+    protect_data       = false
+    kms_deletion_days  = 7
+    namespace          = "sluice"
+  }
+
+  tags = {
+    Project     = "sluice"
+    Environment = "dev"
+    ManagedBy   = "terraform"
+  }
+}
+
+provider "aws" {
+  region              = var.region
+  allowed_account_ids = var.allowed_account_ids
+
+  default_tags {
+    tags = local.tags
+  }
+}
+
+data "aws_caller_identity" "current" {}
+
+module "network" {
+  source = "../../modules/network"
+
+  name               = local.name
+  cidr               = local.env.cidr
+  azs                = var.azs
+  single_nat_gateway = local.env.single_nat_gateway
+  enable_flow_logs   = local.env.enable_flow_logs
+  cluster_name       = local.name
+}
+
+module "eks" {
+  source = "../../modules/eks"
+
+  name                         = local.name
+  vpc_id                       = module.network.vpc_id
+  subnet_ids                   = module.network.private_subnet_ids
+  kubernetes_version           = local.env.kubernetes_version
+  endpoint_public_access       = length(var.api_allowed_cidrs) > 0
+  public_access_cidrs          = var.api_allowed_cidrs
+  kms_key_deletion_window_days = local.env.kms_deletion_days
+  gpu_instance_types           = local.env.gpu_instance_types
+  gpu_min                      = local.env.gpu_min
+  gpu_max                      = local.env.gpu_max
+  gpu_desired                  = local.env.gpu_desired
+  cpu_instance_types           = local.env.cpu_instance_types
+  cpu_min                      = local.env.cpu_min
+  cpu_max                      = local.env.cpu_max
+  cpu_desired                  = local.env.cpu_desired
+}
+
+module "weights" {
+  source = "../../modules/weights"
+
+  bucket_name                  = coalesce(var.weights_bucket_name, "${local.name}-weights-${data.aws_caller_identity.current.account_id}")
+  kms_key_deletion_window_days = local.env.kms_deletion_days
+  force_destroy                = !local.env.protect_data
+}
+
+module "redis" {
+  source = "../../modules/redis"
+
+  name                         = "${local.name}-redis"
+  vpc_id                       = module.network.vpc_id
+  subnet_ids                   = module.network.private_subnet_ids
+  allowed_security_group_ids   = [module.eks.node_security_group_id]
+  node_type                    = local.env.redis_node_type
+  num_cache_clusters           = local.env.redis_num_nodes
+  kms_key_deletion_window_days = local.env.kms_deletion_days
+}
+
+module "postgres" {
+  source = "../../modules/postgres"
+
+  name                         = "${local.name}-postgres"
+  vpc_id                       = module.network.vpc_id
+  subnet_ids                   = module.network.private_subnet_ids
+  allowed_security_group_ids   = [module.eks.node_security_group_id]
+  instance_class               = local.env.postgres_class
+  multi_az                     = local.env.postgres_multi_az
+  deletion_protection          = local.env.protect_data
+  kms_key_deletion_window_days = local.env.kms_deletion_days
+}
+
+module "iam" {
+  source = "../../modules/iam"
+
+  name                = local.name
+  oidc_provider_arn   = module.eks.oidc_provider_arn
+  oidc_provider_url   = module.eks.oidc_provider_url
+  namespace           = local.env.namespace
+  weights_bucket_arn  = module.weights.bucket_arn
+  weights_kms_key_arn = module.weights.kms_key_arn
+}
