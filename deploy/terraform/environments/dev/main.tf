@@ -1,4 +1,4 @@
-# Sluice dev: one NAT gateway, one small GPU node at most scaled to zero when idle, single-node Redis and
+# Sluice dev: one NAT gateway, at most one GPU node (zero when idle), a single-node Redis and
 # single-AZ PostgreSQL that may be destroyed. Same modules and wiring as environments/prod; only the sizes
 # in local.env differ.
 

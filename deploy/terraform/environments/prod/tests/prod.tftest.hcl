@@ -1,0 +1,78 @@
+# The prod root planned end to end against a mocked AWS provider: every module wired, sizes as intended.
+mock_provider "aws" {
+  mock_data "aws_caller_identity" {
+    defaults = {
+      account_id = "123456789012"
+    }
+  }
+  mock_data "aws_partition" {
+    defaults = {
+      partition = "aws"
+    }
+  }
+  # The mock's generated strings are 8 characters, shorter than ElastiCache accepts for a token.
+  mock_data "aws_secretsmanager_random_password" {
+    defaults = {
+      random_password = "mockmockmockmockmockmockmockmockmockmockmockmockmockmockmockmock"
+    }
+  }
+  # The mock's random strings are not JSON; a policy attribute must be.
+  mock_data "aws_iam_policy_document" {
+    defaults = {
+      json = "{\"Version\":\"2012-10-17\",\"Statement\":[]}"
+    }
+  }
+}
+
+run "prod_plan" {
+  command = plan
+
+  assert {
+    condition     = length(module.network.private_subnet_ids) == 3 && length(module.network.public_subnet_ids) == 3
+    error_message = "three private and three public subnets"
+  }
+
+  assert {
+    condition     = length(module.network.nat_public_ips) == 3
+    error_message = "prod has a NAT gateway per zone"
+  }
+
+  assert {
+    condition     = output.cluster_name == "sluice-prod"
+    error_message = "cluster name is the environment name"
+  }
+
+  assert {
+    condition     = toset(keys(output.role_arns)) == toset(["replica", "build", "gateway", "control_plane"])
+    error_message = "one IRSA role per Sluice service account"
+  }
+
+  assert {
+    condition = module.iam.service_account_subjects == {
+      replica       = "system:serviceaccount:sluice:sluice-replica"
+      build         = "system:serviceaccount:sluice:sluice-build"
+      gateway       = "system:serviceaccount:sluice:sluice-gateway"
+      control_plane = "system:serviceaccount:sluice:sluice-control-plane"
+    }
+    error_message = "IRSA subjects must match the ServiceAccounts in deploy/kubernetes/base"
+  }
+}
+
+# Plans (no assertion needed: an invalid wiring fails the plan) with a public endpoint from one CIDR.
+run "api_endpoint_public_from_a_listed_cidr" {
+  command = plan
+
+  variables {
+    api_allowed_cidrs = ["198.51.100.0/24"]
+  }
+}
+
+run "rejects_public_endpoint_open_to_all" {
+  command = plan
+
+  variables {
+    api_allowed_cidrs = ["0.0.0.0/0"]
+  }
+
+  expect_failures = [var.api_allowed_cidrs]
+}
