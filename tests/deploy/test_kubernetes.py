@@ -6,6 +6,7 @@ here, so none is built."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from kubernetes import client as kube
 from kubernetes.client import models as kube_models
 
 from control_plane.autoscaler.kube import deployment_name
-from sluice.settings import env_names
+from sluice.settings import ENV_PREFIX, env_names, load_settings
 from sluice.weights_digest import weights_digest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,6 +319,36 @@ def test_every_sluice_env_name_is_a_setting(objs: tuple[Obj, ...]) -> None:
     assert not of_kind(objs, "Secret"), "secrets are created out of band, never in the repository"
 
 
+def test_each_process_settings_load_from_its_environment(
+    objs: tuple[Obj, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values too, not just the names: each Deployment container's SLUICE_* environment (the
+    ConfigMap, its own values, a URL of the right scheme per Secret) passes Settings' checks."""
+    secret_values = {
+        "SLUICE_DATABASE_URL": "postgresql://sluice:pw@db.internal:5432/sluice?sslmode=require",
+        "SLUICE_REDIS_URL": "rediss://:token@redis.internal:6379/0",
+        "SLUICE_ADMIN_TOKEN": "sladm-example",
+    }
+    for obj in of_kind(objs, "Deployment"):
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            environ = dict(config(objs)) if c.get("envFrom") else {}
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {})
+                if "value" in e:
+                    environ[e["name"]] = e["value"]
+                elif "secretKeyRef" in ref and not ref["secretKeyRef"].get("optional"):
+                    environ[e["name"]] = secret_values[e["name"]]
+                elif "configMapKeyRef" in ref:
+                    environ[e["name"]] = config(objs)[ref["configMapKeyRef"]["key"]]
+            with monkeypatch.context() as m:
+                for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+                    m.delenv(name)
+                for name, value in environ.items():
+                    if name.startswith(ENV_PREFIX):
+                        m.setenv(name, value)
+                load_settings()  # SettingsError names the variable at fault
+
+
 def test_rbac_allows_exactly_what_the_actuator_calls(objs: tuple[Obj, ...]) -> None:
     assert not of_kind(objs, "ClusterRole") and not of_kind(objs, "ClusterRoleBinding")
     role = named(objs, "Role", "sluice-control-plane-actuator")
@@ -383,8 +414,12 @@ def test_dockerfile_is_multistage_non_root_and_runs_a_real_module(name: str) -> 
     assert find_spec(module) is not None, f"{path.name}: no module {module}"
     text = path.read_text()
     assert not re.search(r"(?i)(password|secret|token|aws_access_key)\s*=", text), f"{path.name}: a secret?"
-    for copied in (a.split()[0] for w, a in steps if w == "COPY" and not a.startswith("--from")):
-        assert not copied.startswith((".sluice", ".venv", ".")), f"{path.name} copies {copied}"
+    for w, args in steps:
+        if w == "COPY" and not args.startswith("--from"):
+            *sources, _ = args.split()
+            for source in sources:
+                assert not source.startswith("."), f"{path.name} copies {source} (state, virtualenvs)"
+                assert list(ROOT.glob(source)), f"{path.name}: COPY {source} matches nothing"
 
 
 # ---------------------------------------------------------------- helpers
