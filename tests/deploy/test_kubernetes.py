@@ -97,7 +97,7 @@ def test_every_object_matches_the_kubernetes_api_schema(objs: tuple[Obj, ...]) -
         type_name = obj["apiVersion"].split("/")[-1].capitalize() + obj["kind"]
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert unknown_fields(obj, type_name, where) == []
-        kube.ApiClient()._ApiClient__deserialize(obj, type_name)  # ValueError: a required field missing
+        kube.ApiClient().deserialize(_Response(obj), type_name)  # ValueError: a required field missing
 
 
 def test_every_container_is_bounded_and_unprivileged(objs: tuple[Obj, ...]) -> None:
@@ -466,6 +466,13 @@ def vpc_cidr(overlay: str) -> str:
         if m:
             return m.group(1)
     return "10.0.0.0/16"
+
+
+class _Response:
+    """What ``ApiClient.deserialize`` reads: an API response's JSON body."""
+
+    def __init__(self, obj: Obj) -> None:
+        self.data = json.dumps(obj)
 
 
 _PRIMITIVES = {"str", "int", "float", "bool", "object", "datetime", "date"}
