@@ -16,7 +16,7 @@ resource "aws_kms_key" "this" {
 }
 
 resource "aws_kms_alias" "this" {
-  name          = "alias/${var.name}-postgres"
+  name          = "alias/${var.name}"
   target_key_id = aws_kms_key.this.key_id
 }
 
@@ -28,10 +28,10 @@ resource "aws_db_subnet_group" "this" {
 }
 
 resource "aws_security_group" "this" {
-  name        = "${var.name}-postgres"
+  name        = var.name
   description = "Sluice database ${var.name}: PostgreSQL port from the allowed security groups only"
   vpc_id      = var.vpc_id
-  tags        = merge(var.tags, { Name = "${var.name}-postgres" })
+  tags        = merge(var.tags, { Name = var.name })
 
   # NOTE: no egress rules: the provider removes AWS's default allow-all egress, and the database starts no connections.
 }
@@ -50,7 +50,7 @@ resource "aws_vpc_security_group_ingress_rule" "from_allowed" {
 }
 
 resource "aws_db_parameter_group" "this" {
-  name        = "${var.name}-postgres${local.major_version}"
+  name        = "${var.name}-pg${local.major_version}"
   family      = "postgres${local.major_version}"
   description = "Sluice database ${var.name}: TLS only, slow and DDL statements logged"
   tags        = var.tags
@@ -78,7 +78,7 @@ resource "aws_db_parameter_group" "this" {
 resource "aws_iam_role" "monitoring" {
   count = var.monitoring_interval_s > 0 ? 1 : 0
 
-  name = "${var.name}-rds-monitoring"
+  name = "${var.name}-monitoring"
   assume_role_policy = jsonencode({
     Version = "2012-10-17"
     Statement = [{
@@ -118,6 +118,7 @@ resource "aws_db_instance" "this" {
   db_subnet_group_name   = aws_db_subnet_group.this.name
   vpc_security_group_ids = [aws_security_group.this.id]
   publicly_accessible    = false
+  ca_cert_identifier     = "rds-ca-rsa2048-g1" # the 2021 CA, valid to 2061; clients verify against it
   multi_az               = var.multi_az
   parameter_group_name   = aws_db_parameter_group.this.name
 

@@ -5,7 +5,7 @@
 locals {
   port             = 6379
   is_replicated    = var.num_cache_clusters > 1
-  auth_secret_name = "${var.name}/redis-auth-token"
+  auth_secret_name = "${var.name}/auth-token"
 }
 
 resource "aws_kms_key" "this" {
@@ -16,7 +16,7 @@ resource "aws_kms_key" "this" {
 }
 
 resource "aws_kms_alias" "this" {
-  name          = "alias/${var.name}-redis"
+  name          = "alias/${var.name}"
   target_key_id = aws_kms_key.this.key_id
 }
 
@@ -53,10 +53,10 @@ resource "aws_elasticache_subnet_group" "this" {
 }
 
 resource "aws_security_group" "this" {
-  name        = "${var.name}-redis"
+  name        = var.name
   description = "Sluice cache ${var.name}: Redis port from the allowed security groups only"
   vpc_id      = var.vpc_id
-  tags        = merge(var.tags, { Name = "${var.name}-redis" })
+  tags        = merge(var.tags, { Name = var.name })
 
   # NOTE: no egress rules: the provider removes AWS's default allow-all egress, and a cache starts no connections.
 }
