@@ -160,11 +160,19 @@ def test_replicas_run_on_gpu_nodes_and_are_ready_when_their_version_is(objs: tup
 def test_replica_init_containers_fetch_through_the_weight_store(objs: tuple[Obj, ...]) -> None:
     for obj in replica_deployments(objs):
         pod = obj["spec"]["template"]["spec"]
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        model, version = labels["sluice.io/model"], labels["sluice.io/version"]
         fetch = pod["initContainers"][0]
         command = " ".join(fetch["command"] + fetch.get("args", []))
         assert "python -m sluice.weight_store --quiet fetch" in command
         uri = next(e["value"] for e in fetch["env"] if e["name"] == "ARTIFACT_URI")
-        assert uri.startswith("s3://")
+        # Where `sluice build-engine` puts the version's artifact by default: a copied template that
+        # kept another version's URI would serve the wrong weights (the digest check would refuse it).
+        assert re.fullmatch(rf"s3://[a-z0-9.-]+/engines/{model}/{version}/?", uri), uri
+        env = {e["name"]: e.get("value") for e in pod["initContainers"][1]["env"]}
+        assert (env["MODEL_NAME"], env["MODEL_VERSION"]) == (model, version)
+        registrar = next(c for c in pod["containers"] if c["name"] == "registrar")
+        assert f'"$POD_NAME" {model} {version} ' in " ".join(registrar["args"])
         mounts = {m["name"]: m["mountPath"] for m in fetch["volumeMounts"]}
         cache_dir = next(e["value"] for e in fetch["env"] if e["name"] == "SLUICE_WEIGHT_CACHE_DIR")
         assert cache_dir.startswith(mounts["weight-cache"] + "/")
