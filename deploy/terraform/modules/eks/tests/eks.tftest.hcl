@@ -103,34 +103,18 @@ run "h200_and_public_endpoint_from_a_cidr" {
   }
 }
 
-run "rejects_non_h100_h200_gpus" {
+# NOTE: one run for every rejection: each run starts the provider again, and expect_failures passes only
+# when exactly the listed variables fail.
+run "rejects_bad_inputs" {
   command = plan
 
   variables {
-    gpu_instance_types = ["g5.xlarge"]
-  }
-
-  expect_failures = [var.gpu_instance_types]
-}
-
-run "rejects_public_endpoint_open_to_all" {
-  command = plan
-
-  variables {
+    gpu_instance_types     = ["g5.xlarge"]
     endpoint_public_access = true
     public_access_cidrs    = ["0.0.0.0/0"]
+    gpu_max                = 2
+    gpu_desired            = 3
   }
 
-  expect_failures = [var.public_access_cidrs]
-}
-
-run "rejects_desired_outside_bounds" {
-  command = plan
-
-  variables {
-    gpu_max     = 2
-    gpu_desired = 3
-  }
-
-  expect_failures = [var.gpu_desired]
+  expect_failures = [var.gpu_instance_types, var.public_access_cidrs, var.gpu_desired]
 }

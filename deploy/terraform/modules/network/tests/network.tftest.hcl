@@ -14,7 +14,7 @@ variables {
   azs  = ["us-east-1a", "us-east-1b", "us-east-1c"]
 }
 
-run "subnets_span_three_zones" {
+run "three_zones_by_default" {
   command = plan
 
   assert {
@@ -41,10 +41,6 @@ run "subnets_span_three_zones" {
     condition     = length(aws_flow_log.this) == 0
     error_message = "flow logs are off unless asked for"
   }
-}
-
-run "subnet_cidrs_do_not_overlap" {
-  command = plan
 
   assert {
     condition     = length(distinct(concat(aws_subnet.private[*].cidr_block, aws_subnet.public[*].cidr_block))) == 6
