@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,16 +56,14 @@ def _check(terraform: Terraform, directory: Path) -> list[Step]:
 
 
 @pytest.fixture(scope="module")
-def checked(
-    terraform: Terraform, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, list[Step]]]:
+def checked(terraform: Terraform, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Step]]:
     """Every configuration checked once, a few at a time: each step is mostly the AWS provider starting,
     so running directories side by side roughly halves the wall time on two cores."""
     tree = copy_terraform_tree(tmp_path_factory.mktemp("terraform") / "tree")
     num_workers = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=num_workers) as pool:
         futures = {name: pool.submit(_check, terraform, tree / name) for name in CONFIG_DIRS}
-        yield {name: future.result() for name, future in futures.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def test_the_layout_is_found() -> None:
