@@ -80,6 +80,7 @@ def test_fmt(terraform: Terraform) -> None:
     assert done.returncode == 0, f"terraform fmt -recursive deploy/terraform would change:\n{done.stdout}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIG_DIRS)
 def test_init_validate_and_plan_tests(name: str, checked: dict[str, list[Step]]) -> None:
     steps = checked[name]

@@ -58,15 +58,7 @@ run "prod_plan" {
   }
 }
 
-# Plans (no assertion needed: an invalid wiring fails the plan) with a public endpoint from one CIDR.
-run "api_endpoint_public_from_a_listed_cidr" {
-  command = plan
-
-  variables {
-    api_allowed_cidrs = ["198.51.100.0/24"]
-  }
-}
-
+# NOTE: the endpoint's public variant is planned in modules/eks/tests; each run here restarts the provider.
 run "rejects_public_endpoint_open_to_all" {
   command = plan
 

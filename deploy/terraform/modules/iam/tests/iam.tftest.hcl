@@ -12,7 +12,7 @@ variables {
   weights_kms_key_arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
 }
 
-run "one_role_per_service_account" {
+run "one_role_per_service_account_trusting_only_it" {
   command = plan
 
   assert {
@@ -24,10 +24,6 @@ run "one_role_per_service_account" {
     condition     = aws_iam_role.this["control_plane"].name == "sluice-test-control-plane"
     error_message = "role names are <name>-<key with hyphens>"
   }
-}
-
-run "trust_is_one_service_account_and_sts_audience" {
-  command = plan
 
   assert {
     condition = alltrue([for key, role in aws_iam_role.this :
