@@ -52,6 +52,9 @@ class Terraform:
             CHECKPOINT_DISABLE="1",
             TF_IN_AUTOMATION="1",
             TF_INPUT="0",
+            # NOTE: most of each command is the AWS provider decoding its schema; collecting garbage 4x
+            # less often cuts a quarter of the CPU for a few hundred MB more per process.
+            GOGC="400",
         )
         return env
 
