@@ -14,7 +14,7 @@ variable "cidr" {
   default     = "10.0.0.0/16"
 
   validation {
-    condition     = can(cidrnetmask(var.cidr)) && tonumber(split("/", var.cidr)[1]) <= 16
+    condition     = can(cidrnetmask(var.cidr)) && try(tonumber(split("/", var.cidr)[1]) <= 16, false)
     error_message = "cidr must be a valid IPv4 CIDR block of /16 or larger."
   }
 }

@@ -59,12 +59,13 @@ run "prod_plan" {
 }
 
 # NOTE: the endpoint's public variant is planned in modules/eks/tests; each run here restarts the provider.
-run "rejects_public_endpoint_open_to_all" {
+run "rejects_bad_inputs" {
   command = plan
 
   variables {
-    api_allowed_cidrs = ["0.0.0.0/0"]
+    api_allowed_cidrs   = ["0.0.0.0/0"]
+    allowed_account_ids = ["123"]
   }
 
-  expect_failures = [var.api_allowed_cidrs]
+  expect_failures = [var.api_allowed_cidrs, var.allowed_account_ids]
 }

@@ -83,12 +83,14 @@ run "build_writes_only_under_engines" {
   }
 }
 
-run "rejects_unknown_service_account_keys" {
+run "rejects_bad_inputs" {
   command = plan
 
   variables {
-    service_accounts = { replica = "r", build = "b", gateway = "g", admin = "a" }
+    service_accounts   = { replica = "r", build = "b", gateway = "g", admin = "a" }
+    engines_prefix     = "*"
+    weights_bucket_arn = "arn:aws:s3:::sluice-test-weights/*"
   }
 
-  expect_failures = [var.service_accounts]
+  expect_failures = [var.service_accounts, var.engines_prefix, var.weights_bucket_arn]
 }

@@ -72,12 +72,13 @@ run "single_nat_for_dev" {
   }
 }
 
-run "rejects_two_zones" {
+run "rejects_bad_inputs" {
   command = plan
 
   variables {
-    azs = ["us-east-1a", "us-east-1b"]
+    azs  = ["us-east-1a", "us-east-1b"]
+    cidr = "10.0.0.0"
   }
 
-  expect_failures = [var.azs]
+  expect_failures = [var.azs, var.cidr]
 }
