@@ -1,6 +1,8 @@
 """checkov over deploy/terraform (and the Kubernetes manifests when they exist), from its own virtualenv:
-its pins (boto3, networkx, its own HCL parser...) clash with ours. The virtualenv is made on first use under
-.sluice/checkov-venv (a few minutes, needs the package index); the test skips, saying why, when it cannot be.
+its pins (boto3, networkx, its own HCL parser...) clash with ours. The virtualenv is made on first use in
+the user's cache (``$XDG_CACHE_HOME`` or ~/.cache, ``sluice/checkov-<version>-venv``: a few minutes, needs
+the package index), so later checkouts on the machine (CI's fresh clones) reuse it; the test skips, saying
+why, when it cannot be made.
 Every skipped check is listed in deploy/terraform/.checkov.yaml (or an inline `checkov:skip`), with why."""
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ TF_DIR = ROOT / "deploy" / "terraform"
 KUBE_DIR = ROOT / "deploy" / "kubernetes"
 CONFIG = TF_DIR / ".checkov.yaml"
 CHECKOV_VERSION = "3.3.30"
-VENV = ROOT / ".sluice" / "checkov-venv"
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+VENV = CACHE_DIR / "sluice" / f"checkov-{CHECKOV_VERSION}-venv"
 INSTALLED_MARKER = VENV / f"installed-checkov-{CHECKOV_VERSION}"
 INSTALL_TIMEOUT_S = 900
 RUN_TIMEOUT_S = 300
@@ -31,6 +34,7 @@ INLINE_SKIP = re.compile(r"checkov:skip=(CKV2?_[A-Z0-9]+_\d+)(:(?P<reason>.*))?"
 def _install() -> Path:
     """Creates the virtualenv with the pinned checkov, or skips the test with pip's last words."""
     shutil.rmtree(VENV, ignore_errors=True)
+    VENV.parent.mkdir(parents=True, exist_ok=True)
     started_s = time.monotonic()
     steps = [
         [sys.executable, "-m", "venv", str(VENV)],
