@@ -351,19 +351,57 @@ def rule_iam_statements(files: list[TfFile]) -> list[str]:
     return out
 
 
+# What a gateway may read of an artifact: its manifest and tokenizer files (sluice/artifacts.py), no weights.
+GATEWAY_FILES = frozenset(
+    {"manifest.json", "tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json",
+     "special_tokens_map.json"}
+)  # fmt: skip
+
+
+POLICY_ROLES = ("replica", "build", "gateway", "0", "count.index")  # the role keys a policy may name
+
+
 def rule_iam_attachments(files: list[TfFile]) -> list[str]:
-    """Only the replica and build roles get policies; gateways and the control plane none; no *FullAccess."""
+    """Only the replica, build and gateway roles get policies (the gateway's checked by
+    ``rule_gateway_reads_tokenizers_only``); the control plane none; no *FullAccess."""
     out = []
     for type_ in ("aws_iam_role_policy", "aws_iam_role_policy_attachment", "aws_iam_policy_attachment"):
         for f, name, b in blocks(files, "resource", type_):
             role = str(b.get("role", "")) + str(b.get("roles", ""))
-            if re.search(r"gateway|control.?plane", role):
-                out.append(f"{where(f, type_, name)}: gateways and the control plane get no policy ({role})")
+            if re.search(r"control.?plane", role):
+                out.append(f"{where(f, type_, name)}: the control plane gets no policy ({role})")
+            if re.search(r"gateway", role) and type_ != "aws_iam_role_policy":
+                out.append(f"{where(f, type_, name)}: the gateway gets only its inline tokenizer read")
             indexed = re.search(r"aws_iam_role\.\w+\[([^\]]*)\]", role)
-            if indexed and indexed.group(1).strip('"') not in ("replica", "build", "0", "count.index"):
+            if indexed and indexed.group(1).strip('"') not in POLICY_ROLES:
                 out.append(f"{where(f, type_, name)}: a policy for an unnamed service account role ({role})")
             if re.search(r"(FullAccess|AdministratorAccess|PowerUserAccess)$", str(b.get("policy_arn", ""))):
                 out.append(f"{where(f, type_, name)}: broad managed policy {b.get('policy_arn')}")
+    return out
+
+
+def rule_gateway_reads_tokenizers_only(files: list[TfFile]) -> list[str]:
+    """A gateway's statements: s3:GetObject on manifest and tokenizer files only (``GATEWAY_FILES``, listed in
+    a ``gateway_files`` local) and kms:Decrypt only through S3 (a kms:ViaService condition)."""
+    out = []
+    for s in statements(files):
+        if "gateway" not in s.origin or s.effect != "Allow":
+            continue
+        if not set(s.actions) <= {"s3:GetObject", "kms:Decrypt"}:
+            out.append(f"{s.origin}: a gateway may only get tokenizer objects and decrypt, got {s.actions}")
+        if "kms:Decrypt" in s.actions and not any("kms:ViaService" in c for c in s.conditions.values()):
+            out.append(f"{s.origin}: a gateway decrypts only through S3 (kms:ViaService)")
+        if "s3:GetObject" in s.actions:
+            for resource in s.resources:
+                named = re.search(r"/([\w.]+)\"?\]?\}?$", resource)
+                through_list = "local.gateway_files" in resource
+                if not through_list and (named is None or named.group(1) not in GATEWAY_FILES):
+                    out.append(f"{s.origin}: a gateway reads only manifests and tokenizers, got {resource}")
+    for f in files:
+        for local_block in f.body.get("locals", []):
+            listed = local_block.get("gateway_files")
+            if listed is not None and not set(listed) <= GATEWAY_FILES:
+                out.append(f"{f.path}: locals.gateway_files may list only {sorted(GATEWAY_FILES)}: {listed}")
     return out
 
 
@@ -378,4 +416,5 @@ RULES: dict[str, Rule] = {
     "gpu_taint": rule_gpu_taint,
     "iam_statements": rule_iam_statements,
     "iam_attachments": rule_iam_attachments,
+    "gateway_reads_tokenizers_only": rule_gateway_reads_tokenizers_only,
 }

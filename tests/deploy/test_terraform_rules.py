@@ -166,12 +166,23 @@ resource "aws_iam_role_policy" "replica" {
     ),
     "iam_attachments": (
         """
-resource "aws_iam_role_policy" "gw" {
-  role = aws_iam_role.this["gateway"].id
+resource "aws_iam_role_policy" "cp" {
+  role = aws_iam_role.this["control_plane"].id
   policy = "{}"
 }
 """,
-        "aws_iam_role_policy.gw: gateways and the control plane get no policy",
+        "aws_iam_role_policy.cp: the control plane gets no policy",
+    ),
+    "gateway_reads_tokenizers_only": (
+        """
+locals {
+  gateway_files = ["tokenizer.json", "model.safetensors"]
+  gateway_policy = {
+    Statement = [{ Effect = "Allow", Action = "s3:GetObject", Resource = "${var.bucket_arn}/engines/*" }]
+  }
+}
+""",
+        "a gateway reads only manifests and tokenizers",
     ),
 }
 

@@ -1,7 +1,9 @@
 # IAM roles for service accounts (IRSA), least privilege:
 # - replica:        read the weights bucket, decrypt with its key;
 # - build:          read the bucket, write only under engines/, encrypt with the key;
-# - gateway, control_plane: an identity with no S3 or KMS access at all.
+# - gateway:        read ONLY each artifact's manifest and tokenizer files (what sluice.artifacts fetches for
+#                   a gateway: TOKENIZER_FILES), decrypting through S3 only; never the weights or engines;
+# - control_plane:  an identity with no S3 or KMS access at all.
 # Each role trusts exactly one namespace/service account through the cluster's OIDC provider, for the
 # STS audience: a token minted for any other service account, or for another audience, cannot assume it.
 
@@ -40,6 +42,32 @@ locals {
     Effect   = "Allow"
     Action   = "s3:GetObject"
     Resource = "${var.weights_bucket_arn}/*"
+  }
+
+  # What a gateway reads of an artifact (sluice/artifacts.py TOKENIZER_FILES, and the manifest): each
+  # version's tokenizer, to count and bill tokens. NOTE: "*" in an S3 ARN spans "/", so these match
+  # engines/<model>/<version>/<file>; an engine's own config.json (engine/config.json) is metadata too.
+  gateway_files = [
+    "manifest.json", "tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json",
+    "special_tokens_map.json",
+  ]
+  gateway_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid      = "ReadTokenizers"
+        Effect   = "Allow"
+        Action   = "s3:GetObject"
+        Resource = [for file in local.gateway_files : "${local.engines_arn}/${file}"]
+      },
+      {
+        Sid       = "DecryptTokenizersThroughS3"
+        Effect    = "Allow"
+        Action    = "kms:Decrypt"
+        Resource  = var.weights_kms_key_arn
+        Condition = { StringLike = { "kms:ViaService" = "s3.*.amazonaws.com" } }
+      },
+    ]
   }
 
   replica_policy = {
@@ -87,6 +115,12 @@ resource "aws_iam_role_policy" "replica" {
   name   = "read-weights"
   role   = aws_iam_role.this["replica"].id
   policy = jsonencode(local.replica_policy)
+}
+
+resource "aws_iam_role_policy" "gateway" {
+  name   = "read-tokenizers"
+  role   = aws_iam_role.this["gateway"].id
+  policy = jsonencode(local.gateway_policy)
 }
 
 resource "aws_iam_role_policy" "build" {

@@ -63,6 +63,22 @@ run "replica_reads_and_decrypts_only" {
   }
 }
 
+run "gateway_reads_only_manifests_and_tokenizers" {
+  command = plan
+
+  assert {
+    condition = toset(flatten([for s in jsondecode(aws_iam_role_policy.gateway.policy).Statement : s.Action])) == toset(
+    ["s3:GetObject", "kms:Decrypt"])
+    error_message = "gateway may get objects and decrypt, nothing else (no list, no write)"
+  }
+
+  assert {
+    condition = alltrue([for r in flatten([for s in jsondecode(aws_iam_role_policy.gateway.policy).Statement : s.Resource if s.Action == "s3:GetObject"]) :
+    can(regex("^arn:aws:s3:::sluice-test-weights/engines/\\*/(manifest|tokenizer|tokenizer_config|config|generation_config|special_tokens_map)\\.json$", r))])
+    error_message = "gateway reads only manifests and tokenizer files under engines/, never weights"
+  }
+}
+
 run "build_writes_only_under_engines" {
   command = plan
 
