@@ -80,6 +80,17 @@ resource "aws_eks_cluster" "this" {
 
 # IRSA: pods exchange their projected service-account token for a role's credentials. The audience
 # is STS; modules/iam pins each role to one namespace/service account.
+# The VPC CNI as a managed add-on with its network policy agent on: without it the cluster accepts
+# NetworkPolicies (deploy/kubernetes) and enforces none of them.
+resource "aws_eks_addon" "vpc_cni" {
+  cluster_name                = aws_eks_cluster.this.name
+  addon_name                  = "vpc-cni"
+  configuration_values        = jsonencode({ enableNetworkPolicy = "true" })
+  resolve_conflicts_on_create = "OVERWRITE"
+  resolve_conflicts_on_update = "OVERWRITE"
+  tags                        = var.tags
+}
+
 resource "aws_iam_openid_connect_provider" "this" {
   url             = aws_eks_cluster.this.identity[0].oidc[0].issuer
   client_id_list  = ["sts.amazonaws.com"]

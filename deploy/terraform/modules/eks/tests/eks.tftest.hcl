@@ -86,6 +86,11 @@ run "control_plane_private_encrypted_logged" {
     condition     = aws_iam_openid_connect_provider.this.client_id_list == toset(["sts.amazonaws.com"])
     error_message = "the OIDC provider's audience must be STS"
   }
+
+  assert {
+    condition     = aws_eks_addon.vpc_cni.addon_name == "vpc-cni" && jsondecode(aws_eks_addon.vpc_cni.configuration_values).enableNetworkPolicy == "true"
+    error_message = "the VPC CNI must enforce NetworkPolicies (its network policy agent on)"
+  }
 }
 
 run "h200_and_public_endpoint_from_a_cidr" {
