@@ -1,0 +1,51 @@
+"""Where file bytes live: one interface (``ObjectStore``), two backends passing one contract suite
+(tests/core/test_object_store.py): a directory (the embedded default, ``<state_dir>/files``) and an S3
+bucket under a prefix (``SLUICE_FILES_URL=s3://bucket/prefix``).
+
+Keys are ``/``-separated relative paths of safe characters (``check_key``); the catalog
+(``sluice.files.catalog``) lays tenants' files out under them, each tenant under its own prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+
+_KEY = re.compile(r"^[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*$")
+
+
+class ObjectNotFound(LookupError):
+    pass
+
+
+class ObjectStoreUnavailable(ConnectionError):
+    """The store cannot answer now (S3 unreachable, disk error): retry later."""
+
+
+def check_key(key: str) -> None:
+    if not _KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")) or len(key) > 512:
+        raise ValueError(f"not an object key: {key!r}")
+
+
+class ObjectStore(ABC):
+    @abstractmethod
+    async def open(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def put(self, key: str, data: bytes) -> None:
+        """Write ``data`` under ``key`` whole (a reader never sees part of it), replacing what was there."""
+
+    @abstractmethod
+    async def get(self, key: str) -> bytes:
+        """``ObjectNotFound`` if there is nothing under ``key``."""
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Does nothing if there is nothing under ``key``."""
+
+    @abstractmethod
+    async def list(self, prefix: str) -> list[str]:
+        """The keys starting with ``prefix`` (a key prefix ending in ``/``), sorted."""
