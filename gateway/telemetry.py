@@ -56,6 +56,9 @@ class TelemetryRecord:
     # The fallbacks its overloaded model imposed, as the Sluice-Degraded header names them (e.g.
     # "max_tokens_cap=64, to_batch"); None: served as asked.
     degraded: str | None = None
+    # A batch line's batch id and custom_id (None: not from a batch).
+    batch_id: str | None = None
+    custom_id: str | None = None
 
 
 class TelemetryWriter:

@@ -49,6 +49,10 @@ class Job:
     degraded: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # A line of a batch (the batch runner): its batch's id and the line's custom_id, copied to its
+    # telemetry record; None: an interactive call.
+    batch_id: str | None = None
+    custom_id: str | None = None
 
     @property
     def model_version(self) -> str:

@@ -116,6 +116,8 @@ async def record_request(
         pool=str(job.target.pool),
         failed_replicas=ended.failed_replicas,
         degraded=job.degraded or None,
+        batch_id=job.batch_id,
+        custom_id=job.custom_id,
     )
     try:
         gw.telemetry.write(record)
