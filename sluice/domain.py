@@ -65,6 +65,9 @@ class UsageRecord:
     # came, the row opened at dispatch, or a row written before these existed). Never any text.
     ttft_ms: float | None = None  # arrival to first token
     itl_p95_ms: float | None = None  # this request's own inter-token p95 (gaps between deltas)
+    # The class it ran at: batch lines and ``service_tier: "flex"`` requests are batch, which usage reports
+    # may price at a discount (sluice.pricing). Rows written before this existed are interactive.
+    request_class: RequestClass = RequestClass.INTERACTIVE
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ def usage_record(
         idempotency_key=attempt.key if attempt else None,
         ttft_ms=None if timing is None else _ttft_ms(job, timing),
         itl_p95_ms=None if timing is None else _itl_p95_ms(timing),
+        request_class=job.request_class,
     )
 
 

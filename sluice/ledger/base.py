@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sluice.domain import Outcome, UsageRecord, UsageReport
+from sluice.domain import Outcome, RequestClass, UsageRecord, UsageReport
 
 # The usage table's columns, in the order every backend writes and reads them.
 USAGE_COLUMNS = (
     "tenant_id, request_id, model, model_version, prompt_tokens, output_tokens, status,"
-    " started_at, finished_at, attempt, idempotency_key, ttft_ms, itl_p95_ms"
+    " started_at, finished_at, attempt, idempotency_key, ttft_ms, itl_p95_ms, request_class"
 )
 
 # The write's rule, shared by both dialects: a row, once written, never changes. Every attempt has its own
@@ -25,7 +25,7 @@ KEEP_THE_FIRST = "ON CONFLICT (tenant_id, request_id) DO NOTHING"
 
 def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> UsageRecord:
     """A ``USAGE_COLUMNS`` row as a record; ``to_utc`` turns the backend's timestamp into aware UTC."""
-    t, r, m, v, p, o, s, started, finished, attempt, key, ttft_ms, itl_p95_ms = row
+    t, r, m, v, p, o, s, started, finished, attempt, key, ttft_ms, itl_p95_ms, request_class = row
     return UsageRecord(
         tenant_id=t,
         request_id=r,
@@ -40,6 +40,7 @@ def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> 
         idempotency_key=key,
         ttft_ms=ttft_ms,
         itl_p95_ms=itl_p95_ms,
+        request_class=RequestClass(request_class),
     )
 
 

@@ -40,6 +40,14 @@ _LATENCY_DDL = """
             CREATE INDEX usage_model_version_finished ON usage (model, model_version, finished_at)
         """
 
+# Issue 15: the class each request ran at, so usage reports can price batch tokens at a discount. Rows from
+# before ran interactive (the batch tier did not exist). The values are spelled out, not read from
+# RequestClass: a shipped migration never changes; a new class is a new migration.
+_REQUEST_CLASS_DDL = """
+            ALTER TABLE usage ADD COLUMN request_class TEXT NOT NULL DEFAULT 'interactive'
+                CHECK (request_class IN ('interactive', 'batch'))
+        """
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -67,5 +75,11 @@ MIGRATIONS: list[Migration] = [
         name="usage latencies",
         sqlite=_LATENCY_DDL.format(real="REAL"),
         postgres=_LATENCY_DDL.format(real="DOUBLE PRECISION"),
+    ),
+    Migration(
+        version=5,
+        name="usage request class",
+        sqlite=_REQUEST_CLASS_DDL,
+        postgres=_REQUEST_CLASS_DDL,
     ),
 ]

@@ -85,6 +85,7 @@ class PostgresLedger(UsageLedger):
                     rec.idempotency_key,
                     rec.ttft_ms,
                     rec.itl_p95_ms,
+                    rec.request_class.value,
                 ),
             )
             return cur.rowcount == 1  # 0 when the row was there already

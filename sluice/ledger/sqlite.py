@@ -57,6 +57,7 @@ class SqliteLedger(UsageLedger):
             rec.idempotency_key,
             rec.ttft_ms,
             rec.itl_p95_ms,
+            rec.request_class.value,
         )
 
         def insert(conn: sqlite3.Connection) -> bool:

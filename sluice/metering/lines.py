@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from sluice.domain import Outcome, UsageRecord
+from sluice.domain import Outcome, RequestClass, UsageRecord
 
 
 class Kind(Enum):
@@ -36,12 +36,13 @@ def record_to_json(rec: UsageRecord) -> dict[str, Any]:
         "idempotency_key": rec.idempotency_key,
         "ttft_ms": rec.ttft_ms,
         "itl_p95_ms": rec.itl_p95_ms,
+        "request_class": rec.request_class.value,
     }
 
 
 def record_from_json(d: dict[str, Any]) -> UsageRecord:
     """A line's record. Fields added since a line was written (a line of an older gateway, replayed after
-    an upgrade) take the record's defaults: attempt 1, no key, no latencies."""
+    an upgrade) take the record's defaults: attempt 1, no key, no latencies, the interactive class."""
     return UsageRecord(
         tenant_id=d["tenant_id"],
         request_id=d["request_id"],
@@ -56,6 +57,7 @@ def record_from_json(d: dict[str, Any]) -> UsageRecord:
         idempotency_key=d.get("idempotency_key"),
         ttft_ms=_optional_ms(d.get("ttft_ms")),
         itl_p95_ms=_optional_ms(d.get("itl_p95_ms")),
+        request_class=RequestClass(d.get("request_class", RequestClass.INTERACTIVE)),
     )
 
 

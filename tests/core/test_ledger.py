@@ -11,13 +11,14 @@ from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import psycopg
 import pytest
 from storage_backends import Backend
 
 import sluice.ledger.postgres
 import sluice.ledger.sqlite
 from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
-from sluice.domain import Outcome, UsageRecord
+from sluice.domain import Outcome, RequestClass, UsageRecord
 from sluice.ledger.base import USAGE_COLUMNS, LedgerUnavailable, UsageLedger, VersionTraffic
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
 from sluice.ledger.postgres import PostgresLedger
@@ -197,7 +198,7 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
-    assert [row[1] for row in applied] == [1, 2, 3, 4]
+    assert [row[1] for row in applied] == [1, 2, 3, 4, 5]
 
 
 async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1_without_a_key(
@@ -205,7 +206,7 @@ async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1
 ) -> None:
     """An existing ledger upgrades in place: its rows become attempt 1 with no key, and stay as they are."""
     old = rec(request_id="before-upgrade")
-    columns = USAGE_COLUMNS.removesuffix(", attempt, idempotency_key, ttft_ms, itl_p95_ms")
+    columns = USAGE_COLUMNS.removesuffix(", attempt, idempotency_key, ttft_ms, itl_p95_ms, request_class")
     values = (old.tenant_id, old.request_id, old.model, old.model_version, old.prompt_tokens,
               old.output_tokens, old.status.value)  # fmt: skip
     if backend.database_url is None:
@@ -228,9 +229,9 @@ async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1
         finally:
             await pool.close()
     ledger = backend.make_ledger()
-    await ledger.open()  # applies migrations 2 to 4 over the existing row
+    await ledger.open()  # applies migrations 2 to 5 over the existing row
     try:
-        assert (await ledger.query("acme")).rows == [old]  # attempt 1, no key, no latencies
+        assert (await ledger.query("acme")).rows == [old]  # attempt 1, no key, no latencies, interactive
         (traffic,) = await ledger.version_traffic("sluice-tiny", T0)
         assert (traffic.num_requests, traffic.ttft_p95_ms, traffic.itl_p95_ms) == (1, None, None)
         assert await ledger.record(old) is False
@@ -279,6 +280,7 @@ def test_records_hold_no_text_fields() -> None:
         "idempotency_key",  # the client's own label for the request, not its content
         "ttft_ms",
         "itl_p95_ms",
+        "request_class",
     }
 
 
@@ -303,6 +305,31 @@ async def test_latencies_round_trip_and_are_none_when_not_measured(ledger: Usage
     assert rows == [unmeasured, measured]
     assert (rows[0].ttft_ms, rows[0].itl_p95_ms) == (None, None)
     assert (rows[1].ttft_ms, rows[1].itl_p95_ms) == (123.456, 7.25)
+
+
+async def test_request_class_round_trips_and_the_table_refuses_an_unknown_one(
+    backend: Backend, ledger: UsageLedger, tmp_path: Path
+) -> None:
+    batch = rec(request_id="batch", request_class=RequestClass.BATCH)
+    interactive = rec(request_id="interactive", finished_at=T0 + timedelta(seconds=2))
+    assert await ledger.record(batch) and await ledger.record(interactive)
+    rows = (await ledger.query("acme")).rows
+    assert rows == [interactive, batch]
+    assert [r.request_class for r in rows] == [RequestClass.INTERACTIVE, RequestClass.BATCH]
+    # The CHECK holds the column to the known classes even for a writer that bypasses the ledger.
+    values = ("acme", "raw", "m", "1", 1, 1, "finished", to_text(T0), to_text(T0), "premium")
+    sql = "INSERT INTO usage (tenant_id, request_id, model, model_version, prompt_tokens, output_tokens,"
+    sql += " status, started_at, finished_at, request_class) VALUES ({})"
+    if backend.database_url is None:
+        with (
+            closing(sqlite3.connect(tmp_path / "sluice.db")) as conn,
+            pytest.raises(sqlite3.IntegrityError, match="CHECK"),
+        ):
+            conn.execute(sql.format(", ".join("?" * len(values))), values)
+    else:
+        async with await psycopg.AsyncConnection.connect(backend.database_url) as conn:
+            with pytest.raises(psycopg.errors.CheckViolation):
+                await conn.execute(sql.format(", ".join(["%s"] * len(values))), values)
 
 
 async def test_version_traffic_per_version_of_one_model_over_the_window(ledger: UsageLedger) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.domain import Outcome, UsageRecord
+from sluice.domain import Outcome, RequestClass, UsageRecord
 from sluice.metering.outbox import FILE_NAME, Outbox
 
 pytestmark = pytest.mark.anyio
@@ -138,8 +138,9 @@ async def test_lines_hold_the_record_fields_and_no_text(tmp_path: Path) -> None:
 
 
 async def test_lines_of_an_older_gateway_without_the_newer_fields_still_replay(tmp_path: Path) -> None:
-    """Lines written before the attempt, key and latency fields existed (an upgrade with records still
-    pending): the records come back with those fields' defaults, and a new line keeps its latencies."""
+    """Lines written before the attempt, key, latency and class fields existed (an upgrade with records
+    still pending): the records come back with those fields' defaults (interactive), and a new line keeps
+    its latencies and its class."""
     old_fields = {"tenant_id": "acme", "model": "sluice-tiny", "model_version": "1", "prompt_tokens": 10,
                   "status": "finished", "started_at": T0.isoformat(),
                   "finished_at": (T0 + timedelta(1)).isoformat()}  # fmt: skip
@@ -154,13 +155,17 @@ async def test_lines_of_an_older_gateway_without_the_newer_fields_still_replay(t
     lost = rec(2, output_tokens=64, status=Outcome.GATEWAY_LOST, finished_at=T0)
     assert left == [(1, rec(1)), (2, lost)]
     assert all(
-        (r.attempt, r.idempotency_key, r.ttft_ms, r.itl_p95_ms) == (1, None, None, None) for _, r in left
+        (r.attempt, r.idempotency_key, r.ttft_ms, r.itl_p95_ms, r.request_class)
+        == (1, None, None, None, RequestClass.INTERACTIVE)
+        for _, r in left
     )
     measured = rec(3, ttft_ms=12.5, itl_p95_ms=3.25)
+    batch = rec(4, request_class=RequestClass.BATCH)
     await box.append(measured)
+    await box.append(batch)
     await box.close()
     box, left = await opened(tmp_path)
-    assert [r for _, r in left] == [rec(1), lost, measured]
+    assert [r for _, r in left] == [rec(1), lost, measured, batch]
     await box.close()
 
 
@@ -169,7 +174,7 @@ async def test_a_request_left_open_is_pending_as_gateway_lost_with_its_last_ckpt
     running = await box.append_open(rec(1, output_tokens=0))
     closed = await box.append_open(rec(2, output_tokens=0))
     discarded = await box.append_open(rec(3, output_tokens=0))
-    unchecked = await box.append_open(rec(4, output_tokens=0))
+    unchecked = await box.append_open(rec(4, output_tokens=0, request_class=RequestClass.BATCH))
     for tokens in (64, 128, 150):
         box.checkpoint(running, tokens, T0 + timedelta(seconds=tokens))
     box.checkpoint(closed, 64, T0)
@@ -183,7 +188,7 @@ async def test_a_request_left_open_is_pending_as_gateway_lost_with_its_last_ckpt
     assert left == [
         (running, lost),
         (closed, rec(2, output_tokens=99)),
-        (unchecked, rec(4, output_tokens=0, status=Outcome.GATEWAY_LOST)),
+        (unchecked, rec(4, output_tokens=0, status=Outcome.GATEWAY_LOST, request_class=RequestClass.BATCH)),
     ]
     await box.close()
     box, again = await opened(tmp_path)  # billed once: now ordinary pending records
