@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sluice.files.s3 import parse_files_url
 from sluice.policy.degrade import Fallbacks, parse_degradation
 
 ENV_PREFIX = "SLUICE_"
@@ -217,6 +218,12 @@ class Settings(BaseSettings):
     weight_store_part_size_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=5 * 1024**3)
     weight_store_max_concurrency: int = Field(8, ge=1, le=256)
 
+    # Files (issue 15; sluice/files, OpenAI's Files API): uploaded batch input and batch results. Unset:
+    # under <state_dir>/files; s3://BUCKET/PREFIX: in that bucket (endpoint: s3_endpoint_url). An upload's
+    # file may hold at most file_max_bytes (POST /v1/files alone may exceed max_body_bytes for it).
+    files_url: str | None = None
+    file_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+
     def __init__(self, **values: Any) -> None:
         check_unknown_env(os.environ)
         super().__init__(**values)
@@ -254,6 +261,13 @@ class Settings(BaseSettings):
     def _check_s3_endpoint_url(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("must be an http(s):// URL, e.g. http://127.0.0.1:9000, or unset for AWS")
+        return v
+
+    @field_validator("files_url")
+    @classmethod
+    def _check_files_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_files_url(v)  # a ValueError says what is wrong with it
         return v
 
     @field_validator("triton_grpc_url")

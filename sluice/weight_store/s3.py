@@ -11,15 +11,18 @@ from sluice.weight_store.errors import ManifestNotFoundError, StoreAccessError
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 
 
-def make_s3_client(*, endpoint_url: str | None = None, max_pool_connections: int = 10) -> Any:
+def make_s3_client(
+    *, endpoint_url: str | None = None, max_pool_connections: int = 10, max_attempts: int = 5
+) -> Any:
     """A boto3 S3 client: ``endpoint_url`` for an S3-compatible server (MinIO, moto), path-style
-    addressing there; region and credentials from boto3's default chain; standard retries."""
+    addressing there; region and credentials from boto3's default chain; standard retries, each call
+    tried at most ``max_attempts`` times (fewer on a request path, where a client waits)."""
     import boto3
     from botocore.config import Config
 
     config = Config(
         max_pool_connections=max(10, max_pool_connections + 2),
-        retries={"mode": "standard", "max_attempts": 5},
+        retries={"mode": "standard", "max_attempts": max_attempts},
         s3={"addressing_style": "path"} if endpoint_url else {},
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
