@@ -187,6 +187,11 @@ class Settings(BaseSettings):
     replica_health_interval_s: float = Field(2.0, gt=0, le=300)
     replica_probe_timeout_s: float = Field(2.0, gt=0, le=300)
     replica_start_grace_s: float = Field(120.0, ge=0, le=24 * 3600)
+    # What one replica costs an hour (a GPU node's price, in USD; issue 15, docs/operations.md "Dashboards and
+    # alerts"): the control plane exports it as sluice_control_plane_replica_hour_price_usd, and the
+    # recording rule sluice:cost_per_million_output_tokens_usd divides replicas x price by output tokens.
+    # Unset: not exported, and the cost rule yields nothing rather than a made-up figure.
+    replica_hour_price_usd: float | None = Field(None, gt=0, le=10_000)
 
     # Autoscaler (issue 12; control_plane/autoscaler, docs/operations.md "Autoscaling"): off by default.
     # Every autoscaler_interval_s it scrapes the gateways' /metrics (comma-separated URLs) and sets each
