@@ -73,7 +73,7 @@ def _usage(finish: FinishEvent) -> Usage:
 
 
 # ----- per-endpoint chunk shapes -----
-class _ChatShape:
+class ChatShape:
     def __init__(self, job: Job) -> None:
         self.job = job
 
@@ -120,7 +120,7 @@ class _ChatShape:
         )
 
 
-class _CompletionShape:
+class CompletionShape:
     def __init__(self, job: Job) -> None:
         self.job = job
 
@@ -166,11 +166,11 @@ class _CompletionShape:
         )
 
 
-_Shape = _ChatShape | _CompletionShape
+Shape = ChatShape | CompletionShape
 
 
 async def _respond(
-    request: Request[Any, Any, Any], job: Job, shape: _Shape, stream: bool, include_usage: bool
+    request: Request[Any, Any, Any], job: Job, shape: Shape, stream: bool, include_usage: bool
 ) -> Response[Any] | Stream:
     gw: GatewayState = request.app.state.gw
     timing = Timing(job.arrival_s)
@@ -188,7 +188,7 @@ async def _respond(
 async def _stream(
     request: Request[Any, Any, Any],
     events: AsyncGenerator[Event, None],
-    shape: _Shape,
+    shape: Shape,
     include_usage: bool,
     timing: Timing,
 ) -> Response[Any] | Stream:
@@ -241,7 +241,7 @@ async def _stream(
 
 
 async def _whole(
-    request: Request[Any, Any, Any], events: AsyncGenerator[Event, None], shape: _Shape, timing: Timing
+    request: Request[Any, Any, Any], events: AsyncGenerator[Event, None], shape: Shape, timing: Timing
 ) -> Response[Any]:
     parts: list[str] = []
     finish: FinishEvent | None = None
@@ -380,7 +380,7 @@ class OpenAIController(Controller):
         await _refuse_unknown_fields(request, ChatCompletionRequest)
         job = await admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return await _respond(request, job, _ChatShape(job), data.stream, include_usage)
+        return await _respond(request, job, ChatShape(job), data.stream, include_usage)
 
     @post(
         "/completions",
@@ -400,7 +400,7 @@ class OpenAIController(Controller):
         await _refuse_unknown_fields(request, CompletionRequest)
         job = await admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return await _respond(request, job, _CompletionShape(job), data.stream, include_usage)
+        return await _respond(request, job, CompletionShape(job), data.stream, include_usage)
 
     @get("/models", responses=error_responses(401, 503))
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
