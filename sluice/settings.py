@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sluice.files.s3 import parse_files_url
 from sluice.policy.degrade import Fallbacks, parse_degradation
+from sluice.pricing import Prices, parse_prices, prices_from
 
 ENV_PREFIX = "SLUICE_"
 
@@ -125,6 +126,12 @@ class Settings(BaseSettings):
     # "to_batch": true, "alias_to": "sluice-nano", "overload_wait_s": 2, "enter_after_s": 10,
     # "exit_after_s": 30}}; unset: no model degrades.
     degradation: str | None = None
+    # Usage reports' prices (issue 15; sluice/pricing.py): JSON of model -> USD per million prompt and
+    # output tokens, "*" for every model not listed, e.g. {"*": {"prompt_usd_per_m": 0.2,
+    # "output_usd_per_m": 0.6}}; unset: reports show tokens and no cost. Batch-class tokens (batch lines,
+    # service_tier "flex") cost (1 - batch_discount) of the price.
+    prices: str | None = None
+    batch_discount: float = Field(0.5, ge=0, lt=1)
     # Failover (issue 12): a request whose replica fails before its first token is dispatched again to
     # another replica, at most max_redispatches times (0: never); a replica a request could not reach
     # takes nothing new from this gateway until it answers a readiness check, asked every
@@ -296,6 +303,13 @@ class Settings(BaseSettings):
             parse_degradation(v)  # a ValueError names the model and the field at fault
         return v
 
+    @field_validator("prices")
+    @classmethod
+    def _check_prices(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_prices(v)  # a ValueError names the model and the field at fault
+        return v
+
     @field_validator("model_name")
     @classmethod
     def _check_model_name(cls, v: str) -> str:
@@ -343,6 +357,11 @@ class Settings(BaseSettings):
     def degradation_fallbacks(self) -> dict[str, Fallbacks]:
         """``degradation`` parsed: each degrading model's fallbacks (empty: none degrades)."""
         return parse_degradation(self.degradation) if self.degradation is not None else {}
+
+    @property
+    def pricing(self) -> Prices:
+        """``prices`` and ``batch_discount`` parsed (no prices: nothing is priced)."""
+        return prices_from(self.prices, self.batch_discount)
 
     @property
     def sqlite_path(self) -> Path:
