@@ -71,10 +71,23 @@ class UsageRecord:
 
 
 @dataclass(frozen=True)
+class UsageGroup:
+    """The rows of one (model, request class) in a report's filter, summed: what a price applies to."""
+
+    model: str
+    request_class: RequestClass
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
 class UsageTotals:
     num_requests: int
     prompt_tokens: int
     output_tokens: int
+    # The same rows by (model, request class), sorted by both; they add up to the counts above.
+    groups: tuple[UsageGroup, ...] = ()
 
 
 @dataclass(frozen=True)

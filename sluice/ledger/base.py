@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sluice.domain import Outcome, RequestClass, UsageRecord, UsageReport
+from sluice.domain import Outcome, RequestClass, UsageGroup, UsageRecord, UsageReport, UsageTotals
 
 # The usage table's columns, in the order every backend writes and reads them.
 USAGE_COLUMNS = (
@@ -41,6 +41,29 @@ def record_from_row(row: tuple[Any, ...], to_utc: Callable[[Any], datetime]) -> 
         ttft_ms=ttft_ms,
         itl_p95_ms=itl_p95_ms,
         request_class=RequestClass(request_class),
+    )
+
+
+def usage_groups_sql(cond: str) -> str:
+    """The report's totals, per (model, request class), over the rows matching ``cond``."""
+    return (
+        "SELECT model, request_class, count(*), sum(prompt_tokens), sum(output_tokens)"
+        f" FROM usage WHERE {cond} GROUP BY model, request_class"
+    )
+
+
+def totals_from(groups: Iterable[tuple[Any, ...]]) -> UsageTotals:
+    """The totals from ``usage_groups_sql``'s rows, the same for every backend: the groups sorted by model
+    and class (in Python, so no database collation decides the order), and their sums."""
+    parsed = sorted(
+        (UsageGroup(m, RequestClass(c), int(n), int(p), int(o)) for m, c, n, p, o in groups),
+        key=lambda g: (g.model, g.request_class.value),
+    )
+    return UsageTotals(
+        num_requests=sum(g.num_requests for g in parsed),
+        prompt_tokens=sum(g.prompt_tokens for g in parsed),
+        output_tokens=sum(g.output_tokens for g in parsed),
+        groups=tuple(parsed),
     )
 
 
@@ -166,9 +189,11 @@ class UsageLedger(ABC):
         until: datetime | None = None,
         model: str | None = None,
         idempotency_key: str | None = None,
+        request_class: RequestClass | None = None,
         limit: int = 100,
     ) -> UsageReport:
-        """Totals over the filter and the newest ``limit`` rows, for ``tenant_id`` only.
+        """Totals over the filter (and per model and request class) and the newest ``limit`` rows, for
+        ``tenant_id`` only.
 
         The time range is on ``finished_at``: ``since <= finished_at < until``. Rows come newest first
         (``finished_at``, then ``request_id``, descending), with timezone-aware UTC timestamps.

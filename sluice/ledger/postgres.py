@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from psycopg_pool import AsyncConnectionPool
 
 from sluice.db import PG_UNREACHABLE, MigratedPgPool
-from sluice.domain import UsageRecord, UsageReport, UsageTotals
+from sluice.domain import RequestClass, UsageRecord, UsageReport
 from sluice.ledger.base import (
     KEEP_THE_FIRST,
     MAX_LATENCY_ROWS_PER_VERSION,
@@ -21,6 +21,8 @@ from sluice.ledger.base import (
     check_version_traffic_args,
     error_statuses,
     record_from_row,
+    totals_from,
+    usage_groups_sql,
     version_traffic_from,
     version_traffic_sql,
 )
@@ -98,6 +100,7 @@ class PostgresLedger(UsageLedger):
         until: datetime | None = None,
         model: str | None = None,
         idempotency_key: str | None = None,
+        request_class: RequestClass | None = None,
         limit: int = 100,
     ) -> UsageReport:
         check_query_args(since, until, limit)
@@ -114,6 +117,9 @@ class PostgresLedger(UsageLedger):
         if idempotency_key is not None:
             where.append("idempotency_key = %s")
             params.append(idempotency_key)
+        if request_class is not None:
+            where.append("request_class = %s")
+            params.append(request_class.value)
         try:
             return await self._query(" AND ".join(where), params, limit)
         except PG_UNREACHABLE as exc:
@@ -123,14 +129,8 @@ class PostgresLedger(UsageLedger):
         async with self.pool.connection() as conn, conn.transaction():
             # REPEATABLE READ: the totals and the rows see the same snapshot.
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur = await conn.execute(
-                "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0)"
-                f" FROM usage WHERE {cond}",
-                params,
-            )
-            totals = await cur.fetchone()
-            assert totals is not None  # an aggregate always returns one row
-            n, p, o = totals
+            cur = await conn.execute(usage_groups_sql(cond), params)
+            groups = await cur.fetchall()
             cur = await conn.execute(
                 f"SELECT {USAGE_COLUMNS} FROM usage WHERE {cond}"
                 " ORDER BY finished_at DESC, request_id DESC LIMIT %s",
@@ -138,7 +138,7 @@ class PostgresLedger(UsageLedger):
             )
             rows = await cur.fetchall()
         return UsageReport(
-            UsageTotals(int(n), int(p), int(o)),
+            totals_from(groups),
             [record_from_row(r, lambda ts: ts.astimezone(UTC)) for r in rows],
         )
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sluice.db import SqliteDb, apply_sqlite_migrations
-from sluice.domain import UsageRecord, UsageReport, UsageTotals
+from sluice.domain import RequestClass, UsageRecord, UsageReport
 from sluice.ledger.base import (
     KEEP_THE_FIRST,
     MAX_LATENCY_ROWS_PER_VERSION,
@@ -19,6 +19,8 @@ from sluice.ledger.base import (
     check_version_traffic_args,
     error_statuses,
     record_from_row,
+    totals_from,
+    usage_groups_sql,
     version_traffic_from,
     version_traffic_sql,
 )
@@ -79,6 +81,7 @@ class SqliteLedger(UsageLedger):
         until: datetime | None = None,
         model: str | None = None,
         idempotency_key: str | None = None,
+        request_class: RequestClass | None = None,
         limit: int = 100,
     ) -> UsageReport:
         check_query_args(since, until, limit)
@@ -95,17 +98,16 @@ class SqliteLedger(UsageLedger):
         if idempotency_key is not None:
             where.append("idempotency_key = ?")
             params.append(idempotency_key)
+        if request_class is not None:
+            where.append("request_class = ?")
+            params.append(request_class.value)
         cond = " AND ".join(where)
 
         def read(conn: sqlite3.Connection) -> UsageReport:
             # One read transaction: the totals and the rows see the same snapshot.
             conn.execute("BEGIN")
             try:
-                n, p, o = conn.execute(
-                    "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0)"
-                    f" FROM usage WHERE {cond}",
-                    params,
-                ).fetchone()
+                groups = conn.execute(usage_groups_sql(cond), params).fetchall()
                 rows = conn.execute(
                     f"SELECT {USAGE_COLUMNS} FROM usage WHERE {cond}"
                     " ORDER BY finished_at DESC, request_id DESC LIMIT ?",
@@ -114,7 +116,7 @@ class SqliteLedger(UsageLedger):
             finally:
                 conn.execute("COMMIT")
             return UsageReport(
-                UsageTotals(n, p, o), [record_from_row(r, datetime.fromisoformat) for r in rows]
+                totals_from(groups), [record_from_row(r, datetime.fromisoformat) for r in rows]
             )
 
         return await self._db.run(read)

@@ -18,7 +18,7 @@ from storage_backends import Backend
 import sluice.ledger.postgres
 import sluice.ledger.sqlite
 from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
-from sluice.domain import Outcome, RequestClass, UsageRecord
+from sluice.domain import Outcome, RequestClass, UsageGroup, UsageRecord, UsageTotals
 from sluice.ledger.base import USAGE_COLUMNS, LedgerUnavailable, UsageLedger, VersionTraffic
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
 from sluice.ledger.postgres import PostgresLedger
@@ -330,6 +330,47 @@ async def test_request_class_round_trips_and_the_table_refuses_an_unknown_one(
         async with await psycopg.AsyncConnection.connect(backend.database_url) as conn:
             with pytest.raises(psycopg.errors.CheckViolation):
                 await conn.execute(sql.format(", ".join(["%s"] * len(values))), values)
+
+
+async def test_totals_by_model_and_class_cover_the_whole_filter_and_the_class_filters(
+    ledger: UsageLedger,
+) -> None:
+    second = timedelta(seconds=1)
+    for i, (model, cls, p, o) in enumerate(
+        [
+            ("sluice-tiny", RequestClass.BATCH, 100, 10),
+            ("sluice-tiny", RequestClass.INTERACTIVE, 7, 3),
+            ("sluice-tiny", RequestClass.BATCH, 200, 20),
+            ("alpha", RequestClass.INTERACTIVE, 1, 1),
+            ("sluice-tiny", RequestClass.INTERACTIVE, 5, 2),
+        ]
+    ):
+        r = rec(request_id=f"r{i}", model=model, request_class=cls, prompt_tokens=p, output_tokens=o)
+        await ledger.record(dataclasses.replace(r, finished_at=T0 + i * second))
+    await ledger.record(rec(tenant_id="globex", request_id="g", request_class=RequestClass.BATCH))
+
+    report = await ledger.query("acme", limit=1)  # the totals cover every row, not only the one returned
+    assert [r.request_id for r in report.rows] == ["r4"]
+    assert report.totals == UsageTotals(
+        5,
+        313,
+        36,
+        (
+            UsageGroup("alpha", RequestClass.INTERACTIVE, 1, 1, 1),
+            UsageGroup("sluice-tiny", RequestClass.BATCH, 2, 300, 30),
+            UsageGroup("sluice-tiny", RequestClass.INTERACTIVE, 2, 12, 5),
+        ),
+    )
+    batch = await ledger.query("acme", request_class=RequestClass.BATCH)
+    assert [r.request_id for r in batch.rows] == ["r2", "r0"]
+    assert batch.totals == UsageTotals(
+        2, 300, 30, (UsageGroup("sluice-tiny", RequestClass.BATCH, 2, 300, 30),)
+    )
+    tiny_interactive = await ledger.query("acme", model="sluice-tiny", request_class=RequestClass.INTERACTIVE)
+    assert [r.request_id for r in tiny_interactive.rows] == ["r4", "r1"]
+    assert (await ledger.query("initech")).totals == UsageTotals(0, 0, 0, ())
+    globex = await ledger.query("globex")
+    assert globex.totals.groups == (UsageGroup("sluice-tiny", RequestClass.BATCH, 1, 10, 5),)
 
 
 async def test_version_traffic_per_version_of_one_model_over_the_window(ledger: UsageLedger) -> None:
