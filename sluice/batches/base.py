@@ -10,11 +10,16 @@ and a line in no committed part runs again after a restart (its usage row is key
 
 One runner at a time holds a batch, by a lease (``claim``/``renew``) that another runner may take once
 it expires; every write a runner makes names its ``owner`` and fails with ``LeaseLost`` if it no longer
-holds the lease, so a runner that stalled past its lease cannot overwrite the new holder's work.
+holds the lease, so a runner that stalled past its lease cannot overwrite the new holder's work. A runner
+*holds* the lease while the batch names it as the lease's owner: until another runner claims it after it
+ended, or it is released (an ended lease nobody claimed yet is still its owner's, and ``renew`` extends it).
+
+Timestamps given to the store must be timezone-aware (a naive one is a ``ValueError``).
 """
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -141,7 +146,7 @@ class BatchStore(ABC):
     async def list(self, tenant_id: str, *, after: str | None = None, limit: int = 20) -> list[Batch]:
         """The tenant's batches, newest first (``created_at``, then ``batch_id``, descending); ``after``:
         only those after that batch in this order (a cursor; ``UnknownBatchError`` if it is not the
-        tenant's)."""
+        tenant's). At most ``limit`` (ValueError outside 1..1000)."""
 
     @abstractmethod
     async def request_cancel(self, tenant_id: str, batch_id: str, now: datetime) -> Batch:
@@ -152,8 +157,9 @@ class BatchStore(ABC):
     @abstractmethod
     async def claim(self, owner: str, lease_s: float, now: datetime) -> Batch | None:
         """Take the lease of the oldest batch in ``ACTIVE_STATUSES`` that no runner holds (never leased,
-        released, or its lease ended before ``now``): it is held by ``owner`` until ``now + lease_s``.
-        None when there is none. Two runners never hold one batch at once."""
+        released, or its lease ended at or before ``now``): it is held by ``owner`` until ``now + lease_s``
+        (``lease_s`` in (0, 86400], else ValueError). None when there is none. Two runners never hold one
+        batch at once."""
 
     @abstractmethod
     async def renew(self, batch_id: str, owner: str, lease_s: float, now: datetime) -> Batch:
@@ -169,11 +175,13 @@ class BatchStore(ABC):
     async def commit_part(self, batch_id: str, owner: str, part: BatchPart) -> RequestCounts:
         """Record ``part`` and add its lines to the counts, in one transaction; returns the new counts.
         ``LeaseLost`` if ``owner`` does not hold the lease (nothing recorded). ValueError if ``part.seq``
-        is not the batch's next or a line is already in a committed part."""
+        is not the batch's next or a line is already in a committed part, and for a part inconsistent in
+        itself: written by another owner, no line, a line twice or negative, or ``num_completed +
+        num_failed`` not its number of lines."""
 
     @abstractmethod
-    async def parts(self, batch_id: str) -> list[BatchPart]:
-        """The batch's committed parts in ``seq`` order."""
+    async def parts(self, batch_id: str) -> builtins.list[BatchPart]:
+        """The batch's committed parts in ``seq`` order (none for an unknown batch)."""
 
     @abstractmethod
     async def advance(
