@@ -50,14 +50,22 @@ def parse_files_url(url: str) -> tuple[str, str]:
 
 class S3ObjectStore(ObjectStore):
     def __init__(
-        self, bucket: str, prefix: str, endpoint_url: str | None = None, *, max_attempts: int = 3
+        self,
+        bucket: str,
+        prefix: str,
+        endpoint_url: str | None = None,
+        *,
+        max_attempts: int = 3,
+        list_page_keys: int = 1000,
     ) -> None:
         """``max_attempts``: tries per call before ObjectStoreUnavailable (botocore's standard retry mode:
-        connection errors, 5xx and throttling, with jittered backoff), kept low because a client waits."""
+        connection errors, 5xx and throttling, with jittered backoff), kept low because a client waits.
+        ``list_page_keys``: keys per LIST response (S3's most is 1000; tests page with fewer)."""
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url
         self._max_attempts = max_attempts
+        self._list_page_keys = list_page_keys
         self._client: Any = None
 
     def __repr__(self) -> str:
@@ -107,7 +115,7 @@ class S3ObjectStore(ObjectStore):
 
         def list_all() -> list[str]:
             pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=full_prefix
+                Bucket=self.bucket, Prefix=full_prefix, PaginationConfig={"PageSize": self._list_page_keys}
             )
             return sorted(item["Key"][strip:] for page in pages for item in page.get("Contents", []))
 
