@@ -16,14 +16,14 @@ Pure: configuration and counts in, a cost out; no I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from sluice.domain import RequestClass
+from sluice.domain import RequestClass, UsageGroup
 
 DEFAULT_MODEL = "*"  # the price of every model without one of its own
 TOKENS_PER_PRICE_UNIT = Decimal(1_000_000)  # prices are per million tokens
@@ -80,6 +80,20 @@ class Prices:
         """``cost`` as a float (the nearest to the exact decimal); None when ``model`` has no price."""
         exact = self.cost(model, request_class, prompt_tokens, output_tokens)
         return None if exact is None else float(exact)
+
+
+def total_cost(prices: Prices, groups: Iterable[UsageGroup]) -> Decimal | None:
+    """What a report's groups cost together, exactly; None when nothing is priced or one of the groups'
+    models has no price (a total that left some rows out would read as the whole bill)."""
+    if not prices.by_model:
+        return None
+    total = Decimal(0)
+    for g in groups:
+        cost = prices.cost(g.model, g.request_class, g.prompt_tokens, g.output_tokens)
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def parse_prices(text: str) -> dict[str, ModelPrice]:

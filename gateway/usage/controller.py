@@ -1,6 +1,11 @@
 """GET /v1/usage: totals and per-request rows for the caller's tenant only, filtered by ``since`` /
-``until`` (unix seconds or ISO 8601), ``model`` and ``idempotency_key``. A request sent with an
-Idempotency-Key has one row per attempt that reached a replica, each carrying the key and its attempt."""
+``until`` (unix seconds or ISO 8601), ``model``, ``idempotency_key`` and ``request_class``. A request sent
+with an Idempotency-Key has one row per attempt that reached a replica, each carrying the key and its
+attempt.
+
+Costs are in USD at the configured prices (``SLUICE_PRICES``, batch-class tokens at
+``SLUICE_BATCH_DISCOUNT`` off; sluice/pricing.py), as they are now: null where a model has no price. The
+totals break down by (model, request class) over every row of the filter, not only the rows returned."""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ from litestar.params import FromQuery
 from gateway.auth import require_tenant, tenant_of
 from gateway.errors import OpenAIError, error_responses, invalid_request
 from gateway.state import GatewayState
+from sluice.domain import RequestClass, UsageGroup, UsageRecord, UsageTotals
 from sluice.ledger.base import LedgerUnavailable
+from sluice.pricing import Prices, total_cost
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +38,20 @@ class UsageRow(msgspec.Struct):
     finished_at: int
     idempotency_key: str | None = None  # the Idempotency-Key the request was sent with
     attempt: int = 1  # which attempt under that key (each is billed on its own row)
+    request_class: str = RequestClass.INTERACTIVE.value  # "batch": batch lines and service_tier "flex"
+    cost_usd: float | None = None  # at the configured prices; null: the model has no price
+
+
+class UsageGroupOut(msgspec.Struct):
+    """The filter's rows of one model at one request class, summed."""
+
+    model: str
+    request_class: str
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cost_usd: float | None  # null: the model has no price
 
 
 class UsageTotalsOut(msgspec.Struct):
@@ -38,6 +59,9 @@ class UsageTotalsOut(msgspec.Struct):
     prompt_tokens: int
     output_tokens: int
     total_tokens: int
+    # Null when nothing is priced or one of the groups' models has no price (see by_model_and_class).
+    cost_usd: float | None = None
+    by_model_and_class: list[UsageGroupOut] = msgspec.field(default_factory=list)
 
 
 class UsageResponse(msgspec.Struct):
@@ -76,6 +100,60 @@ def parse_time(value: str | None, param: str) -> datetime | None:
         ) from None
 
 
+def parse_request_class(value: str | None) -> RequestClass | None:
+    if value is None or value == "":
+        return None
+    try:
+        return RequestClass(value)
+    except ValueError:
+        known = ", ".join(repr(c.value) for c in RequestClass)
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise invalid_request(
+            f"request_class must be one of {known}, got {shown!r}.", param="request_class"
+        ) from None
+
+
+def row_out(r: UsageRecord, prices: Prices) -> UsageRow:
+    return UsageRow(
+        r.request_id,
+        r.model,
+        r.model_version,
+        r.prompt_tokens,
+        r.output_tokens,
+        str(r.status),
+        int(r.started_at.timestamp()),
+        int(r.finished_at.timestamp()),
+        r.idempotency_key,
+        r.attempt,
+        r.request_class.value,
+        prices.cost_usd(r.model, r.request_class, r.prompt_tokens, r.output_tokens),
+    )
+
+
+def totals_out(totals: UsageTotals, prices: Prices) -> UsageTotalsOut:
+    total = total_cost(prices, totals.groups)
+    return UsageTotalsOut(
+        totals.num_requests,
+        totals.prompt_tokens,
+        totals.output_tokens,
+        totals.prompt_tokens + totals.output_tokens,
+        cost_usd=None if total is None else float(total),
+        by_model_and_class=[group_out(g, prices) for g in totals.groups],
+    )
+
+
+def group_out(g: UsageGroup, prices: Prices) -> UsageGroupOut:
+    return UsageGroupOut(
+        g.model,
+        g.request_class.value,
+        g.num_requests,
+        g.prompt_tokens,
+        g.output_tokens,
+        g.prompt_tokens + g.output_tokens,
+        prices.cost_usd(g.model, g.request_class, g.prompt_tokens, g.output_tokens),
+    )
+
+
 class UsageController(Controller):
     path = "/v1/usage"
     guards = [require_tenant]  # noqa: RUF012
@@ -89,10 +167,12 @@ class UsageController(Controller):
         until: FromQuery[str | None] = None,
         model: FromQuery[str | None] = None,
         idempotency_key: FromQuery[str | None] = None,
+        request_class: FromQuery[str | None] = None,
         limit: FromQuery[int] = 100,
     ) -> UsageResponse:
         if not 1 <= limit <= 1000:
             raise invalid_request("limit must be in [1, 1000].", param="limit")
+        request_class_filter = parse_request_class(request_class)
         gw: GatewayState = request.app.state.gw
         tenant = tenant_of(request)
         try:
@@ -102,6 +182,7 @@ class UsageController(Controller):
                 until=parse_time(until, "until"),
                 model=model,
                 idempotency_key=idempotency_key,
+                request_class=request_class_filter,
                 limit=limit,
             )
         except LedgerUnavailable as exc:
@@ -113,28 +194,9 @@ class UsageController(Controller):
                 code="usage_ledger_unavailable",
                 retry_after_s=5.0,
             ) from None
-        totals = report.totals
+        prices = gw.settings.pricing
         return UsageResponse(
             tenant_id=tenant.tenant_id,
-            totals=UsageTotalsOut(
-                totals.num_requests,
-                totals.prompt_tokens,
-                totals.output_tokens,
-                totals.prompt_tokens + totals.output_tokens,
-            ),
-            data=[
-                UsageRow(
-                    r.request_id,
-                    r.model,
-                    r.model_version,
-                    r.prompt_tokens,
-                    r.output_tokens,
-                    str(r.status),
-                    int(r.started_at.timestamp()),
-                    int(r.finished_at.timestamp()),
-                    r.idempotency_key,
-                    r.attempt,
-                )
-                for r in report.rows
-            ],
+            totals=totals_out(report.totals, prices),
+            data=[row_out(r, prices) for r in report.rows],
         )

@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from sluice.domain import RequestClass
-from sluice.pricing import ModelPrice, Prices, parse_prices, prices_from
+from sluice.domain import RequestClass, UsageGroup
+from sluice.pricing import ModelPrice, Prices, parse_prices, prices_from, total_cost
 from sluice.settings import SettingsError, load_settings
 
 INTERACTIVE, BATCH = RequestClass.INTERACTIVE, RequestClass.BATCH
@@ -47,6 +47,18 @@ def test_a_sum_of_rows_costs_the_same_as_its_token_sums() -> None:
     by_row = sum(prices.cost("sluice-tiny", BATCH, p, o) or Decimal(0) for p, o in rows)
     by_sum = prices.cost("sluice-tiny", BATCH, sum(p for p, _ in rows), sum(o for _, o in rows))
     assert by_row == by_sum == Decimal("0.0102987")
+
+
+def test_a_total_is_the_exact_sum_of_its_groups_or_none_when_one_is_unpriced() -> None:
+    groups = [
+        UsageGroup("sluice-large", BATCH, 2, 1_000_000, 1_000_000),  # 9 USD
+        UsageGroup("sluice-tiny", INTERACTIVE, 3, 1234, 567),  # 0.000587 USD
+    ]
+    assert total_cost(prices_from(PRICES_JSON, 0.5), groups) == Decimal("9.000587")
+    assert total_cost(prices_from(PRICES_JSON, 0.5), []) == Decimal(0)
+    only_large = prices_from('{"sluice-large": {"prompt_usd_per_m": 3, "output_usd_per_m": 15}}', 0.5)
+    assert total_cost(only_large, groups) is None
+    assert total_cost(Prices(), []) is None  # nothing priced: no cost, not a cost of 0
 
 
 def test_no_price_for_a_model_means_no_cost() -> None:
