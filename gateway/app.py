@@ -32,7 +32,7 @@ from gateway.routing.table import ReplicaTarget
 from gateway.serving import LOG_FORMAT
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
-from gateway.telemetry import TelemetryWriter
+from gateway.telemetry import open_telemetry
 from gateway.usage.controller import UsageController
 from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
@@ -111,13 +111,10 @@ def create_app(
             )
             stack.push_async_callback(classifier.close)
             safety = build_policies(load_safety_config(settings.safety_config_path), triton=classifier)
-            telemetry = TelemetryWriter(
-                settings.telemetry_path,
-                max_bytes=settings.telemetry_max_bytes,
-                num_backups=settings.telemetry_num_backups,
-                max_queued=settings.telemetry_queue_max_records,
-                on_drop=metrics.telemetry_dropped.inc,
-            )
+            dropped = metrics.telemetry_dropped
+            for sink in settings.telemetry_sink_names:
+                dropped.labels(sink)  # exported at 0 from the start
+            telemetry = open_telemetry(settings, on_drop=lambda sink, n: dropped.labels(sink).inc(n))
             stack.push_async_callback(asyncio.to_thread, telemetry.close)  # writes what is queued
             app.state.gw = GatewayState(
                 settings=settings,
@@ -203,6 +200,16 @@ async def _verify(target: ReplicaTarget) -> Verification:
     return await verify_replica(target.endpoint, target.model, target.version, target.weights_digest)
 
 
+def _telemetry_sinks(settings: Settings) -> str:
+    """Where telemetry goes, for the start-up line: e.g. "file .sluice/telemetry.jsonl, redis stream x"."""
+    where = {
+        "file": f"file {settings.telemetry_path}",
+        "stdout": "stdout",
+        "redis": f"redis stream {settings.telemetry_redis_stream}",
+    }
+    return ", ".join(where[name] for name in settings.telemetry_sink_names)
+
+
 def _log_start(settings: Settings, engine: EngineClient | None) -> None:
     """One line an operator can read the configuration from, and a warning while dev keys work."""
     storage = (
@@ -226,7 +233,7 @@ def _log_start(settings: Settings, engine: EngineClient | None) -> None:
         routing,
         storage,
         shared,
-        settings.telemetry_path,
+        _telemetry_sinks(settings),
         "ON" if settings.dev_tenants else "off",
     )
     if settings.dev_tenants:

@@ -138,7 +138,9 @@ class GatewayMetrics:
         )
         self.telemetry_dropped = Counter(
             "sluice_gateway_telemetry_dropped",
-            "Telemetry records not written: the writer's queue was full, or the file was not writable",
+            "Telemetry records a sink did not deliver: its queue was full, or its destination (file, stdout, "
+            "Redis) refused them, by sink",
+            ["sink"],
             registry=self.registry,
         )
 

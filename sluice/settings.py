@@ -28,6 +28,7 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 # The default prompt character bound per prompt token: text averages 3-5 characters a token; only long
 # runs of spaces or punctuation (one token of up to ~80 characters) come near 16 on average.
 PROMPT_CHARS_PER_TOKEN = 16
+TELEMETRY_SINKS = ("file", "stdout", "redis")  # SLUICE_TELEMETRY_SINKS' choices (gateway/telemetry)
 
 
 class SettingsError(ValueError):
@@ -66,6 +67,12 @@ class Settings(BaseSettings):
     telemetry_max_bytes: int = Field(64 * 1024 * 1024, ge=4096, le=1024**4)
     telemetry_num_backups: int = Field(3, ge=0, le=100)
     telemetry_queue_max_records: int = Field(10_000, ge=1, le=1_000_000)
+    # Where each record goes: a comma list of file (telemetry_path), stdout (JSON lines), redis (a stream
+    # at redis_url named telemetry_redis_stream, trimmed to about telemetry_redis_maxlen entries); each
+    # sink has its own queue of telemetry_queue_max_records (gateway/telemetry).
+    telemetry_sinks: str = "file"
+    telemetry_redis_stream: str = Field("sluice:telemetry", min_length=1, max_length=512)
+    telemetry_redis_maxlen: int = Field(100_000, ge=1_000, le=100_000_000)
     tenant_cache_ttl_s: float = Field(5.0, ge=0, le=3600)  # 0: every request goes to the store
     # A "no such key" is cached this long (at most tenant_cache_ttl_s): a flood of random keys costs one
     # query per key per this interval, not per request.
@@ -268,6 +275,17 @@ class Settings(BaseSettings):
             raise ValueError("must be a redis://, rediss:// or unix:// URL, or unset")
         return v
 
+    @field_validator("telemetry_sinks")
+    @classmethod
+    def _check_telemetry_sinks(cls, v: str) -> str:
+        names = [name.strip() for name in v.split(",")]
+        unknown = [name for name in names if name not in TELEMETRY_SINKS]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(
+                f"must be a comma list of distinct sinks among {', '.join(TELEMETRY_SINKS)} (got {v!r})"
+            )
+        return ",".join(names)
+
     @field_validator("s3_endpoint_url")
     @classmethod
     def _check_s3_endpoint_url(cls, v: str | None) -> str | None:
@@ -328,6 +346,15 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_telemetry_redis(self) -> Settings:
+        if "redis" in self.telemetry_sink_names and self.redis_url is None:
+            raise ValueError(
+                "telemetry_sinks names 'redis' but redis_url is unset: set SLUICE_REDIS_URL, or drop "
+                "'redis' from SLUICE_TELEMETRY_SINKS"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_routing(self) -> Settings:
         if self.routing == "registry" and self.engine_client != "triton":
             raise ValueError(
@@ -362,6 +389,11 @@ class Settings(BaseSettings):
     def pricing(self) -> Prices:
         """``prices`` and ``batch_discount`` parsed (no prices: nothing is priced)."""
         return prices_from(self.prices, self.batch_discount)
+
+    @property
+    def telemetry_sink_names(self) -> tuple[str, ...]:
+        """``telemetry_sinks`` as names, in the order given."""
+        return tuple(self.telemetry_sinks.split(","))
 
     @property
     def sqlite_path(self) -> Path:

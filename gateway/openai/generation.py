@@ -74,6 +74,7 @@ class _Ending:
     reached_replica: bool = False
     num_dispatches: int = 0  # to a replica: 1 + its re-dispatches
     failed_replicas: list[str] = field(default_factory=list)  # the replicas that could not be reached
+    num_unread_tokens: int = 0  # the client left: tokens the engine made that were never read
     texts: list[str] = field(default_factory=list)  # sent: kept only with an Idempotency-Key, for replays
     verdict: Verdict | None = None
     attempt: IdempotentAttempt | None = None
@@ -214,7 +215,8 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
     idempotency record, then write the telemetry, metrics and usage records."""
     if end.engine_deltas is not None:
         if end.outcome is None:  # the client left: what the engine made and nobody read was still made
-            end.num_output_tokens += await _num_unread_tokens(end.engine_deltas)
+            end.num_unread_tokens = await _num_unread_tokens(end.engine_deltas)
+            end.num_output_tokens += end.num_unread_tokens
         with suppress(Exception):
             await end.engine_deltas.aclose()  # cancels the engine call if it is still running
         gw.metrics.in_flight.dec()
@@ -246,6 +248,7 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         end.num_cached_tokens,
         end.num_dispatches,
         tuple(end.failed_replicas),
+        end.num_unread_tokens,
     )
     await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
 

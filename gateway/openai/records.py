@@ -32,6 +32,8 @@ class Ended:
     num_cached_tokens: int | None = None  # prompt tokens the replica's prefix cache served; None: unknown
     num_dispatches: int = 0  # to a replica: 1 + its re-dispatches after a replica failed before a token
     failed_replicas: tuple[str, ...] = ()  # replicas that could not be reached, in order
+    # The client left: output tokens its replica had made that the gateway never read (in num_output_tokens).
+    num_unread_tokens: int = 0
 
 
 def usage_record(
@@ -98,16 +100,20 @@ async def record_request(
         model_version=job.model_version,
         replica=ended.engine.replica if ended.engine is not None else "",
         engine_client=ended.engine.kind if ended.engine is not None else "",
+        request_class=str(job.request_class),
         queue_ms=round(((timing.engine_start_s or now) - job.arrival_s) * 1000, 3),
         ttft_ms=_ttft_ms(job, timing),
         replica_ttft_ms=_ms_between(timing.engine_start_s, timing.first_token_s),
         prompt_tokens=num_prompt_tokens,
         output_tokens=ended.num_output_tokens,
         inter_token_p50_ms=round(statistics.median(gaps_ms), 3) if gaps_ms else None,
+        inter_token_p95_ms=_itl_p95_ms(timing),
         inter_token_max_ms=round(max(gaps_ms), 3) if gaps_ms else None,
         duration_ms=round((now - job.arrival_s) * 1000, 3),
         outcome=str(ended.outcome),
         finish_reason=ended.finish_reason,
+        billed_tokens=num_prompt_tokens + ended.num_output_tokens if ended.reached_replica else 0,
+        wasted_tokens=_wasted_tokens(ended, attempt),
         error=ended.error,
         attempt=attempt.attempt if attempt else 1,
         superseded_output_tokens=attempt.superseded_output_tokens if attempt else 0,
@@ -148,6 +154,18 @@ async def record_request(
         await gw.meter.record(usage_record(job, gw, attempt, ended, timing), usage)
     except Exception:
         log.exception("usage record for %s was not written", job.request_id)
+
+
+def _wasted_tokens(ended: Ended, attempt: IdempotentAttempt | None) -> int:
+    """Output tokens generated that no client received (``TelemetryRecord.wasted_tokens`` defines it):
+    all of a failed or filtered request's, a cancelled one's unread ones, and the superseded attempt's."""
+    if ended.outcome in (Outcome.FAILED, Outcome.FILTERED):
+        own_tokens = ended.num_output_tokens
+    elif ended.outcome is Outcome.CANCELLED:
+        own_tokens = ended.num_unread_tokens
+    else:  # finished, deadline (a complete, if cut, response), refused and replayed (none generated)
+        own_tokens = 0
+    return own_tokens + (attempt.superseded_output_tokens if attempt else 0)
 
 
 def _ms_between(start_s: float | None, end_s: float | None) -> float | None:
