@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
+# Cancel-to-free is the gateway closing a stream and releasing a slot: sub-millisecond to tens of ms.
+_CANCEL_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class GatewayMetrics:
@@ -14,6 +18,14 @@ class GatewayMetrics:
             "sluice_gateway_requests",
             "Requests by route, HTTP status code and outcome (rejected before the engine, or how it ended)",
             ["route", "status_code", "outcome"],
+            registry=self.registry,
+        )
+        self.outcomes = Counter(
+            "sluice_gateway_request_outcomes",
+            "Requests that reached generation (queued at a version), by model, version, class and how they "
+            "ended (finished, cancelled, deadline, failed, filtered, refused, replayed): error rates per "
+            "version for rollouts",
+            ["model", "version", "request_class", "outcome"],
             registry=self.registry,
         )
         self.ttft_s = Histogram(
@@ -31,10 +43,17 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.prompt_tokens = Counter(
-            "sluice_gateway_prompt_tokens", "Prompt tokens sent to a replica", registry=self.registry
+            "sluice_gateway_prompt_tokens",
+            "Prompt tokens sent to a replica, by model, version and class",
+            ["model", "version", "request_class"],
+            registry=self.registry,
         )
         self.output_tokens = Counter(
-            "sluice_gateway_output_tokens", "Output tokens received from a replica", registry=self.registry
+            "sluice_gateway_output_tokens",
+            "Output tokens received from a replica (a cancelled stream's unread ones included), "
+            "by model, version and class",
+            ["model", "version", "request_class"],
+            registry=self.registry,
         )
         self.in_flight = Gauge(
             "sluice_gateway_requests_in_flight", "Requests being generated now", registry=self.registry
@@ -52,6 +71,35 @@ class GatewayMetrics:
             ["model", "version", "pool", "request_class"],
             registry=self.registry,
         )
+        self.queue_age_s = Gauge(
+            "sluice_gateway_queue_age_seconds",
+            "How long the oldest request still waiting for dispatch has waited (0: none waits), by model, "
+            "version, pool and class",
+            ["model", "version", "pool", "request_class"],
+            registry=self.registry,
+        )
+        self.admitted = Counter(
+            "sluice_gateway_admitted",
+            "Requests dispatched from the queue to a replica (first dispatch only: re-dispatches count in "
+            "sluice_gateway_redispatches), by model, version, pool and class",
+            ["model", "version", "pool", "request_class"],
+            registry=self.registry,
+        )
+        self.cancellations = Counter(
+            "sluice_gateway_cancellations",
+            "Requests whose client went away before they ended (queued or generating), by model, version "
+            "and class",
+            ["model", "version", "request_class"],
+            registry=self.registry,
+        )
+        self.cancel_to_free_s = Histogram(
+            "sluice_gateway_cancel_to_free_seconds",
+            "From the gateway learning the client left to the replica slot being released after the engine "
+            "call was closed, by model, version and class",
+            ["model", "version", "request_class"],
+            buckets=_CANCEL_BUCKETS_S,
+            registry=self.registry,
+        )
         self.queue_wait_s = Histogram(
             "sluice_gateway_queue_wait_seconds",
             "From arrival to dispatch to a replica, by model, version, pool and class",
@@ -62,6 +110,12 @@ class GatewayMetrics:
         self.replica_kv_free_tokens = Gauge(
             "sluice_gateway_replica_kv_free_tokens",
             "Free KV tokens the replica reported at the last read",
+            ["model", "version", "replica"],
+            registry=self.registry,
+        )
+        self.replica_kv_used_ratio = Gauge(
+            "sluice_gateway_replica_kv_used_ratio",
+            "The replica's KV cache occupancy at the last read: used / total KV tokens (0..1)",
             ["model", "version", "replica"],
             registry=self.registry,
         )
@@ -175,6 +229,27 @@ class GatewayMetrics:
 
     def count_rejected(self, route: str, status_code: int) -> None:
         self.requests.labels(route, str(status_code), "rejected").inc()
+
+    def count_cancelled(
+        self, model: str, version: str, request_class: str, cancel_to_free_s: float | None
+    ) -> None:
+        """A request whose client left; ``cancel_to_free_s`` None when it held no replica slot."""
+        self.cancellations.labels(model, version, request_class).inc()
+        if cancel_to_free_s is not None:
+            self.cancel_to_free_s.labels(model, version, request_class).observe(cancel_to_free_s)
+
+    def observe_replica_kv(
+        self, model: str, version: str, replica: str, free_tokens: int, total_tokens: int
+    ) -> None:
+        self.replica_kv_free_tokens.labels(model, version, replica).set(free_tokens)
+        used_ratio = 1.0 - free_tokens / total_tokens if total_tokens > 0 else 0.0
+        self.replica_kv_used_ratio.labels(model, version, replica).set(used_ratio)
+
+    def forget_replica(self, model: str, version: str, replica: str) -> None:
+        """A replica left this gateway's rotation: its gauges stop, rather than freeze at their last value."""
+        for gauge in (self.replica_kv_free_tokens, self.replica_kv_used_ratio):
+            with suppress(KeyError):
+                gauge.remove(model, version, replica)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

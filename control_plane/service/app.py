@@ -54,7 +54,7 @@ def create_app(
     registry: Registry | None = None,
     health_interval_s: float | None = None,  # None: settings.replica_health_interval_s
 ) -> Litestar:
-    metrics = ControlPlaneMetrics()
+    metrics = ControlPlaneMetrics(settings.replica_hour_price_usd)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -37,6 +37,7 @@ under its lock, so a health report never undoes a drain made while its check was
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -161,10 +162,24 @@ class HealthMetrics:
             ["state"],
             registry=registry,
         )
+        self.version_replicas = Gauge(
+            "sluice_control_plane_version_replicas",
+            "Registered replicas by model, version, pool and state, as of the health checks' last round "
+            "(what the fleet costs: every state but stopped runs a machine)",
+            ["model", "version", "pool", "state"],
+            registry=registry,
+        )
+        self._version_labels: set[tuple[str, str, str, str]] = set()
 
     def count_states(self, replicas: list[Replica]) -> None:
         for state in ReplicaState:
             self.replicas.labels(str(state)).set(sum(1 for r in replicas if r.state == state))
+        counts = collections.Counter((r.model, r.version, str(r.pool), str(r.state)) for r in replicas)
+        for gone in self._version_labels - counts.keys():  # a version or state no replica is in now
+            self.version_replicas.remove(*gone)
+        for labels, num_replicas in counts.items():
+            self.version_replicas.labels(*labels).set(num_replicas)
+        self._version_labels = set(counts)
 
 
 class HealthChecker:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 log = logging.getLogger("sluice.control_plane")
 
@@ -24,8 +24,17 @@ ADMIN_PATH_PREFIX = "/admin/"
 
 
 class ControlPlaneMetrics:
-    def __init__(self) -> None:
+    def __init__(self, replica_hour_price_usd: float | None = None) -> None:
+        """``replica_hour_price_usd``: ``Settings.replica_hour_price_usd``, exported when set (the cost
+        recording rule in deploy/prometheus multiplies replicas by it)."""
         self.registry = CollectorRegistry()
+        if replica_hour_price_usd is not None:
+            price = Gauge(
+                "sluice_control_plane_replica_hour_price_usd",
+                "What one replica costs an hour, in USD (SLUICE_REPLICA_HOUR_PRICE_USD)",
+                registry=self.registry,
+            )
+            price.set(replica_hour_price_usd)
         self.requests = Counter(
             "sluice_control_plane_requests",
             "Requests by route template, method and HTTP status code",

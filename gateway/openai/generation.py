@@ -213,6 +213,8 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
 async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> None:
     """The one ending of every request: cancel the engine call, release the slot and the quota, settle the
     idempotency record, then write the telemetry, metrics and usage records."""
+    # The client left (its cancellation reached the generation just now): cancel-to-free starts here.
+    client_left_s = time.monotonic() if end.outcome is None else None
     if end.engine_deltas is not None:
         if end.outcome is None:  # the client left: what the engine made and nobody read was still made
             end.num_unread_tokens = await _num_unread_tokens(end.engine_deltas)
@@ -222,6 +224,10 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         gw.metrics.in_flight.dec()
     if end.slot is not None:
         job.target.scheduler.release(end.slot)
+    if client_left_s is not None:
+        held_slot = end.engine_deltas is not None
+        cancel_to_free_s = time.monotonic() - client_left_s if held_slot else None
+        gw.metrics.count_cancelled(job.model, job.model_version, job.request_class, cancel_to_free_s)
     if end.grant is not None:
         used_tokens = len(job.prompt_token_ids) + end.num_output_tokens if end.reached_replica else 0
         with suppress(Exception):

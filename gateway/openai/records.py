@@ -134,11 +134,12 @@ async def record_request(
     if ended.outcome is not Outcome.REFUSED:  # a refusal is counted where it becomes an HTTP error
         status_code = "500" if ended.outcome is Outcome.FAILED else "200"
         metrics.requests.labels(job.route, status_code, str(ended.outcome)).inc()
-    metrics.prompt_tokens.inc(num_prompt_tokens if ended.reached_replica else 0)
-    metrics.output_tokens.inc(ended.num_output_tokens)
+    labels = (job.model, job.model_version, job.request_class)
+    metrics.outcomes.labels(*labels, str(ended.outcome)).inc()
+    metrics.prompt_tokens.labels(*labels).inc(num_prompt_tokens if ended.reached_replica else 0)
+    metrics.output_tokens.labels(*labels).inc(ended.num_output_tokens)
     if attempt is not None and attempt.superseded_output_tokens:
         metrics.wasted_output_tokens.inc(attempt.superseded_output_tokens)
-    labels = (job.model, job.model_version, job.request_class)
     if ttft_s is not None:
         metrics.ttft_s.labels(*labels).observe(ttft_s)
     inter_token_s = metrics.inter_token_s.labels(*labels)

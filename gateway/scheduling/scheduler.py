@@ -200,6 +200,7 @@ class ModelScheduler:
         view = self._replicas[replica_id]
         if view.draining and not view.slots:
             del self._replicas[replica_id]
+            self._metrics.forget_replica(self.model, self.version, view.engine.replica)
             if self._on_drained is not None:
                 self._on_drained(view.engine)
 
@@ -320,6 +321,7 @@ class ModelScheduler:
             affinity=self._affinity.view(now),
         )
         in_rotation = [(key, view) for key, view in self._replicas.items() if view.takes_work]
+        num_placed = 0
         while (
             placed := dispatch.next([v.load(k) for k, v in in_rotation], self._num_in_flight, self._weights)
         ) is not None:
@@ -348,8 +350,13 @@ class ModelScheduler:
                 self._affinity.record(head.prefix_key, key, now)
             labels = (self.model, self.version, self.pool, head.request_class)
             self._metrics.queue_wait_s.labels(*labels).observe(now - head.arrival_s)
+            if queue is self._queue:  # a re-dispatch was admitted before
+                self._metrics.admitted.labels(*labels).inc()
             head.payload.set_result(slot)
+            num_placed += 1
         self._fail_dropped(dispatch.dropped)
+        if num_placed:
+            self._update_depth()
 
     def _entry_min_service_s(self, entry: QueueEntry[asyncio.Future[Slot]]) -> float:
         return self.min_service_s(entry.prompt_tokens)
@@ -375,9 +382,12 @@ class ModelScheduler:
             self._update_depth()
 
     def _update_depth(self) -> None:
+        now = time.monotonic()
         for request_class in RequestClass:
-            depth = self._metrics.queue_depth.labels(self.model, self.version, self.pool, request_class)
-            depth.set(self._queue.num_waiting(request_class) + self._redispatched.num_waiting(request_class))
+            labels = (self.model, self.version, self.pool, request_class)
+            depth = self._queue.num_waiting(request_class) + self._redispatched.num_waiting(request_class)
+            self._metrics.queue_depth.labels(*labels).set(depth)
+            self._metrics.queue_age_s.labels(*labels).set(self.oldest_wait_s(now, request_class))
 
     # ----- background: replica reads, deadline checks -----
     async def _background(self) -> None:
@@ -390,6 +400,7 @@ class ModelScheduler:
                 next_read_s = now + period_s
                 await self._read_replicas()
             self._dispatch_pass(time.monotonic())
+            self._update_depth()  # NOTE: the queue's age grows while nothing happens
 
     async def _read_replicas(self) -> None:
         for replica_id, view in list(self._replicas.items()):
@@ -414,8 +425,8 @@ class ModelScheduler:
 
     def _apply_stats(self, view: ReplicaView, stats: ReplicaStats) -> None:
         view.apply_stats(stats, time.monotonic())
-        self._metrics.replica_kv_free_tokens.labels(self.model, self.version, view.engine.replica).set(
-            stats.num_kv_tokens_free
+        self._metrics.observe_replica_kv(
+            self.model, self.version, view.engine.replica, stats.num_kv_tokens_free, stats.num_kv_tokens_total
         )
 
     # ----- read by the gateway's overload detector (gateway/degradation.py) -----

@@ -87,7 +87,9 @@ def _gateway_text(num_slow: int, num_fast: int, num_queued: int, num_output_toke
             metrics.inter_token_s.labels(MODEL, "1", request_class).observe(0.01)
     metrics.queue_depth.labels(MODEL, "1", "general", "interactive").set(num_queued)
     metrics.queue_depth.labels(MODEL, "1", "general", "batch").set(1)
-    metrics.output_tokens.inc(num_output_tokens)
+    # Split over two series (labelled by model, version and class): the rate sums them.
+    metrics.output_tokens.labels(MODEL, "1", "interactive").inc(num_output_tokens // 4)
+    metrics.output_tokens.labels(MODEL, "1", "batch").inc(num_output_tokens - num_output_tokens // 4)
     return metrics.render().decode()
 
 
