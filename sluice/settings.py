@@ -243,6 +243,21 @@ class Settings(BaseSettings):
     files_url: str | None = None
     file_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
 
+    # Batches (issue 15; gateway/batches, OpenAI's Batch API). Every gateway runs a batch runner unless
+    # batch_runner is false (it then only accepts and reports batches; other gateways run them). A runner
+    # works up to batch_max_active batches at once, batch_line_concurrency lines of each; it holds each by
+    # a lease of batch_lease_s (a dead gateway's batches resume elsewhere that long after), commits the
+    # lines that ended every batch_flush_interval_s or batch_part_max_lines, and looks for new batches
+    # every batch_poll_interval_s (at once on this gateway's own POST /v1/batches).
+    batch_runner: bool = True
+    batch_max_active: int = Field(4, ge=1, le=256)
+    batch_line_concurrency: int = Field(8, ge=1, le=1024)
+    batch_lease_s: float = Field(30.0, ge=1, le=3600)
+    batch_flush_interval_s: float = Field(2.0, gt=0, le=600)
+    batch_part_max_lines: int = Field(256, ge=1, le=100_000)
+    batch_poll_interval_s: float = Field(2.0, gt=0, le=600)
+    batch_max_lines: int = Field(50_000, ge=1, le=1_000_000)  # per input file, as OpenAI's
+
     def __init__(self, **values: Any) -> None:
         check_unknown_env(os.environ)
         super().__init__(**values)

@@ -1,0 +1,129 @@
+"""Issue 15: a batch survives its gateway being killed (SIGKILL, mid-batch) and resumes where it stopped,
+with exact progress counts and one usage row per line. A real gateway process (``python -m gateway``,
+the in-process engine, SQLite and files under one state_dir) runs a batch; once some of its lines are
+committed it is killed; a gateway started again on the same state_dir claims the batch when the dead
+one's lease lapses and finishes it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from harness import ACME_KEY, MODEL, wait_until
+from ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+NUM_LINES = 24
+MAX_TOKENS = 160
+
+
+@contextmanager
+def gateway_process(
+    state_dir: Path, checkpoint_dir: Path, name: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env.update(
+        SLUICE_STATE_DIR=str(state_dir),
+        SLUICE_CHECKPOINT_DIR=str(checkpoint_dir),
+        SLUICE_ENGINE_CLIENT="inprocess",
+        SLUICE_DEV_TENANTS="true",
+        SLUICE_GATEWAY_HOST="127.0.0.1",
+        SLUICE_GATEWAY_PORT=str(port),
+        SLUICE_BATCH_LEASE_S="2",
+        SLUICE_BATCH_POLL_INTERVAL_S="0.2",
+        SLUICE_BATCH_FLUSH_INTERVAL_S="0.2",
+        SLUICE_BATCH_LINE_CONCURRENCY="3",
+    )
+    log_path = state_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env, stdout=log, stderr=log)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, f"the gateway exited:\n{log_path.read_text()}"
+                try:
+                    auth = {"Authorization": f"Bearer {ACME_KEY}"}
+                    if httpx.get(f"{base_url}/v1/models", headers=auth, timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, f"the gateway did not start:\n{log_path.read_text()}"
+                time.sleep(0.05)
+            yield proc, base_url
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+def client_for(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url + "/v1", api_key=ACME_KEY, max_retries=0)
+
+
+def usage_rows(base_url: str, batch_id: str) -> list[dict[str, Any]]:
+    response = httpx.get(
+        f"{base_url}/v1/usage", params={"limit": "1000"}, headers={"Authorization": f"Bearer {ACME_KEY}"}
+    )
+    response.raise_for_status()
+    return [r for r in response.json()["data"] if r["request_id"].startswith(batch_id)]
+
+
+def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": MODEL, "prompt": f"Line {i}", "max_tokens": MAX_TOKENS, "ignore_eos": True},
+            }
+        )
+        for i in range(NUM_LINES)
+    ]
+    with gateway_process(tmp_path, dev_checkpoint, "first") as (proc, base_url):
+        client = client_for(base_url)
+        file_id = client.files.create(
+            file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch"
+        ).id
+        batch_id = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+        ).id
+        wait_until(
+            lambda: client.batches.retrieve(batch_id).request_counts.completed >= 3, 60, "3 lines committed"
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    with gateway_process(tmp_path, dev_checkpoint, "second") as (_, base_url):
+        client = client_for(base_url)
+        before = client.batches.retrieve(batch_id)
+        assert before.status == "in_progress" and 3 <= before.request_counts.completed < NUM_LINES
+        wait_until(lambda: client.batches.retrieve(batch_id).status == "completed", 90, "the batch completed")
+        done = client.batches.retrieve(batch_id)
+        counts = done.request_counts
+        assert (counts.total, counts.completed, counts.failed) == (NUM_LINES, NUM_LINES, 0)
+        outputs = [
+            json.loads(raw) for raw in client.files.content(done.output_file_id or "").text.splitlines()
+        ]
+        assert sorted(o["custom_id"] for o in outputs) == sorted(f"r{i}" for i in range(NUM_LINES))
+        assert all(o["response"]["body"]["usage"]["completion_tokens"] == MAX_TOKENS for o in outputs)
+        assert done.error_file_id is None
+        # One row per line, never two, whichever gateway ran it (a line killed mid-run is billed as
+        # gateway_lost at the restart, from its last checkpoint; its rerun adds no row).
+        rows = usage_rows(base_url, batch_id)
+        assert sorted(r["request_id"] for r in rows) == sorted(f"{batch_id}:r{i}" for i in range(NUM_LINES))
+        assert {r["status"] for r in rows} <= {"finished", "gateway_lost"}

@@ -1,0 +1,196 @@
+"""Issue 15: OpenAI's Batch API on the gateway, driven by the official ``openai`` client unmodified
+(``files.create``, ``batches.create/retrieve/list/cancel``, ``files.content``): a gateway over the
+in-process engine, SQLite and the state directory's files; its batch runner on short intervals so the
+tests wait on events, not minutes."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from harness import GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
+
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def gateway(dev_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    running = start_gateway(
+        tmp_path_factory.mktemp("gateway_batches"),
+        dev_checkpoint,
+        engine_client="inprocess",
+        max_prompt_tokens=256,
+        max_output_tokens=1024,
+        batch_lease_s=3.0,
+        batch_poll_interval_s=0.2,
+        batch_flush_interval_s=0.2,
+        batch_line_concurrency=2,
+    )
+    yield running
+    running.stop()
+
+
+def line(custom_id: str, prompt: str = "Hello", max_tokens: int = 8, **body: Any) -> str:
+    request = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, **body}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": request})
+
+
+def upload(client: openai.OpenAI, lines: list[str]) -> str:
+    data = ("\n".join(lines) + "\n").encode()
+    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch.request_counts}"
+        time.sleep(0.1)
+
+
+def file_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(raw) for raw in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_runs_every_line_and_reports_a_malformed_one_in_the_error_file(
+    gateway: RunningGateway,
+) -> None:
+    client = gateway.client()
+    lines = [
+        line("a"),
+        line("b", prompt="Once upon a time", max_tokens=5),
+        "{this is not json",
+        line("c", max_tokens=100_000),  # over the limit: the error an interactive call gets
+        line("d", seed=7, temperature=0.5),
+    ]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
+    assert batch.status == "validating" and batch.metadata == {"job": "nightly"}
+    done = wait_for(client, batch.id, TERMINAL)
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 3, 2)
+    assert done.completed_at is not None and done.in_progress_at is not None
+
+    outputs = {o["custom_id"]: o for o in file_lines(client, done.output_file_id)}
+    assert set(outputs) == {"a", "b", "d"}
+    for custom_id, out in outputs.items():
+        assert out["error"] is None and out["response"]["status_code"] == 200
+        body = out["response"]["body"]
+        assert body["object"] == "text_completion" and body["choices"][0]["text"]
+        assert out["response"]["request_id"] == f"{batch.id}:{custom_id}"
+    assert outputs["b"]["response"]["body"]["usage"]["completion_tokens"] <= 5
+
+    errors = file_lines(client, done.error_file_id)
+    by_id = {e["custom_id"]: e for e in errors}
+    assert set(by_id) == {None, "c"}
+    assert by_id[None]["response"] is None and by_id[None]["error"]["code"] == "invalid_json_line"
+    assert by_id["c"]["response"]["status_code"] == 400
+    assert by_id["c"]["response"]["body"]["error"]["param"] == "max_tokens"
+
+    # One usage row per line that ran, keyed by batch and custom_id, at the batch class.
+    rows = [r for r in gateway.usage(limit="1000")["data"] if r["request_id"].startswith(batch.id)]
+    assert sorted(r["request_id"] for r in rows) == [f"{batch.id}:{c}" for c in ("a", "b", "d")]
+    for row in rows:
+        assert row["status"] == "finished" and row["request_class"] == "batch"
+    records = [r for r in gateway.telemetry() if r.get("batch_id") == batch.id]
+    assert sorted(r["custom_id"] for r in records) == ["a", "b", "d"]
+
+
+def test_a_batch_cancelled_midway_keeps_what_finished_and_bills_each_line_once(
+    gateway: RunningGateway,
+) -> None:
+    client = gateway.client()
+    num_lines = 40
+    lines = [line(f"n{i}", max_tokens=300, ignore_eos=True) for i in range(num_lines)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/completions", completion_window="24h"
+    )
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 2, 60, "two lines done")
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in {"cancelling", "cancelled"}
+    done = wait_for(client, batch.id, TERMINAL)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+
+    counts = done.request_counts
+    outputs = file_lines(client, done.output_file_id)
+    errors = file_lines(client, done.error_file_id)
+    assert counts.total == num_lines and counts.completed == len(outputs) >= 2
+    assert counts.failed == len(errors) and counts.completed + counts.failed < num_lines
+    assert all(e["error"]["code"] == "batch_cancelled" for e in errors)
+    ended = {o["custom_id"] for o in outputs} | {e["custom_id"] for e in errors}
+    assert len(ended) == counts.completed + counts.failed
+
+    # Every line that reached the engine has one row; the finished ones their whole output.
+    rows = {
+        r["request_id"]: r
+        for r in gateway.usage(limit="1000")["data"]
+        if r["request_id"].startswith(batch.id)
+    }
+    for out in outputs:
+        row = rows[f"{batch.id}:{out['custom_id']}"]
+        assert row["status"] == "finished" and row["output_tokens"] == 300
+    assert set(rows) <= {f"{batch.id}:{c}" for c in ended}
+    # Cancelling again changes nothing.
+    assert client.batches.cancel(batch.id).status == "cancelled"
+
+
+def test_batches_are_the_tenants_own(gateway: RunningGateway) -> None:
+    acme = gateway.client()
+    batch = acme.batches.create(
+        input_file_id=upload(acme, [line("x")]), endpoint="/v1/completions", completion_window="24h"
+    )
+    globex = gateway.client(GLOBEX_KEY)
+    with pytest.raises(openai.NotFoundError):
+        globex.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        globex.batches.cancel(batch.id)
+    assert batch.id not in {b.id for b in globex.batches.list()}
+    assert batch.id in {b.id for b in acme.batches.list()}
+    wait_for(acme, batch.id, TERMINAL)
+    with pytest.raises(openai.NotFoundError):  # nor its result files
+        globex.files.content(acme.batches.retrieve(batch.id).output_file_id or "")
+
+
+def test_bad_batch_requests_get_clear_errors(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    file_id = upload(client, [line("x")])
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    assert bad.value.body["param"] == "endpoint"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="1h")  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(
+            input_file_id="file-" + "0" * 24, endpoint="/v1/completions", completion_window="24h"
+        )
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+
+
+def test_a_file_whose_lines_share_a_custom_id_fails_the_batch_before_anything_runs(
+    gateway: RunningGateway,
+) -> None:
+    client = gateway.client()
+    batch = client.batches.create(
+        input_file_id=upload(client, [line("same"), line("other"), line("same")]),
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
+    done = wait_for(client, batch.id, TERMINAL)
+    assert done.status == "failed" and done.errors is not None
+    assert [(e.code, e.line) for e in done.errors.data or []] == [("duplicate_custom_id", 3)]
+    assert not [r for r in gateway.usage(limit="1000")["data"] if r["request_id"].startswith(batch.id)]
