@@ -149,6 +149,7 @@ class AsyncSluiceClient:
                 "retrying %s %s in %.3f s after %s (retry %d of %d, Idempotency-Key %s)",
                 spec.method, spec.path, wait_s, result.describe(), retry + 1,
                 self.retry_policy.max_retries, spec.idempotency_key,
+                extra={"retry_wait_s": wait_s, "idempotency_key": spec.idempotency_key},
             )  # fmt: skip
             await asyncio.sleep(wait_s)
             retry += 1

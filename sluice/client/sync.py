@@ -152,6 +152,7 @@ class SluiceClient:
                 "retrying %s %s in %.3f s after %s (retry %d of %d, Idempotency-Key %s)",
                 spec.method, spec.path, wait_s, result.describe(), retry + 1,
                 self.retry_policy.max_retries, spec.idempotency_key,
+                extra={"retry_wait_s": wait_s, "idempotency_key": spec.idempotency_key},
             )  # fmt: skip
             time.sleep(wait_s)
             retry += 1

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from stub_gateway import Drop, Reply, Sse, StubGateway, chat_chunk, chat_completion, error_body
 
 from sluice.client import AsyncSluiceClient, SluiceAPIError, SluiceClient, SluiceConnectionError, StreamError
 
-FAST = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05}  # no server advice: barely wait
+FAST: dict[str, Any] = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05}  # no server advice: barely wait
 MESSAGES = [{"role": "user", "content": "hi"}]
 ENGINE_ERROR = error_body("engine_error", "The model replica failed: boom")
 
