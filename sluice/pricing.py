@@ -27,7 +27,8 @@ from sluice.domain import RequestClass, UsageGroup
 
 DEFAULT_MODEL = "*"  # the price of every model without one of its own
 TOKENS_PER_PRICE_UNIT = Decimal(1_000_000)  # prices are per million tokens
-DEFAULT_BATCH_DISCOUNT = 0.5  # batch tokens cost half
+# A bound no real price comes near (a dollar a token), so every cost a report can show is a finite float.
+MAX_USD_PER_M = Decimal(1_000_000)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Prices:
     """Every model's price and the batch discount; ``Prices()`` prices nothing."""
 
     by_model: Mapping[str, ModelPrice] = field(default_factory=lambda: MappingProxyType({}))
-    batch_discount: Decimal = Decimal("0.5")  # fraction of the price taken off batch tokens, in [0, 1)
+    batch_discount: Decimal = Decimal("0.5")  # fraction taken off batch tokens (half), in [0, 1)
 
     def __post_init__(self) -> None:
         if not Decimal(0) <= self.batch_discount < Decimal(1):
@@ -130,8 +131,10 @@ def _usd(model: str, name: str, value: Any) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
         raise ValueError(f"model {model!r}: {name} must be a number of USD per million tokens, got {value!r}")
     price = Decimal(value)
-    if not price.is_finite() or price < 0:
-        raise ValueError(f"model {model!r}: {name} must be a finite number >= 0, got {value!r}")
+    if not price.is_finite() or not 0 <= price <= MAX_USD_PER_M:
+        raise ValueError(
+            f"model {model!r}: {name} must be a finite number in [0, {MAX_USD_PER_M}], got {value!r}"
+        )
     return price
 
 

@@ -97,6 +97,7 @@ def test_settings_read_prices_and_discount_and_default_to_none_and_half() -> Non
         ('{"m": {"prompt_usd_per_m": -0.1, "output_usd_per_m": 1}}', "prompt_usd_per_m must be a finite"),
         ('{"m": {"prompt_usd_per_m": 1, "output_usd_per_m": NaN}}', "output_usd_per_m must be a finite"),
         ('{"m": {"prompt_usd_per_m": Infinity, "output_usd_per_m": 1}}', "must be a finite"),
+        ('{"m": {"prompt_usd_per_m": 1, "output_usd_per_m": 1e400}}', r"in \[0, 1000000\]"),
         ('{"m": {"prompt_usd_per_m": "0.2", "output_usd_per_m": 1}}', "must be a number"),
         ('{"m": {"prompt_usd_per_m": true, "output_usd_per_m": 1}}', "must be a number"),
     ],
