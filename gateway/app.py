@@ -1,7 +1,7 @@
 """The gateway's application core: the one place that wires settings, the tokenizer, the engine client,
 the ledger and its usage meter (outbox under ``<state_dir>/outbox``), the tenant resolver, the quota
-store, the model's scheduler, the safety policies, the idempotency store, telemetry, metrics,
-controllers and error handlers.
+store, the model's scheduler, the safety policies, the idempotency store, the files' object store,
+telemetry, metrics, controllers and error handlers.
 
 ``create_app(settings)`` opens what settings name (``sluice.storage`` picks PostgreSQL or SQLite; the
 engine client is the one ``settings.engine_client`` names, logged at start, never a fallback). Tests may
@@ -22,6 +22,7 @@ from litestar.openapi import OpenAPIConfig
 
 from gateway.auth import tenant_resolver
 from gateway.errors import exception_handlers
+from gateway.files.controller import files_controller
 from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
 from gateway.openapi_links import add_links
@@ -38,6 +39,8 @@ from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.factory import open_engine_client
 from sluice.engine_client.triton import TritonEngineClient
+from sluice.files.catalog import FileCatalog
+from sluice.files.factory import open_object_store
 from sluice.idempotency.factory import open_idempotency_store
 from sluice.ledger.base import UsageLedger
 from sluice.metering.outbox import Outbox
@@ -105,6 +108,8 @@ def create_app(
             stack.push_async_callback(opened_quota.close)
             idempotency = await open_idempotency_store(settings)
             stack.push_async_callback(idempotency.close)
+            object_store = await open_object_store(settings)
+            stack.push_async_callback(object_store.close)
             # The Triton classifier (policy "strict") is another model on the replica's Triton server.
             classifier = TritonClassifier(
                 settings.triton_grpc_url, model_name=settings.safety_classifier_model
@@ -130,6 +135,7 @@ def create_app(
                 meter=meter,
                 safety=safety,
                 idempotency=idempotency,
+                files=FileCatalog(object_store),
             )
             # Everything built so far lives as long as the process: keep it out of the collector's
             # generations so a collection pass on the request path does not walk it (tail latency).
@@ -141,7 +147,12 @@ def create_app(
         log.info("gateway stopped")
 
     app = Litestar(
-        route_handlers=[OpenAIController, UsageController, *SYSTEM_HANDLERS],
+        route_handlers=[
+            OpenAIController,
+            UsageController,
+            files_controller(settings.file_max_bytes),  # its own body limit: a file, not a JSON body
+            *SYSTEM_HANDLERS,
+        ],
         exception_handlers=exception_handlers(metrics),
         lifespan=[lifespan],
         request_max_body_size=settings.max_body_bytes,

@@ -1,7 +1,8 @@
 """What every request handler shares: settings, the router (which model version serves a request: its
 scheduler, replicas and tokenizer), the ledger (read) and the usage meter (its only writer), the tenant
-resolver, telemetry, metrics, the quota store, the safety policies, the idempotency store, and the models'
-overload detectors (degradation). Built once in ``gateway.app``; handlers reach it as ``app.state.gw``."""
+resolver, telemetry, metrics, the quota store, the safety policies, the idempotency store, tenants' files,
+and the models' overload detectors (degradation). Built once in ``gateway.app``; handlers reach it as
+``app.state.gw``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gateway.routing.router import Router
 from gateway.telemetry import TelemetryWriter
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
+from sluice.files.catalog import FileCatalog
 from sluice.idempotency.base import IdempotencyStore
 from sluice.ledger.base import UsageLedger
 from sluice.metering.pipeline import UsageMeter
@@ -43,6 +45,7 @@ class GatewayState:
     safety: dict[str, SafetyPolicy]  # by name; a tenant names one (Tenant.safety_policy)
     idempotency: IdempotencyStore
     meter: UsageMeter  # usage records go through it (durable outbox), never straight to the ledger
+    files: FileCatalog  # tenants' files (Files API, batch input and output) in the object store
     # Each configured model's overload state and fallbacks (SLUICE_DEGRADATION), read at admission.
     degradation: Degradation = field(init=False)
 

@@ -76,6 +76,7 @@ class LocalObjectStore(ObjectStore):
         try:
             return (self.root / key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            _check_root(self.root)  # a store whose folder is gone is broken, not empty
             raise ObjectNotFound(key) from None
 
     @staticmethod
@@ -88,6 +89,7 @@ class LocalObjectStore(ObjectStore):
 
 def _list_keys(root: Path, prefix: str) -> list[str]:
     # Walk only the deepest folder the prefix names, then keep the keys that start with it.
+    _check_root(root)
     folder = root / prefix.rpartition("/")[0]
     if not folder.is_dir():
         return []
@@ -98,6 +100,11 @@ def _list_keys(root: Path, prefix: str) -> list[str]:
             if key.startswith(prefix) and _is_key(key):
                 keys.append(key)
     return sorted(keys)
+
+
+def _check_root(root: Path) -> None:
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root} is no longer a directory")
 
 
 def _is_key(text: str) -> bool:

@@ -191,6 +191,11 @@ async def test_a_directory_that_cannot_be_written_is_object_store_unavailable(tm
         await store.put("a/b", b"x")
     with pytest.raises(ObjectStoreUnavailable):  # the root itself cannot be made
         await LocalObjectStore(tmp_path / "files" / "a" / "root").open()
+    (tmp_path / "files" / "a").unlink()
+    (tmp_path / "files").rename(tmp_path / "moved")  # a store whose folder is gone is broken, not empty
+    for call in (store.get("a/b"), store.list("a/")):
+        with pytest.raises(ObjectStoreUnavailable, match="no longer a directory"):
+            await call
 
 
 def test_files_url_names_a_bucket_and_a_prefix() -> None:
