@@ -8,7 +8,7 @@ DEV_MODEL := $(STATE)/models/sluice-tiny
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install checkpoint repository run test lint bench-engine bench-e2e clean FORCE
+.PHONY: install checkpoint repository run test lint bench bench-engine bench-e2e clean FORCE
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c cpu_engine/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ test: install checkpoint
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy cpu_engine sluice gateway control_plane bench
+
+# Every benchmark in bench/ and the simulator's scenarios, one after another (~60 min on 2 cores; vLLM's
+# install adds ~5 the first time), then the overview at the top of docs/benchmarks.md with its plots
+# (docs/img/). BENCH_QUICK=1: reduced sizes, a smoke run that writes only the overview's table.
+# BENCH_ONLY="cancel-to-free noisy-tenant": those only (`.venv/bin/python -m bench.all --list` names them).
+bench: install checkpoint repository
+	$(PY) -m bench.all $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 bench-engine: install checkpoint
 	$(PY) -m bench.engine_bench --model $(DEV_MODEL) --write-docs

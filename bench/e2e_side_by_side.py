@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import engine_bench
+from bench import engine_bench, plots
 from bench.cpu_split import CpuMeter, CpuSplit, machine_cores
 from bench.e2e_bench import plain_prompt_ids, run_load
 from bench.report import cpu_description, cpu_flags, write_section
@@ -66,6 +66,7 @@ SLUICE_PORTS = (8080, 8090, 8000, 8001, 8002)  # gateway, control plane, tritons
 BENCH_LOG = Path(".sluice/bench/devstack.log")
 BENCH_STATE = Path(".sluice/bench/state")  # the stack's own: the developer's .sluice tenants are not touched
 NONE_TENANT, NONE_API_KEY = "bench-none", "sk-bench-none"
+SWEEP_PLOT = REPO_ROOT / "docs" / "img" / "e2e-vs-vllm.png"  # and its numbers, .json beside it
 VLLM_SERVE_ARGS = "--dtype bfloat16 --max-model-len 2048 --max-num-seqs 64, VLLM_CPU_KVCACHE_SPACE=2 (GiB)"
 
 
@@ -332,8 +333,25 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             "its processes, read from /proc before and after each run):",
             "",
             cpu_table(results, max(args.concurrency)),
+            "",
+            f"![TTFT and inter-token latency against load]({SWEEP_PLOT.relative_to(REPO_ROOT / 'docs')}) "
+            f"(each point the median over the rounds; {load_average()} at the end of the run)",
         ]
     )
+
+
+def load_average() -> str:
+    """The machine's 1, 5 and 15 minute load averages: other work on the same cores shows in it."""
+    with open("/proc/loadavg") as f:
+        return "load average " + " / ".join(f.read().split()[:3])
+
+
+def save_sweep_plot(results: list[RunResult], command: str) -> None:
+    """TTFT and inter-token latency against concurrency per target (docs/img), with the runs' numbers."""
+    runs = [{k: v for k, v in dataclasses.asdict(r).items() if k != "cpu"} for r in results]
+    plots.save_json(SWEEP_PLOT, {"command": command, "cpu": cpu_description(), "load": load_average(),
+                                 "runs": runs})  # fmt: skip
+    plots.load_sweep(runs, SWEEP_PLOT, f"Sluice beside vLLM: {cpu_description()}, {load_average()}")
 
 
 def section_name(args: argparse.Namespace) -> str:
@@ -404,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(["", *target_lines(results), *share_bound_lines(results, 32, machine_cores())]))
     print("\n" + cpu_table(results, max(args.concurrency)))
     if args.write_docs:
+        save_sweep_plot(results, command)
         write_section(section_name(args), report(setup, args, results, command))
         log(f"wrote section {section_name(args)!r} of docs/benchmarks.md")
     return 0

@@ -40,12 +40,15 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from bench import plots
 from bench.report import cpu_description, cpu_flags, pct, write_measured
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PLOT = REPO_ROOT / "docs" / "img" / "noisy-tenant.png"
 # What the gateway's telemetry says about a request, as reported beside the client's figures.
 TELEMETRY_FIELDS = ("ttft_ms", "queue_ms", "replica_ttft_ms")
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -63,6 +66,8 @@ class Tally:
     num_refused: int = 0
     request_ids: list[str] = field(default_factory=list)  # X-Request-Id of each answered stream
     elapsed_s: float = 0.0
+    ttft_at_s: list[float] = field(default_factory=list)  # when each first token came, into the phase
+    began: float = 0.0  # the phase's start (perf_counter), for ttft_at_s
 
 
 def _post(
@@ -112,6 +117,7 @@ async def quiet_stream(
             now = time.perf_counter()
             if last is None:
                 tally.ttft_ms.append((now - sent) * 1000)
+                tally.ttft_at_s.append(now - tally.began)
             else:
                 tally.gaps_ms.append((now - last) * 1000)
             last = now
@@ -185,12 +191,12 @@ async def quiet_role(args: argparse.Namespace) -> Tally:
                 if retry_after_s:
                     await asyncio.sleep(min(retry_after_s, 0.5))
 
-        began = time.perf_counter()
+        tally.began = time.perf_counter()
         tasks = [asyncio.create_task(loop(f"Quiet {i}")) for i in range(args.quiet_streams)]
         await asyncio.sleep(args.duration_s)
         stop.set()
         await asyncio.gather(*tasks)
-        tally.elapsed_s = time.perf_counter() - began
+        tally.elapsed_s = time.perf_counter() - tally.began
     return tally
 
 
@@ -261,7 +267,8 @@ def read_gateway_view(
         time.sleep(0.25)
 
 
-async def run(args: argparse.Namespace) -> list[str]:
+async def run(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """The report's lines, and the figures its plot is drawn from (``plots.noisy_tenant``)."""
     unloaded = await quiet_phase(args)
     limits = httpx.Limits(max_connections=args.flood_streams + 8)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=600, limits=limits) as client:
@@ -282,6 +289,17 @@ async def run(args: argparse.Namespace) -> list[str]:
     ttft_bound_ms = max(3 * pct(unloaded.ttft_ms, 95), 250.0)
     met = pct(flooded.ttft_ms, 95) < ttft_bound_ms and pct(flooded.gaps_ms, 95) < itl_target_ms
     views = [read_gateway_view(args.telemetry, t.request_ids) for t in (unloaded, flooded)]
+    quiet, flooder = args.quiet_key.split("-")[1], args.flood_key.split("-")[1]
+    figures = {
+        "ttft_bound_ms": ttft_bound_ms,
+        "phases": {
+            "unloaded": {"ttft_at_s": unloaded.ttft_at_s, "ttft_ms": unloaded.ttft_ms,
+                         "tokens_per_s": {quiet: unloaded.num_tokens / unloaded.elapsed_s, flooder: 0.0}},
+            "during the flood": {"ttft_at_s": flooded.ttft_at_s, "ttft_ms": flooded.ttft_ms,
+                                 "tokens_per_s": {quiet: flooded.num_tokens / flooded.elapsed_s,
+                                                  flooder: flood.num_tokens / flood_s}},
+        },
+    }  # fmt: skip
     return [
         f"CPU: {cpu_description()}; flags: {cpu_flags()}. Flood: {args.flood_key.split('-')[1]} keeps "
         f"{args.flood_streams} streams of {args.flood_tokens} tokens going; quiet: "
@@ -302,7 +320,9 @@ async def run(args: argparse.Namespace) -> list[str]:
         f"{flood_cpu_s:.1f} CPU-s in its {flood_s:.0f} s ({flood_cpu_s / flood_s:.0%} of a core).",
         "",
         *telemetry_lines(args.telemetry, views),
-    ]
+        "",
+        f"![fairness under a noisy tenant]({PLOT.relative_to(REPO_ROOT / 'docs')})",
+    ], figures
 
 
 def _cpu_s(who: int) -> float:
@@ -360,9 +380,11 @@ def main() -> None:
     if args.role == "quiet":
         print(json.dumps(asdict(asyncio.run(quiet_role(args)))))
         return
-    lines = asyncio.run(run(args))
+    lines, figures = asyncio.run(run(args))
     print("\n".join(lines))
     if args.write_docs:
+        plots.save_json(PLOT, figures)
+        plots.noisy_tenant(figures["phases"], PLOT, figures["ttft_bound_ms"])
         command = (
             f"python -m bench.noisy_tenant_bench --flood-streams {args.flood_streams} "
             f"--flood-tokens {args.flood_tokens} --quiet-streams {args.quiet_streams} "

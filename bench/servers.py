@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.domain import Tenant
@@ -131,11 +134,54 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class StackPorts:
+    """The five ports of a dev stack. ``make run``'s fixed ones by default; ``free()`` for a stack that
+    must not collide with one already running (e.g. ``make run`` or another engineer's tests)."""
+
+    gateway: int = 8080
+    control_plane: int = 8090
+    triton_http: int = 8000
+    triton_grpc: int = 8001
+    triton_metrics: int = 8002
+
+    @classmethod
+    def free(cls) -> StackPorts:
+        """Ports the kernel says are free now (held open together, so they are distinct)."""
+        with ExitStack() as stack:
+            socks = [stack.enter_context(socket.socket()) for _ in range(5)]
+            for sock in socks:
+                sock.bind(("127.0.0.1", 0))
+            return cls(*(int(sock.getsockname()[1]) for sock in socks))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.triton_grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.triton_metrics}/metrics"
+
+    def env(self) -> dict[str, str]:
+        """The settings that put devstack's gateway, control plane and replica on these ports."""
+        return {
+            "SLUICE_GATEWAY_PORT": str(self.gateway),
+            "SLUICE_CONTROL_PLANE_PORT": str(self.control_plane),
+            "SLUICE_TRITON_GRPC_URL": self.grpc_url,
+            "SLUICE_TRITON_METRICS_URL": self.metrics_url,
+        }
+
+
 class SluiceStack:
     """``python -m gateway.devstack`` over ``model_repository``; ``start()`` returns once /readyz is 200.
 
     With ``state_dir`` (and the ``checkpoint_dir`` the gateway tokenizes with), the stack keeps its state
-    there (``SLUICE_STATE_DIR``); without, in the default ``.sluice`` as ``make run`` does."""
+    there (``SLUICE_STATE_DIR``); without, in the default ``.sluice`` as ``make run`` does. With ``ports``,
+    it serves on those (``base_url`` is then ignored: the gateway's own); without, on ``make run``'s."""
 
     def __init__(
         self,
@@ -145,9 +191,11 @@ class SluiceStack:
         ready_timeout_s: float = 240.0,
         state_dir: Path | None = None,
         checkpoint_dir: Path | None = None,
+        ports: StackPorts | None = None,
     ):
         self.model_repository = model_repository
-        self.base_url = base_url  # http://host:port, no /v1
+        self.ports = ports
+        self.base_url = ports.base_url if ports is not None else base_url  # http://host:port, no /v1
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.state_dir = state_dir.resolve() if state_dir is not None else None
@@ -158,6 +206,8 @@ class SluiceStack:
         env = {} if self.state_dir is None else {"SLUICE_STATE_DIR": str(self.state_dir)}
         if self.checkpoint_dir is not None:
             env["SLUICE_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
+        if self.ports is not None:
+            env.update(self.ports.env())
         return env
 
     def put_tenant(self, tenant: Tenant, api_key: str) -> None:
@@ -184,8 +234,10 @@ class SluiceStack:
         env = {**os.environ, "SLUICE_DEV_TENANTS": "true", **self._state_env()}
         with self.log_path.open("wb") as out:
             # NOTE: its own session, so a Ctrl-C at the terminal reaches only us; our finally stops it once.
+            http_port = [] if self.ports is None else ["--triton-http-port", str(self.ports.triton_http)]
+            command = ["-m", "gateway.devstack", "--model-repository", str(self.model_repository), *http_port]
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.devstack", "--model-repository", str(self.model_repository)],
+                [sys.executable, *command],
                 cwd=REPO_ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,

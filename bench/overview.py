@@ -1,0 +1,170 @@
+"""The overview at the top of docs/benchmarks.md that ``make bench`` (bench/all.py) writes: the machine and
+the command, every benchmark's last run (status, minutes), and each plot with a one-line reading.
+
+A reading is computed from the numbers saved beside the plot (``<plot>.json``), so it always says what the
+picture shows; a plot not drawn yet is listed as such. Runs are remembered in docs/img/bench-runs.json, so
+``--only NAME`` updates one row and keeps the others' last results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import DOCS, cpu_description, cpu_flags, pct
+
+SECTION = "overview"
+Reader = Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One benchmark's last run, as the overview's table shows it."""
+
+    name: str
+    status: str  # "ok", "failed (exit status N)", "skipped: why"
+    minutes: float
+    finished: str  # date and time, UTC
+    quick: bool  # BENCH_QUICK sizes: figures not written into the docs
+
+
+def load_runs(path: Path) -> dict[str, RunRecord]:
+    if not path.exists():
+        return {}
+    return {name: RunRecord(**record) for name, record in json.loads(path.read_text()).items()}
+
+
+def save_runs(path: Path, runs: Mapping[str, RunRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({name: asdict(r) for name, r in sorted(runs.items())}, indent=1) + "\n")
+
+
+# ----- one-line readings of the plots, from their JSON -----
+def read_cancel(data: Mapping[str, Any]) -> str:
+    samples = data["samples"]
+    done = [max(s["requests_freed_ms"], s["kv_freed_ms"]) for s in samples
+            if s["requests_freed_ms"] is not None and s["kv_freed_ms"] is not None]  # fmt: skip
+    return (
+        f"a closed stream's request and KV blocks are freed on the replica {pct(done, 50):.0f} ms after the "
+        f"client closes it (p95 {pct(done, 95):.0f} ms, max {max(done, default=float('nan')):.0f} ms, "
+        f"{len(done)} of {len(samples)} streams freed)"
+    )
+
+
+def read_sweep(data: Mapping[str, Any]) -> str:
+    runs = data["runs"]
+    top = max(int(r["concurrency"]) for r in runs)
+
+    def median(target: str, field: str) -> float:
+        values = [float(r[field]) for r in runs if r["target"] == target and r["concurrency"] == top]
+        return statistics.median(values) if values else float("nan")
+
+    return (
+        f"at {top} streams Sluice's TTFT p95 is {median('sluice', 'ttft_p95_ms'):.0f} ms against vLLM's "
+        f"{median('vllm', 'ttft_p95_ms'):.0f} ms, inter-token p95 {median('sluice', 'itl_p95_ms'):.1f} ms "
+        f"against {median('vllm', 'itl_p95_ms'):.1f} ms, {median('sluice', 'tokens_per_s'):,.0f} output "
+        f"tok/s against {median('vllm', 'tokens_per_s'):,.0f} ({data.get('load', 'load not recorded')})"
+    )
+
+
+def read_noisy(data: Mapping[str, Any]) -> str:
+    unloaded, flooded = data["phases"]["unloaded"], data["phases"]["during the flood"]
+    quiet, flooder = list(flooded["tokens_per_s"])
+    share = flooded["tokens_per_s"][quiet] / (sum(flooded["tokens_per_s"].values()) or 1)
+    return (
+        f"the quiet tenant's TTFT p95 goes from {pct(unloaded['ttft_ms'], 95):.0f} ms alone to "
+        f"{pct(flooded['ttft_ms'], 95):.0f} ms while {flooder} floods (target {data['ttft_bound_ms']:.0f} "
+        f"ms); it gets {share:.0%} of the output tokens during the flood"
+    )
+
+
+def read_sim(data: Mapping[str, Any]) -> str:
+    checks = data.get("targets", {}).get("checks", [])
+    rows = [f"{name} TTFT p95 {row['ttft_p95_ms']:,.0f} ms, shed {row['shed_rate']:.1%}"
+            for name, row in data.items() if isinstance(row, dict) and "ttft_p95_ms" in row]  # fmt: skip
+    missed = [c["target"] for c in checks if not c["met"]]
+    met = f"{len(checks) - len(missed)} of {len(checks)} targets met"
+    return f"{met}{f' (not: {missed[0]})' if missed else ''}; " + "; ".join(rows)
+
+
+@dataclass(frozen=True)
+class Plot:
+    path: str  # under docs/
+    title: str
+    reader: Reader
+
+
+PLOTS = (
+    Plot("img/e2e-vs-vllm.png", "TTFT and inter-token latency against load, beside vLLM", read_sweep),
+    Plot("img/noisy-tenant.png", "Fairness under a noisy tenant", read_noisy),
+    Plot("img/cancel-to-free.png", "Cancel-to-free latency", read_cancel),
+    *(
+        Plot(f"img/sim/{scenario}.png", f"Simulator: {scenario}", read_sim)
+        for scenario in ("steady", "doubling", "noisy-tenant", "batch-fill")
+    ),
+)
+
+
+def plot_lines(docs_dir: Path, plots: Sequence[Plot] = PLOTS) -> list[str]:
+    lines: list[str] = []
+    for plot in plots:
+        png, numbers = docs_dir / plot.path, (docs_dir / plot.path).with_suffix(".json")
+        if not png.exists() or not numbers.exists():
+            lines += [f"**{plot.title}**: not drawn yet.", ""]
+            continue
+        try:
+            reading = plot.reader(json.loads(numbers.read_text()))
+        except (KeyError, ValueError, TypeError) as exc:
+            reading = f"(no reading: {plot.path} has unexpected numbers: {exc!r})"
+        lines += [f"**{plot.title}**: {reading}.", "", f"![{plot.title}]({plot.path})", ""]
+    return lines
+
+
+def overview(
+    runs: Mapping[str, RunRecord], names: Sequence[str], command: str, load: str, docs_dir: Path
+) -> str:
+    """The overview section's body: the machine, the command, each benchmark's last run, the plots."""
+    table = ["| benchmark | last run (UTC) | status | minutes |", "|---|---|---|---:|"]
+    for name in names:
+        r = runs.get(name)
+        table.append(
+            f"| {name} | - | not run yet | - |"
+            if r is None
+            else f"| {name} | {r.finished}{' (quick)' if r.quick else ''} | {r.status} | {r.minutes:.1f} |"
+        )
+    return "\n".join(
+        [
+            "## Overview (`make bench`)",
+            "",
+            f"Written {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC by `{command}` on "
+            f"{cpu_description()} (flags: {cpu_flags()}); {load}. These cores are shared with other work, "
+            "so absolute figures move from run to run: compare within a table, where runs alternate. "
+            "`BENCH_QUICK=1 make bench` runs reduced sizes and writes only this table; "
+            "`make bench BENCH_ONLY=NAME` runs one benchmark.",
+            "",
+            *table,
+            "",
+            *plot_lines(docs_dir),
+        ]
+    )
+
+
+def write_overview(body: str, docs: Path = DOCS) -> None:
+    """Replace the overview section, or insert it at the top: after the title's introduction, before the
+    first ``##`` heading or section marker."""
+    block = f"<!-- BEGIN {SECTION} -->\n{body.rstrip()}\n<!-- END {SECTION} -->"
+    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"<!-- BEGIN {SECTION} -->.*?<!-- END {SECTION} -->", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        first = re.search(r"^(## |<!-- BEGIN )", text, re.M)
+        at = first.start() if first else len(text)
+        text = text[:at].rstrip() + "\n\n" + block + "\n\n" + text[at:].lstrip()
+    docs.write_text(text.rstrip() + "\n")
