@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 import pytest
@@ -53,8 +54,12 @@ def stream_key(redis_client: redis.Redis) -> str:
     return f"{RUN_PREFIX}telemetry-{uuid.uuid4().hex[:8]}"
 
 
+Entries = list[tuple[bytes, dict[bytes, bytes]]]  # what XRANGE answers (redis-py types it loosely)
+
+
 def _stream_ids(client: redis.Redis, key: str) -> list[str]:
-    return [json.loads(fields[RECORD_FIELD.encode()])["request_id"] for _, fields in client.xrange(key)]
+    entries = cast(Entries, client.xrange(key))
+    return [json.loads(fields[RECORD_FIELD.encode()])["request_id"] for _, fields in entries]
 
 
 def test_stdout_gets_one_json_line_per_record(capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,7 +81,7 @@ def test_each_entry_is_one_record_field_and_the_stream_keeps_about_its_bound(
         sink.write(_record(i))
     sink.close()
     assert sink.num_dropped == 0
-    [(_, fields)] = redis_client.xrevrange(stream_key, count=1)
+    [(_, fields)] = cast(Entries, redis_client.xrevrange(stream_key, count=1))
     assert fields == {RECORD_FIELD.encode(): record_json(_record(2_499)).encode()}
     ids = _stream_ids(redis_client, stream_key)
     # MAXLEN ~ trims whole nodes of 100 entries: at least the bound is kept, never a node more.
