@@ -43,6 +43,7 @@ class AsyncStream:
         self._reader = reader
         self.request_id = reader.request_id
         self.idempotency_key = reader.idempotency_key
+        self._closed = False
 
     @property
     def text(self) -> str:
@@ -52,6 +53,8 @@ class AsyncStream:
         return self
 
     async def __anext__(self) -> Chunk:
+        if self._closed:  # ended, failed or closed by the caller: nothing more comes
+            raise StopAsyncIteration
         try:
             while True:
                 chunk = self._reader.next_chunk()
@@ -74,6 +77,7 @@ class AsyncStream:
 
     async def aclose(self) -> None:
         """Closes the connection (idempotent): the gateway sees the disconnect and cancels the request."""
+        self._closed = True
         await self._response.aclose()
 
     async def __aenter__(self) -> AsyncStream:

@@ -44,6 +44,7 @@ class Stream:
         self._reader = reader
         self.request_id = reader.request_id
         self.idempotency_key = reader.idempotency_key
+        self._closed = False
 
     @property
     def text(self) -> str:
@@ -53,6 +54,8 @@ class Stream:
         return self
 
     def __next__(self) -> Chunk:
+        if self._closed:  # ended, failed or closed by the caller: nothing more comes
+            raise StopIteration
         try:
             while True:
                 chunk = self._reader.next_chunk()
@@ -75,6 +78,7 @@ class Stream:
 
     def close(self) -> None:
         """Closes the connection (idempotent): the gateway sees the disconnect and cancels the request."""
+        self._closed = True
         self._response.close()
 
     def __enter__(self) -> Stream:

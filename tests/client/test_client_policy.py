@@ -4,6 +4,8 @@ how it reads server-sent events (``sluice.client.sse``)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
@@ -129,3 +131,14 @@ def test_a_stream_reader_ends_at_done_and_names_a_lost_connection() -> None:
     assert lost.next_chunk() is not None and lost.next_chunk() is None and not lost.done
     error = lost.lost(ConnectionResetError("reset"))
     assert (error.code, error.partial_text) == (CONNECTION_LOST, "ab") and "reset" in str(error)
+
+
+def test_the_client_loads_no_server_code() -> None:
+    """sluice.client is the part of the core a caller imports: httpx, never the gateway's stack."""
+    probe = (
+        "import sys, sluice.client; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'gateway', 'control_plane', "
+        "'cpu_engine', 'litestar', 'numpy', 'psycopg', 'redis', 'tritonclient'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

@@ -121,6 +121,7 @@ def test_an_error_event_mid_stream_raises_with_the_partial_text(
     error = failed.value
     assert (error.code, error.partial_text, error.request_id) == ("engine_error", "Hello", "req-stub")
     assert error.idempotency_key == keys(stub)[0] and len(stub.seen) == 1  # not retried by the client
+    assert list(stream) == []  # a failed stream is over
 
 
 def test_a_connection_lost_mid_stream_raises_with_the_partial_text(
