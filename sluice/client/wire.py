@@ -43,9 +43,16 @@ def completion_call(
     idempotency_key: str | None,
     extra_headers: Mapping[str, str] | None,
 ) -> CallSpec:
-    """A POST to a completion endpoint; the key is the caller's, else a new uuid4 for this call."""
+    """A POST to a completion endpoint; the key is the caller's (``idempotency_key``, or an
+    Idempotency-Key in ``extra_headers``, as the openai client takes it), else a new uuid4 for this call."""
+    headers = {}
+    for name, value in (extra_headers or {}).items():
+        if name.lower() == IDEMPOTENCY_HEADER.lower():
+            idempotency_key = idempotency_key if idempotency_key is not None else value
+        else:
+            headers[name] = value
     key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
-    headers = {**(extra_headers or {}), IDEMPOTENCY_HEADER: key}
+    headers[IDEMPOTENCY_HEADER] = key
     stream = bool(body.get("stream"))
     if stream:
         headers["Accept"] = "text/event-stream"

@@ -14,6 +14,7 @@ import pytest
 from sluice.client.errors import StreamError
 from sluice.client.retry import RetryPolicy, is_retryable, retry_after_s
 from sluice.client.sse import CONNECTION_LOST, Chunk, ErrorEvent, SseDecoder, StreamReader, read_event
+from sluice.client.wire import completion_call, root_url
 
 NOW_S = 1_800_000_000.0
 
@@ -142,3 +143,20 @@ def test_the_client_loads_no_server_code() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_one_key_per_call_the_callers_when_given() -> None:
+    first = completion_call("/v1/completions", {"prompt": "x"}, None, None)
+    second = completion_call("/v1/completions", {"prompt": "x"}, None, None)
+    assert first.idempotency_key and first.idempotency_key != second.idempotency_key
+    assert first.headers == {"Idempotency-Key": first.idempotency_key}
+    given = completion_call("/v1/completions", {}, None, {"idempotency-key": "k-1", "X-Conversation-Id": "c"})
+    assert given.headers == {"Idempotency-Key": "k-1", "X-Conversation-Id": "c"}
+    argument_wins = completion_call("/v1/completions", {}, "k-2", {"Idempotency-Key": "k-1"})
+    assert argument_wins.headers == {"Idempotency-Key": "k-2"} and argument_wins.idempotency_key == "k-2"
+    streamed = completion_call("/v1/chat/completions", {"stream": True}, None, None)
+    assert streamed.stream and streamed.headers["Accept"] == "text/event-stream"
+
+
+def test_the_base_url_may_end_in_v1() -> None:
+    assert root_url("http://h:8080/v1/") == root_url("http://h:8080") == "http://h:8080"
