@@ -28,6 +28,9 @@ def check_key(key: str) -> None:
 
 
 class ObjectStore(ABC):
+    """Every method raises ``ValueError`` for a key (or prefix) ``check_key`` refuses, before any I/O, and
+    ``ObjectStoreUnavailable`` when the store cannot answer; never a driver's own error type."""
+
     @abstractmethod
     async def open(self) -> None: ...
 
@@ -48,4 +51,5 @@ class ObjectStore(ABC):
 
     @abstractmethod
     async def list(self, prefix: str) -> list[str]:
-        """The keys starting with ``prefix`` (a key prefix ending in ``/``), sorted."""
+        """The keys starting with ``prefix``, sorted: usually a folder (``files/acme/``); any key text,
+        with or without a trailing ``/``, or empty for every key. S3's pages are all read."""

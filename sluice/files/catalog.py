@@ -12,6 +12,7 @@ and then the content. Nothing here logs file text.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -24,6 +25,7 @@ from sluice.tenants.base import check_tenant_id
 PURPOSES = frozenset({"batch", "batch_output"})  # uploads; results the batch runner writes
 _FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
 _METADATA_SUFFIX = ".json"
+_MAX_CONCURRENT_READS = 16  # metadata reads in flight while listing
 
 
 @dataclass(frozen=True)
@@ -91,19 +93,26 @@ class FileCatalog:
     async def list(self, tenant_id: str, purpose: str | None = None) -> list[StoredFile]:
         """This tenant's files, newest first (``purpose``: only those). One read per file's metadata."""
         check_tenant_id(tenant_id)
-        files = []
-        for key in await self.store.list(f"files/{tenant_id}/"):
-            file_id = key.rsplit("/", 1)[1].removesuffix(_METADATA_SUFFIX)
-            if not key.endswith(_METADATA_SUFFIX) or not _FILE_ID.fullmatch(file_id):
-                continue
-            try:
-                stored = _decode(await self.store.get(key), tenant_id)
-            except ObjectNotFound:  # deleted since the listing
-                continue
-            if purpose is None or stored.purpose == purpose:
-                files.append(stored)
+        keys = [
+            key
+            for key in await self.store.list(f"files/{tenant_id}/")
+            if key.endswith(_METADATA_SUFFIX)
+            and _FILE_ID.fullmatch(key.rsplit("/", 1)[1].removesuffix(_METADATA_SUFFIX))
+        ]
+        files: list[StoredFile] = []
+        for start in range(0, len(keys), _MAX_CONCURRENT_READS):  # S3: a round trip each, so a few at once
+            chunk = keys[start : start + _MAX_CONCURRENT_READS]
+            for found in await asyncio.gather(*(self._read_metadata(key, tenant_id) for key in chunk)):
+                if found is not None and (purpose is None or found.purpose == purpose):
+                    files.append(found)
         files.sort(key=lambda f: (f.created_at, f.file_id), reverse=True)
         return files
+
+    async def _read_metadata(self, key: str, tenant_id: str) -> StoredFile | None:
+        try:
+            return _decode(await self.store.get(key), tenant_id)
+        except (ObjectNotFound, UnknownFileError):  # deleted since the listing; another tenant's
+            return None
 
 
 def _content_key(tenant_id: str, file_id: str) -> str:
