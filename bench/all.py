@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import overview
-from bench.report import DOCS
+from bench.report import DOCS, load_average
 from bench.servers import REPO_ROOT, SluiceStack, StackPorts, log
 
 CHECKPOINT = ".sluice/models/sluice-tiny"
@@ -77,6 +77,8 @@ BENCHES: tuple[Bench, ...] = (
           (*_STACK_URL, "--telemetry", "{telemetry}", "--write-docs"),
           (*_STACK_URL, "--telemetry", "{telemetry}", "--flood-streams", "40", "--duration-s", "4",
            "--warmup-s", "2"), 1, True),
+    Bench("batch-yield", "bench.batch_yield", (*_STACK_URL, "--write-docs"),
+          (*_STACK_URL, "--duration-s", "4", "--lines", "20"), 2, True),
     Bench("registry-propagation", "bench.registry_propagation", ("--write-docs",), ("--changes", "5"), 1),
     Bench("placement", "bench.placement_bench", ("--write-docs",),
           ("--rounds", "1", "--requests", "32", "--placements", "score,random"), 8),
@@ -165,11 +167,6 @@ def run_benches(selected: Sequence[Bench], quick: bool) -> list[overview.RunReco
     return [dataclasses.replace(r, quick=quick) for r in records]
 
 
-def load_average() -> str:
-    with open("/proc/loadavg") as f:
-        return "load average " + " / ".join(f.read().split()[:3]) + " (1 / 5 / 15 min) at the end"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=[b.name for b in BENCHES])
@@ -190,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {**overview.load_runs(RUNS), **{r.name: r for r in records}}
     overview.save_runs(RUNS, runs)
     command = "make bench" + (f" BENCH_ONLY='{' '.join(args.only)}'" if args.only else "")
-    body = overview.overview(runs, [b.name for b in BENCHES], command, load_average(), DOCS.parent)
+    load = f"{load_average()} at the end"
+    body = overview.overview(runs, [b.name for b in BENCHES], command, load, DOCS.parent)
     overview.write_overview(body, DOCS)
     failed = [r.name for r in records if r.status != "ok"]
     print(f"\n{len(records) - len(failed)} of {len(records)} benchmarks ok"

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from bench import plots
-from bench.report import cpu_description, pct, write_measured
+from bench.report import cpu_description, load_average, pct, write_measured
 from bench.servers import REPO_ROOT, SluiceStack, StackPorts, log
 from sluice.tenants.base import dev_tenant
 from sluice.triton.render import CpuEngineModelSettings, render_model_repository
@@ -226,11 +226,6 @@ def report_lines(args: argparse.Namespace, samples: list[CancelSample], load: st
     ]
 
 
-def load_average() -> str:
-    with open("/proc/loadavg") as f:
-        return "load average " + " ".join(f.read().split()[:3]) + " (other work on the same cores)"
-
-
 def start_stack(args: argparse.Namespace) -> SluiceStack:
     """The stack on free ports over a repository rendered for this bench (fast stats export), its files
     under ``--work-dir``."""
@@ -271,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         assert stack.ports is not None
         samples = asyncio.run(run(args, stack.base_url, stack.ports.metrics_url))
-        load = load_average()
+        load = f"{load_average()} at the end (other work on the same cores)"
     finally:
         stack.stop()
     lines = table_lines(args, samples)

@@ -42,7 +42,7 @@ from pathlib import Path
 from bench import engine_bench, plots
 from bench.cpu_split import CpuMeter, CpuSplit, machine_cores
 from bench.e2e_bench import plain_prompt_ids, run_load
-from bench.report import cpu_description, cpu_flags, write_section
+from bench.report import cpu_description, cpu_flags, load_average, write_section
 from bench.servers import REPO_ROOT, ProcId, SluiceStack, VllmServer, http_text, log
 from bench.side_by_side import (
     ENGINE,
@@ -338,12 +338,6 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             f"(each point the median over the rounds; {load_average()} at the end of the run)",
         ]
     )
-
-
-def load_average() -> str:
-    """The machine's 1, 5 and 15 minute load averages: other work on the same cores shows in it."""
-    with open("/proc/loadavg") as f:
-        return "load average " + " / ".join(f.read().split()[:3])
 
 
 def save_sweep_plot(results: list[RunResult], command: str) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 
 from bench import plots
-from bench.report import cpu_description, cpu_flags, pct, write_measured
+from bench.report import cpu_description, cpu_flags, load_average, pct, write_measured
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLOT = REPO_ROOT / "docs" / "img" / "noisy-tenant.png"
@@ -304,7 +304,8 @@ async def run(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         f"CPU: {cpu_description()}; flags: {cpu_flags()}. Flood: {args.flood_key.split('-')[1]} keeps "
         f"{args.flood_streams} streams of {args.flood_tokens} tokens going; quiet: "
         f"{args.quiet_key.split('-')[1]}, {args.quiet_streams} streams of {args.quiet_tokens} tokens for "
-        f"{args.duration_s:.0f} s (after {args.warmup_s:.0f} s of flood), from a client process of its own.",
+        f"{args.duration_s:.0f} s (after {args.warmup_s:.0f} s of flood), from a client process of its own; "
+        f"{load_average()} at the end (other work on the same cores).",
         "",
         "| quiet tenant, as its client saw it | requests | failed | TTFT p50 ms | TTFT p95 ms | gap p50 ms "
         "| gap p95 ms |",

@@ -45,6 +45,13 @@ def cpu_description() -> str:
     return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} cores, {avx}"
 
 
+def load_average() -> str:
+    """The machine's load averages, for beside a figure: other work on the same cores shows in them."""
+    with open("/proc/loadavg") as f:
+        one, five, fifteen = f.read().split()[:3]
+    return f"load average {one} / {five} / {fifteen} (1 / 5 / 15 min)"
+
+
 def cpu_flags() -> str:
     """The CPU flags the engine's kernels and its dtype choice depend on, as sluice_engine_info labels
     them (e.g. "avx2 fma avx512f avx512bw avx512_bf16"; "unknown" where /proc/cpuinfo cannot be read)."""
