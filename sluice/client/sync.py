@@ -169,19 +169,17 @@ class SluiceClient:
             response = self._http.send(request, stream=True)
         except httpx.TransportError as exc:
             return transport_failure(exc)
-        try:
-            if response.status_code >= 400 or not spec.stream:
-                try:
-                    content = response.read()
-                except httpx.TransportError as exc:
-                    return transport_failure(exc)
-                if response.status_code >= 400:
-                    return response_failure(response.status_code, response.headers, content)
-                return completion_of(content, response.headers, spec.idempotency_key)
+        if spec.stream and response.status_code < 400:
             return self._first_event(response, spec)
+        try:
+            content = response.read()
+        except httpx.TransportError as exc:
+            return transport_failure(exc)
         finally:
-            if not spec.stream or response.status_code >= 400:
-                response.close()
+            response.close()
+        if response.status_code >= 400:
+            return response_failure(response.status_code, response.headers, content)
+        return completion_of(content, response.headers, spec.idempotency_key)
 
     def _first_event(self, response: httpx.Response, spec: CallSpec) -> Stream | Failure:
         """Reads until the stream's first event: a stream that fails before it is retried as a request."""
