@@ -21,6 +21,9 @@ from litestar.logging.config import LoggingConfig
 from litestar.openapi import OpenAPIConfig
 
 from gateway.auth import tenant_resolver
+from gateway.batches.controller import BatchesController
+from gateway.batches.runner import BatchRunner
+from gateway.batches.work import Stores, WorkLimits
 from gateway.errors import exception_handlers
 from gateway.files.controller import files_controller
 from gateway.metrics import GatewayMetrics
@@ -35,10 +38,12 @@ from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import open_telemetry
 from gateway.usage.controller import UsageController
+from sluice.batches.factory import open_batch_store
 from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.factory import open_engine_client
 from sluice.engine_client.triton import TritonEngineClient
+from sluice.files.base import ObjectStore
 from sluice.files.catalog import FileCatalog
 from sluice.files.factory import open_object_store
 from sluice.idempotency.factory import open_idempotency_store
@@ -110,6 +115,8 @@ def create_app(
             stack.push_async_callback(idempotency.close)
             object_store = await open_object_store(settings)
             stack.push_async_callback(object_store.close)
+            batch_store = await open_batch_store(settings, keep_trying=True)  # PostgreSQL down: 503s till up
+            stack.push_async_callback(batch_store.close)
             # The Triton classifier (policy "strict") is another model on the replica's Triton server.
             classifier = TritonClassifier(
                 settings.triton_grpc_url, model_name=settings.safety_classifier_model
@@ -136,7 +143,15 @@ def create_app(
                 safety=safety,
                 idempotency=idempotency,
                 files=FileCatalog(object_store),
+                batches=batch_store,
             )
+            if settings.batch_runner:  # closed first (the stack unwinds in reverse): its lines still meter
+                runner = _batch_runner(app.state.gw, object_store, store, settings)
+                await runner.start()
+                stack.push_async_callback(runner.close)
+                app.state.gw.batch_runner = runner
+            else:
+                log.info("batch runner off (SLUICE_BATCH_RUNNER=false): other gateways run the batches")
             # Everything built so far lives as long as the process: keep it out of the collector's
             # generations so a collection pass on the request path does not walk it (tail latency).
             gc.collect()
@@ -150,6 +165,7 @@ def create_app(
         route_handlers=[
             OpenAIController,
             UsageController,
+            BatchesController,
             files_controller(settings.file_max_bytes),  # its own body limit: a file, not a JSON body
             *SYSTEM_HANDLERS,
         ],
@@ -209,6 +225,27 @@ def _replica_client(target: ReplicaTarget) -> EngineClient:
 
 async def _verify(target: ReplicaTarget) -> Verification:
     return await verify_replica(target.endpoint, target.model, target.version, target.weights_digest)
+
+
+def _batch_runner(
+    gw: GatewayState, objects: ObjectStore, tenants: TenantStore, settings: Settings
+) -> BatchRunner:
+    limits = WorkLimits(
+        lease_s=settings.batch_lease_s,
+        max_lines=settings.batch_max_lines,
+        line_concurrency=settings.batch_line_concurrency,
+        part_max_lines=settings.batch_part_max_lines,
+        flush_interval_s=settings.batch_flush_interval_s,
+    )
+    stores = Stores(batches=gw.batches, files=gw.files, objects=objects)
+    return BatchRunner(
+        gw,
+        stores,
+        tenants,
+        limits,
+        max_active=settings.batch_max_active,
+        poll_interval_s=settings.batch_poll_interval_s,
+    )
 
 
 def _telemetry_sinks(settings: Settings) -> str:

@@ -27,6 +27,9 @@ from sluice.tenants.base import TenantStore, TenantStoreUnavailable, UnknownTena
 
 log = logging.getLogger(__name__)
 
+# At a stop, how long the lines running may take to end before they are cancelled.
+DRAIN_S = 10.0
+
 
 def runner_name() -> str:
     """This runner's lease owner: host, process and a random part (a restarted process is another
@@ -77,16 +80,23 @@ class BatchRunner:
             active[0].cancel_requested()
 
     async def close(self) -> None:
-        """Stop claiming, stop every batch (lines running are cancelled; what ended and was committed
-        stays) and give their leases back, so a runner elsewhere (or this one restarted) resumes them."""
+        """Stop claiming and stop every batch: no line starts any more, those running get up to
+        ``DRAIN_S`` to end (then they are cancelled, billed for what they generated), what ended is
+        committed, and the leases are given back, so a runner elsewhere (or this one restarted) resumes
+        the batches at once."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._loop_task
         works = list(self._active.values())
-        for _, task in works:
-            task.cancel()
-        await asyncio.gather(*(task for _, task in works), return_exceptions=True)
+        for work, _ in works:
+            work.drain()
+        tasks = [task for _, task in works]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=DRAIN_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         for work, _ in works:
             with suppress(Exception):
                 await self._stores.batches.release(work.batch.batch_id, self.owner)

@@ -76,6 +76,7 @@ class BatchWork:
         self._limits = limits
         self._stop = asyncio.Event()  # cancel requested, the window passed, or the lease lost
         self._lost: LeaseLost | None = None
+        self._draining = asyncio.Event()  # the runner is stopping: start no more lines, let running ones end
         self._ended: list[LineResult] = []  # lines that ended since the last committed part
         self._part_full = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -84,6 +85,12 @@ class BatchWork:
     def cancel_requested(self) -> None:
         """This gateway's API set the batch CANCELLING: stop now rather than at the next renewal."""
         self._cancelling()
+
+    def drain(self) -> None:
+        """The runner is stopping: start no more lines; those running end and are committed, and the
+        batch is left as it is (in progress) for a runner to resume. Their usage rows are then whole,
+        not cut short by the stop (a line's first row is the one the ledger keeps)."""
+        self._draining.set()
 
     async def run(self, tenant: Tenant) -> None:
         """Work the batch until it is finished. Raises ``LeaseLost`` (another runner has it) and the
@@ -116,6 +123,8 @@ class BatchWork:
         done = {index for part in parts for index in part.line_indices}
         if self.batch.status is BatchStatus.IN_PROGRESS:
             await self._run_lines(parsed, done, tenant)
+        if self._draining.is_set() and self.batch.status is BatchStatus.IN_PROGRESS:
+            return  # stopped with lines left: resumed by the next runner to claim it
         await self._finish(parsed)
 
     async def _run_lines(self, parsed: ParsedFile, done: set[int], tenant: Tenant) -> None:
@@ -139,32 +148,32 @@ class BatchWork:
 
     async def _run_pending(self, pending: list[BatchLine], tenant: Tenant) -> None:
         """Run ``pending``, at most ``line_concurrency`` at once. Once the batch must stop, start no more
-        and cancel those running (each reports itself). Returns when every started line has ended."""
+        and cancel those running (each reports itself); once the runner drains, start no more and let
+        those running end. Returns when every started line has ended."""
         slots = asyncio.Semaphore(self._limits.line_concurrency)
         running: set[asyncio.Task[None]] = set()
         stop = asyncio.create_task(self._stop.wait())
+        draining = asyncio.create_task(self._draining.wait())
         try:
             for line in pending:
                 acquired = asyncio.create_task(slots.acquire())
-                await asyncio.wait({acquired, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if not acquired.done():
+                await asyncio.wait({acquired, stop, draining}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.done() or draining.done():
+                    if acquired.done():
+                        slots.release()
                     acquired.cancel()
-                    break
-                if stop.done():
-                    slots.release()
                     break
                 task = asyncio.create_task(self._one_line(line, tenant, slots))
                 running.add(task)
                 task.add_done_callback(running.discard)
-            if running:
+            while running and not stop.done():
                 await asyncio.wait({*running, stop}, return_when=asyncio.FIRST_COMPLETED)
-                while running and not stop.done():
-                    await asyncio.wait({*running, stop}, return_when=asyncio.FIRST_COMPLETED)
             for task in list(running):
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
         finally:
             stop.cancel()
+            draining.cancel()
 
     async def _one_line(self, line: BatchLine, tenant: Tenant, slots: asyncio.Semaphore) -> None:
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import openai
-from harness import ACME_KEY, MODEL, wait_until
+from harness import ACME_KEY, MODEL, start_gateway, wait_until
 from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,20 +81,25 @@ def usage_rows(base_url: str, batch_id: str) -> list[dict[str, Any]]:
     return [r for r in response.json()["data"] if r["request_id"].startswith(batch_id)]
 
 
-def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
-    dev_checkpoint: Path, tmp_path: Path
-) -> None:
-    lines = [
+def batch_lines() -> list[str]:
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    return [
         json.dumps(
             {
                 "custom_id": f"r{i}",
                 "method": "POST",
                 "url": "/v1/completions",
-                "body": {"model": MODEL, "prompt": f"Line {i}", "max_tokens": MAX_TOKENS, "ignore_eos": True},
+                "body": {**body, "prompt": f"Line {i}"},
             }
         )
         for i in range(NUM_LINES)
     ]
+
+
+def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    lines = batch_lines()
     with gateway_process(tmp_path, dev_checkpoint, "first") as (proc, base_url):
         client = client_for(base_url)
         file_id = client.files.create(
@@ -127,3 +132,40 @@ def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
         rows = usage_rows(base_url, batch_id)
         assert sorted(r["request_id"] for r in rows) == sorted(f"{batch_id}:r{i}" for i in range(NUM_LINES))
         assert {r["status"] for r in rows} <= {"finished", "gateway_lost"}
+
+
+def test_a_gateway_stopped_cleanly_lets_its_running_lines_end_and_the_next_one_resumes(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A clean stop starts no more lines, lets the running ones end and commits them, and gives the lease
+    back: the next gateway resumes at once, and every line is billed whole (no row cut short)."""
+    settings = {
+        "engine_client": "inprocess",
+        "max_output_tokens": 1024,
+        "batch_lease_s": 30.0,  # long: only a lease given back lets the next gateway resume soon
+        "batch_poll_interval_s": 0.2,
+        "batch_flush_interval_s": 0.2,
+        "batch_line_concurrency": 3,
+    }
+    first = start_gateway(tmp_path, dev_checkpoint, **settings)
+    try:
+        client = first.client()
+        data = "\n".join(batch_lines()).encode()
+        file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+        batch_id = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+        ).id
+        wait_until(lambda: client.batches.retrieve(batch_id).request_counts.completed >= 2, 60, "2 lines")
+    finally:
+        first.stop()
+    second = start_gateway(tmp_path, dev_checkpoint, **settings)
+    try:
+        client = second.client()
+        wait_until(lambda: client.batches.retrieve(batch_id).status == "completed", 20, "the batch completed")
+        counts = client.batches.retrieve(batch_id).request_counts
+        assert (counts.total, counts.completed, counts.failed) == (NUM_LINES, NUM_LINES, 0)
+        rows = usage_rows(second.base_url, batch_id)
+        assert len(rows) == NUM_LINES
+        assert all(r["status"] == "finished" and r["output_tokens"] == MAX_TOKENS for r in rows)
+    finally:
+        second.stop()
