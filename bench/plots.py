@@ -78,6 +78,8 @@ def load_sweep(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Pat
                 suffix = "" if len(fields) == 1 else f" {field.split('_')[1]}"
                 ax.plot(loads, ys, style, marker="o", color=COLOURS.get(target), label=f"{target}{suffix}")
         ax.set_xscale("log", base=2)
+        all_loads = sorted({int(r["concurrency"]) for r in rows})
+        ax.set_xticks(all_loads, [str(c) for c in all_loads])
         ax.set_yscale("log")
         ax.set_xlabel("concurrent streams")
         ax.set_title(label, fontsize=10)
