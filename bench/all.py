@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=[b.name for b in BENCHES])
     ap.add_argument("--list", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--overview-only", action="store_true", help="rewrite the overview from the last runs")
     args = ap.parse_args(argv)
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     selected = [b for b in BENCHES if args.only is None or b.name in args.only]
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{len(selected)} benchmarks, {'quick' if quick else 'full'} sizes, ~"
           f"{sum(b.minutes for b in selected):.0f} min expected at full size", flush=True)  # fmt: skip
-    records = run_benches(selected, quick)
+    records = [] if args.overview_only else run_benches(selected, quick)
     if not quick:
         publish_sim(records)
     runs = {**overview.load_runs(RUNS), **{r.name: r for r in records}}

@@ -292,6 +292,7 @@ async def run(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     quiet, flooder = args.quiet_key.split("-")[1], args.flood_key.split("-")[1]
     figures = {
         "ttft_bound_ms": ttft_bound_ms,
+        "num_streams": {quiet: args.quiet_streams, flooder: args.flood_streams},
         "phases": {
             "unloaded": {"ttft_at_s": unloaded.ttft_at_s, "ttft_ms": unloaded.ttft_ms,
                          "tokens_per_s": {quiet: unloaded.num_tokens / unloaded.elapsed_s, flooder: 0.0}},

@@ -77,20 +77,30 @@ def read_noisy(data: Mapping[str, Any]) -> str:
     unloaded, flooded = data["phases"]["unloaded"], data["phases"]["during the flood"]
     quiet, flooder = list(flooded["tokens_per_s"])
     share = flooded["tokens_per_s"][quiet] / (sum(flooded["tokens_per_s"].values()) or 1)
+    streams = data.get("num_streams", {})
+    against = f" (its {streams[quiet]} streams against {streams[flooder]})" if streams else ""
     return (
         f"the quiet tenant's TTFT p95 goes from {pct(unloaded['ttft_ms'], 95):.0f} ms alone to "
         f"{pct(flooded['ttft_ms'], 95):.0f} ms while {flooder} floods (target {data['ttft_bound_ms']:.0f} "
-        f"ms); it gets {share:.0%} of the output tokens during the flood"
+        f"ms); it gets {share:.0%} of the output tokens during the flood{against}"
     )
 
 
 def read_sim(data: Mapping[str, Any]) -> str:
+    """A scenario's targets met, and each fleet run's figures: one run's at the top level of its summary,
+    several runs' (e.g. noisy-tenant's wfq-baseline, wfq-noisy, fcfs-noisy) each under its name."""
     checks = data.get("targets", {}).get("checks", [])
-    rows = [f"{name} TTFT p95 {row['ttft_p95_ms']:,.0f} ms, shed {row['shed_rate']:.1%}"
-            for name, row in data.items() if isinstance(row, dict) and "ttft_p95_ms" in row]  # fmt: skip
+    runs = {"": data} if "ttft_p95_ms" in data else {
+        name: row for name, row in data.items() if isinstance(row, dict) and "ttft_p95_ms" in row
+    }
+    rows = [f"{f'{name}: ' if name else ''}TTFT p95 {row['ttft_p95_ms']:,.0f} ms, utilisation "
+            f"{row['utilisation']:.0%}, shed {row['shed_rate']:.1%}"
+            for name, row in runs.items()]  # fmt: skip
     missed = [c["target"] for c in checks if not c["met"]]
     met = f"{len(checks) - len(missed)} of {len(checks)} targets met"
-    return f"{met}{f' (not: {missed[0]})' if missed else ''}; " + "; ".join(rows)
+    return f"{data.get('replicas', '?')} replicas, {met}{f' (not: {missed[0]})' if missed else ''}; " + (
+        "; ".join(rows)
+    )
 
 
 @dataclass(frozen=True)

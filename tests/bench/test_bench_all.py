@@ -74,6 +74,10 @@ def test_a_failing_benchmark_is_reported_and_the_run_goes_on(
     # --only one of them keeps the other's last result.
     assert runner.main(["--only", "fine"]) == 0
     assert "failed (exit status 1)" in docs.read_text()
+    # The overview alone, redrawn from the recorded runs: nothing runs.
+    monkeypatch.setattr(runner, "run_one", None)
+    assert runner.main(["--overview-only"]) == 0
+    assert "failed (exit status 1)" in docs.read_text()
 
 
 def test_the_overview_goes_at_the_top_and_is_replaced_in_place(tmp_path: Path) -> None:
@@ -115,6 +119,22 @@ def test_each_plot_is_drawn_and_read_from_its_numbers(tmp_path: Path) -> None:
     assert "at 8 streams Sluice's TTFT p95 is 160 ms against vLLM's 160 ms, inter-token p95 2.0 ms" in text
     assert "goes from 12 ms alone to 97 ms while globex floods" in text and "25% of the output tokens" in text
     assert "**Simulator: steady**: not drawn yet." in text
+
+
+def test_simulator_readings_cover_one_run_and_several(tmp_path: Path) -> None:
+    run = {"ttft_p95_ms": 436.5, "utilisation": 0.612, "shed_rate": 0.0}
+    checks = [{"target": "TTFT p95 < 500 ms", "met": True}, {"target": "no shed", "met": False}]
+    (tmp_path / "img" / "sim").mkdir(parents=True)
+    for scenario, data in (
+        ("steady", {"replicas": 56, **run, "targets": {"checks": checks}}),
+        ("noisy-tenant", {"replicas": 56, "wfq-noisy": run, "fcfs-noisy": {**run, "shed_rate": 0.338}}),
+    ):
+        (tmp_path / "img" / "sim" / f"{scenario}.png").write_bytes(b"png")
+        plots.save_json(tmp_path / "img" / "sim" / f"{scenario}.png", data)
+    text = "\n".join(overview.plot_lines(tmp_path))
+    assert ("56 replicas, 1 of 2 targets met (not: no shed); TTFT p95 436 ms, utilisation 61%, shed 0.0%"
+            in text)  # fmt: skip
+    assert "wfq-noisy: TTFT p95 436 ms, utilisation 61%, shed 0.0%; fcfs-noisy: TTFT p95 436 ms" in text
 
 
 def test_parse_replica_state_reads_the_engine_gauges() -> None:
