@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     overview.save_runs(RUNS, runs)
     command = "make bench" + (f" BENCH_ONLY='{' '.join(args.only)}'" if args.only else "")
     load = f"{load_average()} at the end"
+    if args.overview_only:
+        command = ".venv/bin/python -m bench.all --overview-only"
+        load = "each run's load average is beside its figures in its section"
     body = overview.overview(runs, [b.name for b in BENCHES], command, load, DOCS.parent)
     overview.write_overview(body, DOCS)
     failed = [r.name for r in records if r.status != "ok"]
