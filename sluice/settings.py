@@ -251,7 +251,7 @@ class Settings(BaseSettings):
     # every batch_poll_interval_s (at once on this gateway's own POST /v1/batches).
     batch_runner: bool = True
     batch_max_active: int = Field(4, ge=1, le=256)
-    batch_line_concurrency: int = Field(8, ge=1, le=1024)
+    batch_line_concurrency: int = Field(2, ge=1, le=1024)
     batch_lease_s: float = Field(30.0, ge=1, le=3600)
     batch_flush_interval_s: float = Field(2.0, gt=0, le=600)
     batch_part_max_lines: int = Field(256, ge=1, le=100_000)
