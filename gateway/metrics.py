@@ -224,6 +224,24 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        # The batch runner (gateway/batches): lines counted once committed, as the batch's own counts are.
+        self.batch_lines = Counter(
+            "sluice_gateway_batch_lines",
+            "Batch lines committed by this gateway's runner, by outcome (completed; failed: answered with "
+            "an error; invalid: malformed; cancelled or expired before they finished)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.batch_line_retries = Counter(
+            "sluice_gateway_batch_line_retries",
+            "Batch lines refused for now (429 or 503) that waited Retry-After to run again, by the refusal",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.batches_active = Gauge(
+            "sluice_gateway_batches_active", "Batches this gateway's runner holds now", registry=self.registry
+        )
+
     def count_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()
 

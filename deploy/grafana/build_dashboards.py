@@ -175,6 +175,17 @@ FLEET = Dashboard(
             "From the gateway learning the client left to the replica slot being free.",
         ),
         Panel(
+            "Batch API: lines committed per second by outcome, batches held",
+            (
+                (f"sum by (outcome) (rate(sluice_gateway_batch_lines_total[{RATE}]))", "{{outcome}}/s"),
+                ("sum(sluice_gateway_batches_active)", "batches held by runners"),
+            ),
+            "short",
+            "The gateways' batch runners: lines counted when committed (as the batches' own counts are). "
+            "A batch's progress is GET /v1/batches/{id}; retries waiting out a refusal are "
+            "sluice_gateway_batch_line_retries_total.",
+        ),
+        Panel(
             "GPU utilisation (diagnostic)",
             (("avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}} GPU {{gpu}}"),),
             "percent",

@@ -63,7 +63,8 @@ async def run_line(
         if not exc.counted:
             gw.metrics.count_rejected(endpoint, exc.status_code)
         if exc.status_code in RETRIED_STATUS_CODES:
-            raise RetryLater(exc.retry_after_s or DEFAULT_RETRY_AFTER_S, exc.code or str(exc)) from None
+            reason = exc.code or f"http_{exc.status_code}"  # a bounded metric label
+            raise RetryLater(exc.retry_after_s or DEFAULT_RETRY_AFTER_S, reason) from None
         return LineResult(line.index, line.custom_id, exc.status_code, line_request_id, exc.body())
     except EngineError as exc:
         if exc.kind is EngineErrorKind.UNAVAILABLE:  # no replica could take it: as a 503

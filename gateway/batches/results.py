@@ -35,6 +35,17 @@ class LineResult:
     def ok(self) -> bool:
         return self.status_code is not None and self.status_code < 400
 
+    @property
+    def outcome(self) -> str:
+        """For the metrics: completed, failed (answered with an error), cancelled, expired or invalid."""
+        if self.ok:
+            return "completed"
+        if self.status_code is not None:
+            return "failed"
+        return {"batch_cancelled": "cancelled", "batch_expired": "expired"}.get(
+            self.error_code or "", "invalid"
+        )
+
     def encode(self, batch_id: str) -> bytes:
         """The file line, newline included."""
         response = None

@@ -59,6 +59,7 @@ class BatchRunner:
         self._active: dict[str, tuple[BatchWork, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        gw.metrics.batches_active.set_function(lambda: len(self._active))
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._claim_loop(), name="batch-runner")

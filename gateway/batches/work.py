@@ -182,6 +182,7 @@ class BatchWork:
                     result = await run_line(line, self.batch.batch_id, self.batch.endpoint, tenant, self._gw)
                     break
                 except RetryLater as retry:
+                    self._gw.metrics.batch_line_retries.labels(retry.reason).inc()
                     log.debug(
                         "batch %s line %d waits %.1f s: %s",
                         self.batch.batch_id,
@@ -249,6 +250,8 @@ class BatchWork:
         part = BatchPart(seq, self._owner, indices, len(ok), len(failed), output_key, error_key)
         counts = await self._stores.batches.commit_part(batch.batch_id, self._owner, part)
         self._next_seq += 1
+        for result in results:
+            self._gw.metrics.batch_lines.labels(result.outcome).inc()
         self.batch = replace(self.batch, request_counts=counts)
 
     # ----- the end -----

@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 from harness import GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from metrics_text import read_metric
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -108,6 +109,10 @@ def test_a_batch_runs_every_line_and_reports_a_malformed_one_in_the_error_file(
         assert row["status"] == "finished" and row["request_class"] == "batch"
     records = [r for r in gateway.telemetry() if r.get("batch_id") == batch.id]
     assert sorted(r["custom_id"] for r in records) == ["a", "b", "d"]
+    metrics_url = gateway.base_url + "/metrics"
+    assert read_metric(metrics_url, "sluice_gateway_batch_lines_total", outcome="completed") >= 3
+    assert read_metric(metrics_url, "sluice_gateway_batch_lines_total", outcome="invalid") >= 1
+    assert read_metric(metrics_url, "sluice_gateway_batch_lines_total", outcome="failed") >= 1
 
 
 def test_a_batch_cancelled_midway_keeps_what_finished_and_bills_each_line_once(
