@@ -4,9 +4,13 @@ storage they name (SQLite under a temporary state_dir), and the engine client th
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +114,62 @@ def start_gateway(
             raise RuntimeError("the gateway did not start")
         time.sleep(0.02)
     return RunningGateway(app, server, thread, f"http://127.0.0.1:{port}", state_dir)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class GatewayProcess:
+    """``python -m gateway`` as a process of its own (to be killed as a real gateway dies)."""
+
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    log: Path
+
+
+@contextmanager
+def gateway_process(
+    state_dir: Path, checkpoint_dir: Path, log_name: str = "gateway", **env: str
+) -> Iterator[GatewayProcess]:
+    """A gateway process over the in-process engine and the state under ``state_dir`` (its log in
+    ``<state_dir>/<log_name>.log``), the dev tenants on, ``env`` added as ``SLUICE_<NAME>`` variables;
+    yielded once it serves, killed (if still running) at the end."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    environ.update(
+        SLUICE_STATE_DIR=str(state_dir),
+        SLUICE_CHECKPOINT_DIR=str(checkpoint_dir),
+        SLUICE_ENGINE_CLIENT="inprocess",
+        SLUICE_DEV_TENANTS="true",
+        SLUICE_GATEWAY_HOST="127.0.0.1",
+        SLUICE_GATEWAY_PORT=str(port),
+        **{f"SLUICE_{name.upper()}": value for name, value in env.items()},
+    )
+    log_path = state_dir / f"{log_name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway"], cwd=REPO, env=environ, stdout=log, stderr=log
+        )
+        gateway = GatewayProcess(proc, f"http://127.0.0.1:{port}", log_path)
+        try:
+            _wait_until_serving(gateway)
+            yield gateway
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+def _wait_until_serving(gateway: GatewayProcess) -> None:
+    deadline = time.monotonic() + 60
+    auth = {"Authorization": f"Bearer {ACME_KEY}"}
+    while True:
+        assert gateway.proc.poll() is None, f"the gateway exited:\n{gateway.log.read_text()}"
+        try:
+            if httpx.get(f"{gateway.base_url}/v1/models", headers=auth, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"the gateway did not start:\n{gateway.log.read_text()}"
+        time.sleep(0.05)

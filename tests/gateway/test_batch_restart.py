@@ -10,63 +10,22 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-from harness import ACME_KEY, MODEL, start_gateway, wait_until
-from ports import free_port
+from harness import ACME_KEY, MODEL, gateway_process, start_gateway, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+# Short intervals, so the test waits on events rather than the defaults' seconds.
+BATCH_ENV = {
+    "batch_lease_s": "2",
+    "batch_poll_interval_s": "0.2",
+    "batch_flush_interval_s": "0.2",
+    "batch_line_concurrency": "3",
+}
 NUM_LINES = 24
 MAX_TOKENS = 160
-
-
-@contextmanager
-def gateway_process(
-    state_dir: Path, checkpoint_dir: Path, name: str
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    env.update(
-        SLUICE_STATE_DIR=str(state_dir),
-        SLUICE_CHECKPOINT_DIR=str(checkpoint_dir),
-        SLUICE_ENGINE_CLIENT="inprocess",
-        SLUICE_DEV_TENANTS="true",
-        SLUICE_GATEWAY_HOST="127.0.0.1",
-        SLUICE_GATEWAY_PORT=str(port),
-        SLUICE_BATCH_LEASE_S="2",
-        SLUICE_BATCH_POLL_INTERVAL_S="0.2",
-        SLUICE_BATCH_FLUSH_INTERVAL_S="0.2",
-        SLUICE_BATCH_LINE_CONCURRENCY="3",
-    )
-    log_path = state_dir / f"{name}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env, stdout=log, stderr=log)
-        base_url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, f"the gateway exited:\n{log_path.read_text()}"
-                try:
-                    auth = {"Authorization": f"Bearer {ACME_KEY}"}
-                    if httpx.get(f"{base_url}/v1/models", headers=auth, timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, f"the gateway did not start:\n{log_path.read_text()}"
-                time.sleep(0.05)
-            yield proc, base_url
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
 
 
 def client_for(base_url: str) -> openai.OpenAI:
@@ -100,7 +59,8 @@ def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
     dev_checkpoint: Path, tmp_path: Path
 ) -> None:
     lines = batch_lines()
-    with gateway_process(tmp_path, dev_checkpoint, "first") as (proc, base_url):
+    with gateway_process(tmp_path, dev_checkpoint, "first", **BATCH_ENV) as first:
+        proc, base_url = first.proc, first.base_url
         client = client_for(base_url)
         file_id = client.files.create(
             file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch"
@@ -113,7 +73,8 @@ def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
         )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    with gateway_process(tmp_path, dev_checkpoint, "second") as (_, base_url):
+    with gateway_process(tmp_path, dev_checkpoint, "second", **BATCH_ENV) as second:
+        base_url = second.base_url
         client = client_for(base_url)
         before = client.batches.retrieve(batch_id)
         assert before.status == "in_progress" and 3 <= before.request_counts.completed < NUM_LINES

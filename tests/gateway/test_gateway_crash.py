@@ -10,70 +10,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from harness import ACME_KEY, MODEL, start_gateway
-from ports import free_port
+from harness import ACME_KEY, MODEL, GatewayProcess, gateway_process, start_gateway
 
 from sluice.metering.outbox import FILE_NAME
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 1900  # the dev model's context is 2048: a stream of a second or more on this engine
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}
 
 
-@dataclass
-class GatewayProcess:
-    proc: subprocess.Popen[bytes]
-    base_url: str
-    outbox: Path
-
-
 @pytest.fixture
-def gateway_process(dev_checkpoint: Path, tmp_path: Path) -> Iterator[GatewayProcess]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    env.update(
-        SLUICE_STATE_DIR=str(tmp_path),
-        SLUICE_CHECKPOINT_DIR=str(dev_checkpoint),
-        SLUICE_ENGINE_CLIENT="inprocess",
-        SLUICE_DEV_TENANTS="true",
-        SLUICE_GATEWAY_HOST="127.0.0.1",
-        SLUICE_GATEWAY_PORT=str(port),
-        SLUICE_MAX_OUTPUT_TOKENS=str(MAX_TOKENS),
-    )
-    log = (tmp_path / "gateway.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env, stdout=log, stderr=log)
-    gateway = GatewayProcess(proc, f"http://127.0.0.1:{port}", tmp_path / "outbox" / FILE_NAME)
-    try:
-        wait_until_serving(gateway, tmp_path / "gateway.log")
+def crashing_gateway(dev_checkpoint: Path, tmp_path: Path) -> Iterator[GatewayProcess]:
+    with gateway_process(tmp_path, dev_checkpoint, max_output_tokens=str(MAX_TOKENS)) as gateway:
         yield gateway
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        log.close()
-
-
-def wait_until_serving(gateway: GatewayProcess, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        assert gateway.proc.poll() is None, f"the gateway exited:\n{log.read_text()}"
-        try:
-            if httpx.get(f"{gateway.base_url}/v1/models", headers=AUTH, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"the gateway did not start:\n{log.read_text()}"
-        time.sleep(0.05)
 
 
 def outbox_of(path: Path, request_id: str) -> dict[str, Any]:
@@ -95,13 +49,14 @@ def outbox_of(path: Path, request_id: str) -> dict[str, Any]:
 
 
 def test_a_gateway_killed_mid_stream_bills_the_request_at_its_next_start(
-    gateway_process: GatewayProcess, dev_checkpoint: Path, tmp_path: Path
+    crashing_gateway: GatewayProcess, dev_checkpoint: Path, tmp_path: Path
 ) -> None:
     body = {"model": MODEL, "prompt": "x", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
     headers = {**AUTH, "Idempotency-Key": "k-crash"}
+    outbox = tmp_path / "outbox" / FILE_NAME
     request_id, num_events, on_disk = "", 0, {}
     with (
-        httpx.Client(base_url=gateway_process.base_url, timeout=30) as http,
+        httpx.Client(base_url=crashing_gateway.base_url, timeout=30) as http,
         http.stream("POST", "/v1/completions", json=body, headers=headers) as resp,
     ):
         assert resp.status_code == 200
@@ -112,13 +67,13 @@ def test_a_gateway_killed_mid_stream_bills_the_request_at_its_next_start(
             if not request_id:
                 request_id = json.loads(line[len("data: ") :])["id"]
                 # Durable before the replica started: a crash from the first token on is billed.
-                assert outbox_of(gateway_process.outbox, request_id)["seq"] is not None
-            if outbox_of(gateway_process.outbox, request_id)["checkpoints"]:
-                os.kill(gateway_process.proc.pid, signal.SIGSTOP)  # frozen: the outbox cannot move now
-                on_disk = outbox_of(gateway_process.outbox, request_id)
-                os.kill(gateway_process.proc.pid, signal.SIGKILL)
+                assert outbox_of(outbox, request_id)["seq"] is not None
+            if outbox_of(outbox, request_id)["checkpoints"]:
+                os.kill(crashing_gateway.proc.pid, signal.SIGSTOP)  # frozen: the outbox cannot move now
+                on_disk = outbox_of(outbox, request_id)
+                os.kill(crashing_gateway.proc.pid, signal.SIGKILL)
                 break
-    assert gateway_process.proc.wait(10) == -signal.SIGKILL
+    assert crashing_gateway.proc.wait(10) == -signal.SIGKILL
     assert on_disk, "the stream ended before a checkpoint reached the outbox"
     assert not on_disk["closed"], "the request had ended before the kill: nothing was lost"
     last_checkpoint = on_disk["checkpoints"][-1]
