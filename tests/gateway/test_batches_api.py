@@ -9,6 +9,7 @@ import io
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import openai
 import pytest
 from harness import GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from metrics_text import read_metric
+
+from gateway.batches.controller import COMPLETION_WINDOWS
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -199,3 +202,25 @@ def test_a_file_whose_lines_share_a_custom_id_fails_the_batch_before_anything_ru
     assert done.status == "failed" and done.errors is not None
     assert [(e.code, e.line) for e in done.errors.data or []] == [("duplicate_custom_id", 3)]
     assert not [r for r in gateway.usage(limit="1000")["data"] if r["request_id"].startswith(batch.id)]
+
+
+def test_a_batch_past_its_window_expires_reporting_every_line_it_did_not_finish(
+    gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The only window OpenAI offers is 24 h: shortened here (the gateway runs in this process).
+    monkeypatch.setitem(COMPLETION_WINDOWS, "24h", timedelta(seconds=2))
+    client = gateway.client()
+    num_lines = 30
+    lines = [line(f"e{i}", max_tokens=300, ignore_eos=True) for i in range(num_lines)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/completions", completion_window="24h"
+    )
+    done = wait_for(client, batch.id, TERMINAL)
+    assert done.status == "expired" and done.expired_at is not None
+    counts = done.request_counts
+    outputs = file_lines(client, done.output_file_id)
+    errors = file_lines(client, done.error_file_id)
+    assert counts.total == num_lines == counts.completed + counts.failed
+    assert (len(outputs), len(errors)) == (counts.completed, counts.failed) and counts.failed > 0
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert sorted(x["custom_id"] for x in outputs + errors) == sorted(f"e{i}" for i in range(num_lines))
