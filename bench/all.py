@@ -86,7 +86,7 @@ BENCHES: tuple[Bench, ...] = (
           ("--rounds", "1", "--duration-s", "5"), 6),
     Bench("e2e-vs-vllm", "bench.e2e_side_by_side",
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--concurrency", "1", "4",
-           "16", "64", "--rounds", "2", "--section", "e2e-vs-vllm-sweep", "--write-docs"),
+           "16", "32", "--rounds", "2", "--section", "e2e-vs-vllm-sweep", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--concurrency", "1", "8",
            "--rounds", "1", "--requests-per-slot", "1"), 8),
     *(Bench(f"sim-{s}", "control_plane.sim.cli", ("--scenario", s, *_SIM), ("--scenario", s, *_SIM_QUICK),
