@@ -131,7 +131,8 @@ async def cancel_one(
     index: int,
     read_state: Callable[[], Awaitable[ReplicaState]],
 ) -> CancelSample:
-    """One stream: wait until the replica is idle again, read ``--tokens`` chunks, close, time the free."""
+    """One stream: read ``--tokens`` chunks, make sure the replica's gauges show it, close it, and time
+    the replica getting back to what it held before the stream."""
     baseline = await read_state()
     body = {"model": args.model, "prompt": f"Cancel me, number {index}.", "max_tokens": args.max_tokens,
             "ignore_eos": True, "stream": True, "temperature": 0.0}  # fmt: skip

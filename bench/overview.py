@@ -69,7 +69,7 @@ def read_sweep(data: Mapping[str, Any]) -> str:
         f"at {top} streams Sluice's TTFT p95 is {median('sluice', 'ttft_p95_ms'):.0f} ms against vLLM's "
         f"{median('vllm', 'ttft_p95_ms'):.0f} ms, inter-token p95 {median('sluice', 'itl_p95_ms'):.1f} ms "
         f"against {median('vllm', 'itl_p95_ms'):.1f} ms, {median('sluice', 'tokens_per_s'):,.0f} output "
-        f"tok/s against {median('vllm', 'tokens_per_s'):,.0f} ({data.get('load', 'load not recorded')})"
+        f"tok/s against {median('vllm', 'tokens_per_s'):,.0f}; {data.get('load', 'load not recorded')}"
     )
 
 
