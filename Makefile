@@ -49,7 +49,7 @@ lint: install
 
 # Every benchmark in bench/ and the simulator's scenarios, one after another (~60 min on 2 cores; vLLM's
 # install adds ~5 the first time), then the overview at the top of docs/benchmarks.md with its plots
-# (docs/img/). BENCH_QUICK=1: reduced sizes, a smoke run that writes only the overview's table.
+# (docs/img/). BENCH_QUICK=1: reduced sizes, a smoke run that writes nothing into docs/.
 # BENCH_ONLY="cancel-to-free noisy-tenant": those only (`.venv/bin/python -m bench.all --list` names them).
 bench: install checkpoint repository
 	$(PY) -m bench.all $(if $(BENCH_ONLY),--only $(BENCH_ONLY))

@@ -10,14 +10,13 @@ directory of its own, so a developer's ``make run`` is neither used nor disturbe
     .venv/bin/python -m bench.all [--only NAME ...] [--list]     # make bench [BENCH_ONLY=NAME]
     BENCH_QUICK=1 .venv/bin/python -m bench.all                    # reduced sizes: smoke, docs untouched
 
-Full sizes write each benchmark's section (``--write-docs``) and plots under docs/img/; quick sizes write
-only the overview's table (marked quick), never a figure.
+Full sizes write each benchmark's section (``--write-docs``), plots under docs/img/ and the overview; quick
+sizes (a smoke run: does every benchmark still run?) write nothing into docs/, only a summary on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -142,7 +141,7 @@ def run_one(bench: Bench, argv: list[str], index: int, total: int) -> overview.R
     minutes = (time.monotonic() - began) / 60
     status = "ok" if rc == 0 else f"failed (exit status {rc})"
     print(f"=== [{index}/{total}] {bench.name}: {status} in {minutes:.1f} min", flush=True)
-    return overview.RunRecord(bench.name, status, minutes, _now(), quick=False)
+    return overview.RunRecord(bench.name, status, minutes, _now())
 
 
 def run_benches(selected: Sequence[Bench], quick: bool) -> list[overview.RunRecord]:
@@ -162,9 +161,9 @@ def run_benches(selected: Sequence[Bench], quick: bool) -> list[overview.RunReco
         except RuntimeError as exc:  # the stack did not start (a benchmark's failure is an exit status)
             log(f"the shared stack failed: {exc}")
             done = {r.name for r in records}
-            records += [overview.RunRecord(b.name, "failed (the stack did not start)", 0.0, _now(), False)
+            records += [overview.RunRecord(b.name, "failed (the stack did not start)", 0.0, _now())
                         for b in group if b.name not in done]  # fmt: skip
-    return [dataclasses.replace(r, quick=quick) for r in records]
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,8 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(selected)} benchmarks, {'quick' if quick else 'full'} sizes, ~"
           f"{sum(b.minutes for b in selected):.0f} min expected at full size", flush=True)  # fmt: skip
     records = [] if args.overview_only else run_benches(selected, quick)
-    if not quick:
-        publish_sim(records)
+    failed = [r.name for r in records if r.status != "ok"]
+    summary = f"{len(records) - len(failed)} of {len(records)} benchmarks ok"
+    summary += f"; failed: {failed}" if failed else ""
+    if quick:
+        print("\n" + "\n".join(f"{r.name:22} {r.status} in {r.minutes:.1f} min" for r in records))
+        print(f"\n{summary}; quick sizes: nothing written into docs/")
+        return 1 if failed else 0
+    publish_sim(records)
     runs = {**overview.load_runs(RUNS), **{r.name: r for r in records}}
     overview.save_runs(RUNS, runs)
     command = "make bench" + (f" BENCH_ONLY='{' '.join(args.only)}'" if args.only else "")
@@ -194,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         load = "each run's load average is beside its figures in its section"
     body = overview.overview(runs, [b.name for b in BENCHES], command, load, DOCS.parent)
     overview.write_overview(body, DOCS)
-    failed = [r.name for r in records if r.status != "ok"]
-    print(f"\n{len(records) - len(failed)} of {len(records)} benchmarks ok"
-          + (f"; failed: {failed}" if failed else "") + f"; overview written to {DOCS}")  # fmt: skip
+    print(f"\n{summary}; overview written to {DOCS}")
     return 1 if failed else 0
 
 

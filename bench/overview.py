@@ -31,7 +31,6 @@ class RunRecord:
     status: str  # "ok", "failed (exit status N)", "skipped: why"
     minutes: float
     finished: str  # date and time, UTC
-    quick: bool  # BENCH_QUICK sizes: figures not written into the docs
 
 
 def load_runs(path: Path) -> dict[str, RunRecord]:
@@ -146,7 +145,7 @@ def overview(
         table.append(
             f"| {name} | - | not run yet | - |"
             if r is None
-            else f"| {name} | {r.finished}{' (quick)' if r.quick else ''} | {r.status} | {r.minutes:.1f} |"
+            else f"| {name} | {r.finished} | {r.status} | {r.minutes:.1f} |"
         )
     return "\n".join(
         [
@@ -155,7 +154,7 @@ def overview(
             f"Written {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC by `{command}` on "
             f"{cpu_description()} (flags: {cpu_flags()}); {load}. These cores are shared with other work, "
             "so absolute figures move from run to run: compare within a table, where runs alternate. "
-            "`BENCH_QUICK=1 make bench` runs reduced sizes and writes only this table; "
+            "`BENCH_QUICK=1 make bench` runs reduced sizes and writes nothing here (a smoke run); "
             "`make bench BENCH_ONLY=NAME` runs one benchmark.",
             "",
             *table,

@@ -71,6 +71,12 @@ def test_a_failing_benchmark_is_reported_and_the_run_goes_on(
     text = docs.read_text()
     assert "| broken |" in text and "failed (exit status 1)" in text
     assert "| fine |" in text and "| ok |" in text
+    # A quick (smoke) run reports the same on stdout and leaves the docs alone.
+    before = docs.read_text()
+    monkeypatch.setenv("BENCH_QUICK", "1")
+    assert runner.main([]) == 1
+    assert docs.read_text() == before
+    monkeypatch.delenv("BENCH_QUICK")
     # --only one of them keeps the other's last result.
     assert runner.main(["--only", "fine"]) == 0
     assert "failed (exit status 1)" in docs.read_text()
