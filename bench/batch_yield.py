@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import httpx
 import openai
 
-from bench.report import cpu_description, cpu_flags, pct, write_measured
+from bench.report import cpu_description, cpu_flags, load_average, pct, write_measured
 
 MODEL = "sluice-tiny"
 
@@ -127,6 +127,9 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--lines", type=int, default=400)
     parser.add_argument("--line-tokens", type=int, default=128)
+    parser.add_argument(
+        "--label", default="", help="the stack's configuration, e.g. SLUICE_BATCH_ITL_FRACTION=0.3"
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
 
@@ -160,9 +163,11 @@ def main() -> None:
 
     ratio_p95 = pct(during.ttft_s, 95) / pct(alone.ttft_s, 95)
     lines = [
-        f"CPU: {cpu_description()} (flags: {cpu_flags()}). One replica (`make run`), the dev model.",
+        f"CPU: {cpu_description()} (flags: {cpu_flags()}). One replica (`make run`"
+        + (f" with {args.label}" if args.label else ", default settings")
+        + f"), the dev model; {load_average()} at the end.",
         f"Interactive: {args.streams} streams of {args.tokens} tokens (acme); batch: {args.lines} lines of "
-        f"{args.line_tokens} tokens (globex), the runner's default concurrency.",
+        f"{args.line_tokens} tokens (globex), the runner's SLUICE_BATCH_LINE_CONCURRENCY lines in flight.",
         "",
         "| interactive phase | requests | errors | TTFT p50 ms | TTFT p95 ms | gap p50 ms | gap p95 ms |",
         "|---|---|---|---|---|---|---|",
@@ -176,8 +181,10 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if args.write_docs:
-        command = ".venv/bin/python -m bench.batch_yield --write-docs   # against `make run`"
-        write_measured("batch-yield", command, lines)
+        label = f" --label {args.label}" if args.label else ""
+        command = f".venv/bin/python -m bench.batch_yield{label} --write-docs   # against `make run`"
+        section = "batch-yield" + (f" {args.label.lower()}" if args.label else "")
+        write_measured(section, command, lines)
 
 
 if __name__ == "__main__":
