@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -122,18 +124,25 @@ def _run(args: argparse.Namespace, api: AdminApi) -> int:
 def _live(reader: Reader, interval_s: float, model: str | None) -> None:
     """Redraw every ``interval_s`` (on a fixed schedule: a slow scrape does not stretch the period), each
     line cut to the terminal's width so that nothing wraps and the redraw stays in place; until Ctrl-C
-    (how one leaves a live view: not a failure)."""
-    next_s = time.monotonic()
+    (how one leaves a live view: not a failure).
+
+    NOTE: Ctrl-C sets a flag rather than raising KeyboardInterrupt wherever the main thread is: raised
+    inside the scrape pool's locks it could leave one held, and the interpreter's exit then waited on it
+    forever. A redraw under way finishes first (its scrapes are bounded by ``SCRAPE_TIMEOUT_S``)."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
     try:
-        while True:
+        next_s = time.monotonic()
+        while not stop.is_set():
             text = render(build_snapshot(reader.read(), model), _title(interval_s, live=True))
             columns = shutil.get_terminal_size().columns
             sys.stdout.write(CLEAR_SCREEN + "\n".join(line[:columns] for line in text.splitlines()) + "\n")
             sys.stdout.flush()
             next_s = max(next_s + interval_s, time.monotonic())  # behind schedule: skip, do not catch up
-            time.sleep(max(0.0, next_s - time.monotonic()))
-    except KeyboardInterrupt:
-        sys.stdout.write("\n")
+            stop.wait(max(0.0, next_s - time.monotonic()))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    sys.stdout.write("\n")
 
 
 def _handle(args: argparse.Namespace) -> int:
