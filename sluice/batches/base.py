@@ -156,10 +156,14 @@ class BatchStore(ABC):
     # ----- the runner's side -----
     @abstractmethod
     async def claim(self, owner: str, lease_s: float, now: datetime) -> Batch | None:
-        """Take the lease of the oldest batch in ``ACTIVE_STATUSES`` that no runner holds (never leased,
-        released, or its lease ended at or before ``now``): it is held by ``owner`` until ``now + lease_s``
+        """Take the lease of a batch in ``ACTIVE_STATUSES`` that no runner holds (never leased, released,
+        or its lease ended at or before ``now``): it is held by ``owner`` until ``now + lease_s``
         (``lease_s`` in (0, 86400], else ValueError). None when there is none. Two runners never hold one
-        batch at once."""
+        batch at once.
+
+        Which one: the oldest whose tenant has no batch held now (by any runner), else the oldest. So a
+        tenant with many batches queued does not keep another tenant's first batch waiting: each gets
+        one running before anyone gets a second (then their lines share the models' fair queues)."""
 
     @abstractmethod
     async def renew(self, batch_id: str, owner: str, lease_s: float, now: datetime) -> Batch:

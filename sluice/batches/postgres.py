@@ -57,8 +57,10 @@ _INSERT_PART = (
 )
 _CLAIM = (
     "UPDATE batches SET lease_owner = %s, lease_until = %s WHERE batch_id = ("
-    "SELECT batch_id FROM batches WHERE status = ANY(%s) AND (lease_owner IS NULL OR lease_until <= %s)"
-    " ORDER BY created_at, batch_id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    "SELECT batch_id FROM batches AS b WHERE status = ANY(%s) AND (lease_owner IS NULL OR lease_until <= %s)"
+    " ORDER BY EXISTS (SELECT 1 FROM batches AS held WHERE held.tenant_id = b.tenant_id"
+    " AND held.status = ANY(%s) AND held.lease_owner IS NOT NULL AND held.lease_until > %s),"
+    " created_at, batch_id LIMIT 1 FOR UPDATE OF b SKIP LOCKED)"
     f" RETURNING {', '.join(BATCH_COLUMNS)}"
 )
 _RETURNING_BATCH = f" RETURNING {', '.join(BATCH_COLUMNS)}"
@@ -183,7 +185,8 @@ class PostgresBatchStore(BatchStore):
     async def claim(self, owner: str, lease_s: float, now: datetime) -> Batch | None:
         until = rules.lease_end(now, lease_s)
         async with self._connection() as conn:
-            cur = await conn.execute(_CLAIM, (owner, until, _ACTIVE, rules.utc(now)))
+            now_utc = rules.utc(now)
+            cur = await conn.execute(_CLAIM, (owner, until, _ACTIVE, now_utc, _ACTIVE, now_utc))
             row = await cur.fetchone()
         return None if row is None else _batch(row)
 

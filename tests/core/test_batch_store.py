@@ -193,6 +193,22 @@ async def test_claim_takes_the_oldest_unheld_active_batch(store: BatchStore) -> 
     assert await store.claim("r7", LEASE_S, at(100)) is None
 
 
+async def test_claim_gives_each_tenant_a_running_batch_before_anyone_a_second(store: BatchStore) -> None:
+    for i in range(3):
+        await store.create(new_batch(f"batch_acme{i}", "acme", created_s=i))
+    await store.create(new_batch("batch_globex", "globex", created_s=5))
+    await store.create(new_batch("batch_initech", "initech", created_s=6))
+    claimed = [await store.claim(f"r{i}", LEASE_S, at(10)) for i in range(4)]
+    # acme's oldest, then the other tenants' (newer) before acme's second.
+    assert [b.batch_id if b else None for b in claimed] == [
+        "batch_acme0", "batch_globex", "batch_initech", "batch_acme1"
+    ]  # fmt: skip
+    # A lease that ended no longer counts as held: acme's last batch is as welcome as anyone's.
+    await store.create(new_batch("batch_globex2", "globex", created_s=7))
+    later = await store.claim("r9", LEASE_S, at(100))  # every lease above ended at 40 s
+    assert later is not None and later.batch_id == "batch_acme0"
+
+
 async def test_concurrent_claimers_never_share_a_batch(backend: BatchBackend) -> None:
     stores = [backend.make() for _ in range(4)]  # four runners, each with its own connection(s)
     for s in stores:
