@@ -73,6 +73,11 @@ def line_id(batch_id: str, index: int) -> str:
     return "batch_req_" + hashlib.sha256(f"{batch_id}/{index}".encode()).hexdigest()[:32]
 
 
+def result_file_id(batch_id: str, kind: str) -> str:
+    """The id of the batch's ``kind`` ("output" or "error") file: the same whenever it is written."""
+    return "file-" + hashlib.sha256(f"{batch_id}/{kind}".encode()).hexdigest()[:24]
+
+
 def request_id(batch_id: str, custom_id: str) -> str:
     """The line's request id, which keys its usage row: one row per (batch, custom_id), whatever reruns."""
     return f"{batch_id}:{custom_id}"

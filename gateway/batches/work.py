@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from gateway.batches.line_call import RetryLater, run_line
 from gateway.batches.lines import BatchLine, ParsedFile, parse_input
-from gateway.batches.results import LineResult, not_run
+from gateway.batches.results import LineResult, not_run, result_file_id
 from gateway.state import GatewayState
 from sluice.batches.base import (
     TERMINAL_STATUSES,
@@ -296,7 +296,9 @@ class BatchWork:
                 file_ids.append(None)
                 continue
             name = f"{batch.batch_id}_{kind}.jsonl"
-            stored = await stores.files.create(batch.tenant_id, name, "batch_output", b"".join(chunks))
+            data = b"".join(chunks)
+            file_id = result_file_id(batch.batch_id, kind)  # a finish redone after a crash rewrites it
+            stored = await stores.files.create(batch.tenant_id, name, "batch_output", data, file_id=file_id)
             file_ids.append(stored.file_id)
         return file_ids[0], file_ids[1]
 

@@ -48,15 +48,22 @@ class FileCatalog:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    async def create(self, tenant_id: str, filename: str, purpose: str, data: bytes) -> StoredFile:
-        """Store ``data`` as a new file; ValueError for an unknown purpose or an empty filename."""
+    async def create(
+        self, tenant_id: str, filename: str, purpose: str, data: bytes, *, file_id: str | None = None
+    ) -> StoredFile:
+        """Store ``data`` as a new file; ValueError for an unknown purpose, an empty filename or a
+        ``file_id`` that is not one. ``file_id``: the id to store it under (a writer that may write the
+        same file again after a crash names it, so the second write replaces the first rather than
+        leaving an orphan); else a random one."""
         check_tenant_id(tenant_id)
         if purpose not in PURPOSES:
             raise ValueError(f"purpose must be one of {sorted(PURPOSES)}, got {purpose!r}")
         if not filename:
             raise ValueError("a file needs a name")
+        if file_id is not None and not _FILE_ID.fullmatch(file_id):
+            raise ValueError(f"not a file id: {file_id!r}")
         stored = StoredFile(
-            file_id=f"file-{secrets.token_hex(12)}",
+            file_id=file_id or f"file-{secrets.token_hex(12)}",
             tenant_id=tenant_id,
             filename=filename,
             purpose=purpose,

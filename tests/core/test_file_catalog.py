@@ -134,3 +134,13 @@ async def test_metadata_round_trips_through_a_new_catalog(store: ObjectStore) ->
     reread = await FileCatalog(store).get("acme", created.file_id)
     assert reread == created
     assert isinstance(reread, StoredFile) and reread.created_at.utcoffset() == timedelta(0)
+
+
+async def test_a_named_file_id_written_twice_is_one_file(catalog: FileCatalog, store: ObjectStore) -> None:
+    file_id = "file-" + "ab" * 12
+    await catalog.create("acme", "out.jsonl", "batch_output", b"first\n", file_id=file_id)
+    again = await catalog.create("acme", "out.jsonl", "batch_output", b"second\n", file_id=file_id)
+    assert again.file_id == file_id and await catalog.content("acme", file_id) == b"second\n"
+    assert [f.file_id for f in await catalog.list("acme")] == [file_id]
+    with pytest.raises(ValueError):
+        await catalog.create("acme", "out.jsonl", "batch_output", b"x", file_id="file-../../etc")

@@ -19,6 +19,7 @@ from harness import GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from metrics_text import read_metric
 
 from gateway.batches.controller import COMPLETION_WINDOWS
+from gateway.batches.results import result_file_id
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -88,6 +89,9 @@ def test_a_batch_runs_every_line_and_reports_a_malformed_one_in_the_error_file(
     assert done.status == "completed", done
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 3, 2)
     assert done.completed_at is not None and done.in_progress_at is not None
+    # Named by the batch, so a finish redone after a crash rewrites the same files.
+    assert done.output_file_id == result_file_id(batch.id, "output")
+    assert done.error_file_id == result_file_id(batch.id, "error")
 
     outputs = {o["custom_id"]: o for o in file_lines(client, done.output_file_id)}
     assert set(outputs) == {"a", "b", "d"}
