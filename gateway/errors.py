@@ -18,8 +18,11 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from gateway.metrics import GatewayMetrics
 from sluice.api_errors import ApiError
 
-# Metric labels: known routes only, so random 404 paths cannot grow the label set.
-KNOWN_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/usage"})
+# Metric labels: known routes only, so random 404 paths cannot grow the label set (a path with an id in
+# it, e.g. /v1/batches/{id}, counts as "other").
+KNOWN_ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/usage", "/v1/files", "/v1/batches"}
+)
 
 
 class OpenAIError(ApiError):
