@@ -363,7 +363,8 @@ POLICY_ROLES = ("replica", "build", "gateway", "0", "count.index")  # the role k
 
 def rule_iam_attachments(files: list[TfFile]) -> list[str]:
     """Only the replica, build and gateway roles get policies (the gateway's checked by
-    ``rule_gateway_reads_tokenizers_only``); the control plane none; no *FullAccess."""
+    ``rule_gateway_reads_tokenizers_only`` and ``rule_gateway_writes_only_files``); the control plane none;
+    no *FullAccess."""
     out = []
     for type_ in ("aws_iam_role_policy", "aws_iam_role_policy_attachment", "aws_iam_policy_attachment"):
         for f, name, b in blocks(files, "resource", type_):
@@ -371,7 +372,7 @@ def rule_iam_attachments(files: list[TfFile]) -> list[str]:
             if re.search(r"control.?plane", role):
                 out.append(f"{where(f, type_, name)}: the control plane gets no policy ({role})")
             if re.search(r"gateway", role) and type_ != "aws_iam_role_policy":
-                out.append(f"{where(f, type_, name)}: the gateway gets only its inline tokenizer read")
+                out.append(f"{where(f, type_, name)}: the gateway gets only its inline policies")
             indexed = re.search(r"aws_iam_role\.\w+\[([^\]]*)\]", role)
             if indexed and indexed.group(1).strip('"') not in POLICY_ROLES:
                 out.append(f"{where(f, type_, name)}: a policy for an unnamed service account role ({role})")
@@ -380,19 +381,36 @@ def rule_iam_attachments(files: list[TfFile]) -> list[str]:
     return out
 
 
+# What a gateway's statements may grant at all: tokenizer reads from the weights bucket, and its file store
+# (sluice/files/s3.py: one PUT per object, GET, DELETE, LIST) in the files bucket with that bucket's key.
+GATEWAY_ACTIONS = frozenset(
+    {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "kms:Decrypt", "kms:GenerateDataKey"}
+)
+# A resource of the files bucket or its key, as modules/iam names them (var.files_bucket_arn,
+# var.files_kms_key_arn, local.files_objects_arn); modules/iam/tests checks the ARNs they become.
+FILES_RESOURCE = re.compile(r"\b(var\.files_bucket_arn|var\.files_kms_key_arn|local\.files_objects_arn)\b")
+
+
+def gateway_statements(files: list[TfFile]) -> Iterator[Statement]:
+    return (s for s in statements(files) if "gateway" in s.origin and s.effect == "Allow")
+
+
 def rule_gateway_reads_tokenizers_only(files: list[TfFile]) -> list[str]:
-    """A gateway's statements: s3:GetObject on manifest and tokenizer files only (``GATEWAY_FILES``, listed in
-    a ``gateway_files`` local) and kms:Decrypt only through S3 (a kms:ViaService condition)."""
+    """Outside the files bucket, a gateway's statements: s3:GetObject on manifest and tokenizer files only
+    (``GATEWAY_FILES``, listed in a ``gateway_files`` local); kms:Decrypt only through S3 (kms:ViaService);
+    and no action beyond ``GATEWAY_ACTIONS`` anywhere."""
     out = []
-    for s in statements(files):
-        if "gateway" not in s.origin or s.effect != "Allow":
-            continue
-        if not set(s.actions) <= {"s3:GetObject", "kms:Decrypt"}:
-            out.append(f"{s.origin}: a gateway may only get tokenizer objects and decrypt, got {s.actions}")
-        if "kms:Decrypt" in s.actions and not any("kms:ViaService" in c for c in s.conditions.values()):
-            out.append(f"{s.origin}: a gateway decrypts only through S3 (kms:ViaService)")
+    for s in gateway_statements(files):
+        if not set(s.actions) <= GATEWAY_ACTIONS:
+            out.append(f"{s.origin}: a gateway may only use {sorted(GATEWAY_ACTIONS)}, got {s.actions}")
+        if any(a.startswith("kms:") for a in s.actions) and not any(
+            "kms:ViaService" in c for c in s.conditions.values()
+        ):
+            out.append(f"{s.origin}: a gateway uses KMS keys only through S3 (kms:ViaService)")
         if "s3:GetObject" in s.actions:
             for resource in s.resources:
+                if FILES_RESOURCE.search(resource):
+                    continue
                 named = re.search(r"/([\w.]+)\"?\]?\}?$", resource)
                 through_list = "local.gateway_files" in resource
                 if not through_list and (named is None or named.group(1) not in GATEWAY_FILES):
@@ -402,6 +420,30 @@ def rule_gateway_reads_tokenizers_only(files: list[TfFile]) -> list[str]:
             listed = local_block.get("gateway_files")
             if listed is not None and not set(listed) <= GATEWAY_FILES:
                 out.append(f"{f.path}: locals.gateway_files may list only {sorted(GATEWAY_FILES)}: {listed}")
+    return out
+
+
+def rule_gateway_writes_only_files(files: list[TfFile]) -> list[str]:
+    """A gateway writes, deletes, lists and encrypts ONLY in the files bucket (never the weights bucket):
+    every resource of such a statement is the files bucket, its objects or its key, and a list is scoped to
+    the prefix by an s3:prefix condition."""
+    out = []
+    for s in gateway_statements(files):
+        writes = [a for a in s.actions if S3_WRITE.match(a) or a in ("s3:ListBucket", "kms:GenerateDataKey")]
+        if not writes:
+            continue
+        for resource in s.resources or ["(no resource)"]:
+            if not FILES_RESOURCE.search(resource):
+                out.append(f"{s.origin}: a gateway writes only the files bucket, got {writes} on {resource}")
+        if "s3:ListBucket" in s.actions and not any("s3:prefix" in c for c in s.conditions.values()):
+            out.append(f"{s.origin}: a gateway lists the files bucket only under its prefix (s3:prefix)")
+    for f in files:  # the local the rule trusts by name must be what its name says
+        for local_block in f.body.get("locals", []):
+            objects = local_block.get("files_objects_arn")
+            if objects is not None and not str(objects).startswith("${var.files_bucket_arn}/"):
+                out.append(
+                    f"{f.path}: locals.files_objects_arn must be under var.files_bucket_arn: {objects}"
+                )
     return out
 
 
@@ -417,4 +459,5 @@ RULES: dict[str, Rule] = {
     "iam_statements": rule_iam_statements,
     "iam_attachments": rule_iam_attachments,
     "gateway_reads_tokenizers_only": rule_gateway_reads_tokenizers_only,
+    "gateway_writes_only_files": rule_gateway_writes_only_files,
 }

@@ -17,6 +17,7 @@ from terraform_rules import (
     load_tree,
     modules,
     parse,
+    rule_gateway_writes_only_files,
     rule_iam_statements,
     statements,
 )
@@ -55,7 +56,9 @@ def test_the_rules_have_something_to_check(tree: list[TfFile]) -> None:
     web_identity = [s for s in statements(tree) if "sts:AssumeRoleWithWebIdentity" in s.actions]
     assert web_identity, "no IRSA trust policy found (modules/iam)"
     wired = {re.sub(r".*/", "", str(b["source"]).rstrip("/")) for _, _, b in modules(tree)}
-    assert {"eks", "redis", "postgres"} <= wired, f"the environments wire only {sorted(wired)}"
+    assert {"eks", "redis", "postgres", "files"} <= wired, f"the environments wire only {sorted(wired)}"
+    gateway_writes = [s for s in statements(tree) if "gateway" in s.origin and "s3:PutObject" in s.actions]
+    assert gateway_writes, "no gateway write to the files bucket found (modules/iam)"
 
 
 # One bad snippet per rule: the rule must report it, naming the file and the resource.
@@ -184,6 +187,17 @@ locals {
 """,
         "a gateway reads only manifests and tokenizers",
     ),
+    "gateway_writes_only_files": (
+        """
+resource "aws_iam_role_policy" "gateway" {
+  role = aws_iam_role.this["gateway"].id
+  policy = jsonencode({ Statement = [
+    { Effect = "Allow", Action = ["s3:PutObject"], Resource = "${var.weights_bucket_arn}/*" },
+  ] })
+}
+""",
+        "a gateway writes only the files bucket, got ['s3:PutObject'] on ${var.weights_bucket_arn}/*",
+    ),
 }
 
 
@@ -212,3 +226,49 @@ locals {
 """
     violations = rule_iam_statements([parse("bad.tf", text)])
     assert any("replica_policy" in v and "replicas only read" in v for v in violations), violations
+
+
+GATEWAY_FILES_POLICY = """
+locals {
+  gateway_batch_files_policy = {
+    Statement = [
+      {
+        Effect = "Allow", Action = "s3:ListBucket", Resource = var.files_bucket_arn
+        Condition = { StringLike = { "s3:prefix" = "files/*" } }
+      },
+      { Effect = "Allow", Action = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], Resource = RESOURCE },
+      {
+        Effect = "Allow", Action = ["kms:GenerateDataKey", "kms:Decrypt"], Resource = var.files_kms_key_arn
+        Condition = { StringLike = { "kms:ViaService" = "s3.*.amazonaws.com" } }
+      },
+    ]
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("resource", ['"${var.weights_bucket_arn}/*"', '"${local.engines_arn}/*"', '"*"'])
+def test_a_gateway_writing_anywhere_but_the_files_bucket_is_caught(resource: str) -> None:
+    """The gateway's files policy as modules/iam writes it passes; the same policy granting PutObject and
+    DeleteObject on the weights bucket (or its engines, or everything) fails."""
+    good = parse("iam.tf", GATEWAY_FILES_POLICY.replace("RESOURCE", '"${local.files_objects_arn}"'))
+    assert rule_gateway_writes_only_files([good]) == []
+    bad = parse("iam.tf", GATEWAY_FILES_POLICY.replace("RESOURCE", resource))
+    violations = rule_gateway_writes_only_files([bad])
+    assert len(violations) == 1 and "a gateway writes only the files bucket" in violations[0], violations
+    assert "s3:PutObject" in violations[0] and "gateway_batch_files_policy" in violations[0], violations
+
+
+def test_a_gateway_listing_the_whole_files_bucket_is_caught() -> None:
+    text = GATEWAY_FILES_POLICY.replace("RESOURCE", '"${local.files_objects_arn}"').replace(
+        'Condition = { StringLike = { "s3:prefix" = "files/*" } }', ""
+    )
+    violations = rule_gateway_writes_only_files([parse("iam.tf", text)])
+    assert len(violations) == 1 and "only under its prefix (s3:prefix)" in violations[0], violations
+
+
+def test_a_files_objects_local_pointing_at_the_weights_bucket_is_caught() -> None:
+    text = 'locals {\n  files_objects_arn = "${var.weights_bucket_arn}/files/*"\n}\n'
+    violations = rule_gateway_writes_only_files([parse("iam.tf", text)])
+    assert len(violations) == 1, violations
+    assert violations[0].startswith("iam.tf: locals.files_objects_arn must be under var.files_bucket_arn")

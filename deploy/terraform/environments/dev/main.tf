@@ -84,6 +84,15 @@ module "weights" {
   force_destroy                = !local.env.protect_data
 }
 
+# Tenants' batch input and output (the gateways' SLUICE_FILES_URL): apart from the weights, its own key.
+module "files" {
+  source = "../../modules/files"
+
+  bucket_name                  = coalesce(var.files_bucket_name, "${local.name}-files-${data.aws_caller_identity.current.account_id}")
+  kms_key_deletion_window_days = local.env.kms_deletion_days
+  force_destroy                = !local.env.protect_data
+}
+
 module "redis" {
   source = "../../modules/redis"
 
@@ -118,4 +127,7 @@ module "iam" {
   namespace           = local.env.namespace
   weights_bucket_arn  = module.weights.bucket_arn
   weights_kms_key_arn = module.weights.kms_key_arn
+  files_bucket_arn    = module.files.bucket_arn
+  files_kms_key_arn   = module.files.kms_key_arn
+  files_prefix        = "${module.files.prefix}/"
 }

@@ -68,6 +68,16 @@ output "weights_kms_key_arn" {
   value       = module.weights.kms_key_arn
 }
 
+output "files_url" {
+  description = "SLUICE_FILES_URL of every gateway (s3://<files bucket>/files): the overlay's sluice-config sets it."
+  value       = module.files.files_url
+}
+
+output "files_kms_key_arn" {
+  description = "KMS key of the files bucket."
+  value       = module.files.kms_key_arn
+}
+
 output "role_arns" {
   description = "IRSA role ARN per service account (replica, build, gateway, control_plane): the ServiceAccounts' eks.amazonaws.com/role-arn annotations."
   value       = module.iam.role_arns

@@ -47,3 +47,9 @@ variable "weights_bucket_name" {
   type        = string
   default     = null
 }
+
+variable "files_bucket_name" {
+  description = "Name of the gateways' files bucket (Files and Batch APIs); null derives <env name>-files-<account id>."
+  type        = string
+  default     = null
+}

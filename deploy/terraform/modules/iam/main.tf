@@ -3,6 +3,8 @@
 # - build:          read the bucket, write only under engines/, encrypt with the key;
 # - gateway:        read ONLY each artifact's manifest and tokenizer files (what sluice.artifacts fetches for
 #                   a gateway: TOKENIZER_FILES), decrypting through S3 only; never the weights or engines;
+#                   and read, write, delete and list the Files and Batch APIs' objects under the files
+#                   bucket's prefix (SLUICE_FILES_URL), with that bucket's key only: the one bucket it writes;
 # - control_plane:  an identity with no S3 or KMS access at all.
 # Each role trusts exactly one namespace/service account through the cluster's OIDC provider, for the
 # STS audience: a token minted for any other service account, or for another audience, cannot assume it.
@@ -13,6 +15,8 @@
 locals {
   oidc_issuer = trimprefix(var.oidc_provider_url, "https://")
   engines_arn = "${var.weights_bucket_arn}/${var.engines_prefix}*"
+  # Every key a gateway's file store uses: <prefix>/files/<tenant>/..., <prefix>/batches/<tenant>/...
+  files_objects_arn = "${var.files_bucket_arn}/${var.files_prefix}*"
 
   trust_policies = {
     for key, sa in var.service_accounts : key => {
@@ -70,6 +74,35 @@ locals {
     ]
   }
 
+  # The Files and Batch APIs' store (sluice/files/s3.py): one PUT per object (no multipart upload), GET,
+  # DELETE, and LIST under the prefix (file ids and batch parts); the key encrypts new objects
+  # (GenerateDataKey) and decrypts them, through S3 only.
+  gateway_batch_files_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "ListFiles"
+        Effect    = "Allow"
+        Action    = "s3:ListBucket"
+        Resource  = var.files_bucket_arn
+        Condition = { StringLike = { "s3:prefix" = "${var.files_prefix}*" } }
+      },
+      {
+        Sid      = "ReadWriteFiles"
+        Effect   = "Allow"
+        Action   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+        Resource = local.files_objects_arn
+      },
+      {
+        Sid       = "EncryptFilesThroughS3"
+        Effect    = "Allow"
+        Action    = ["kms:GenerateDataKey", "kms:Decrypt"]
+        Resource  = var.files_kms_key_arn
+        Condition = { StringLike = { "kms:ViaService" = "s3.*.amazonaws.com" } }
+      },
+    ]
+  }
+
   replica_policy = {
     Version = "2012-10-17"
     Statement = [
@@ -121,6 +154,12 @@ resource "aws_iam_role_policy" "gateway" {
   name   = "read-tokenizers"
   role   = aws_iam_role.this["gateway"].id
   policy = jsonencode(local.gateway_policy)
+}
+
+resource "aws_iam_role_policy" "gateway_files" {
+  name   = "read-write-files"
+  role   = aws_iam_role.this["gateway"].id
+  policy = jsonencode(local.gateway_batch_files_policy)
 }
 
 resource "aws_iam_role_policy" "build" {

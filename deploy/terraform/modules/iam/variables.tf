@@ -59,6 +59,37 @@ variable "weights_kms_key_arn" {
   }
 }
 
+variable "files_bucket_arn" {
+  description = "ARN of the gateways' files bucket (modules/files output bucket_arn): the one bucket a gateway writes."
+  type        = string
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:s3:::[a-z0-9.-]{3,63}$", var.files_bucket_arn))
+    error_message = "files_bucket_arn must be an S3 bucket ARN (arn:aws:s3:::name)."
+  }
+}
+
+variable "files_kms_key_arn" {
+  description = "ARN of the KMS key that encrypts the files bucket (modules/files output kms_key_arn)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:kms:", var.files_kms_key_arn))
+    error_message = "files_kms_key_arn must be a KMS key ARN."
+  }
+}
+
+variable "files_prefix" {
+  description = "Key prefix of the gateways' files in that bucket, ending in / (SLUICE_FILES_URL=s3://BUCKET/files -> files/)."
+  type        = string
+  default     = "files/"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9._=-]+(/[A-Za-z0-9._=-]+)*/$", var.files_prefix))
+    error_message = "files_prefix must be a non-empty key prefix ending in / (no leading /, no wildcards)."
+  }
+}
+
 variable "engines_prefix" {
   description = "Key prefix under which the build job may write (build_engines' default destination is s3://BUCKET/engines/MODEL/VERSION)."
   type        = string

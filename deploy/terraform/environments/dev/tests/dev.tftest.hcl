@@ -56,6 +56,11 @@ run "dev_plan" {
     }
     error_message = "IRSA subjects must match the ServiceAccounts in deploy/kubernetes/base"
   }
+
+  assert {
+    condition     = output.files_url == "s3://sluice-dev-files-123456789012/files"
+    error_message = "the gateways' files live under s3://<files bucket>/files"
+  }
 }
 
 # NOTE: the endpoint's public variant is planned in modules/eks/tests; each run here restarts the provider.

@@ -10,6 +10,8 @@ variables {
   namespace           = "sluice"
   weights_bucket_arn  = "arn:aws:s3:::sluice-test-weights"
   weights_kms_key_arn = "arn:aws:kms:us-east-1:123456789012:key/11111111-2222-3333-4444-555555555555"
+  files_bucket_arn    = "arn:aws:s3:::sluice-test-files"
+  files_kms_key_arn   = "arn:aws:kms:us-east-1:123456789012:key/66666666-7777-8888-9999-000000000000"
 }
 
 run "one_role_per_service_account_trusting_only_it" {
@@ -79,6 +81,39 @@ run "gateway_reads_only_manifests_and_tokenizers" {
   }
 }
 
+run "gateway_reads_writes_and_lists_only_the_files_prefix" {
+  command = plan
+
+  assert {
+    condition = toset(flatten([for s in jsondecode(aws_iam_role_policy.gateway_files.policy).Statement : s.Action])) == toset(
+    ["s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "kms:GenerateDataKey", "kms:Decrypt"])
+    error_message = "the gateway's files policy: list, get, put, delete, and the key to encrypt and decrypt; nothing else"
+  }
+
+  assert {
+    condition = [for s in jsondecode(aws_iam_role_policy.gateway_files.policy).Statement : s.Resource if contains(flatten([s.Action]), "s3:PutObject")] == [
+    "arn:aws:s3:::sluice-test-files/files/*"]
+    error_message = "the gateway writes and deletes only under the files bucket's prefix"
+  }
+
+  assert {
+    condition = [for s in jsondecode(aws_iam_role_policy.gateway_files.policy).Statement : [s.Resource, s.Condition.StringLike["s3:prefix"]] if s.Action == "s3:ListBucket"] == [
+    ["arn:aws:s3:::sluice-test-files", "files/*"]]
+    error_message = "the gateway lists only the files bucket, under its prefix"
+  }
+
+  assert {
+    condition = [for s in jsondecode(aws_iam_role_policy.gateway_files.policy).Statement : [s.Resource, s.Condition.StringLike["kms:ViaService"]] if contains(flatten([s.Action]), "kms:GenerateDataKey")] == [
+    [var.files_kms_key_arn, "s3.*.amazonaws.com"]]
+    error_message = "the gateway uses only the files bucket's key, and only through S3"
+  }
+
+  assert {
+    condition     = !strcontains(aws_iam_role_policy.gateway_files.policy, "sluice-test-weights") && !strcontains(aws_iam_role_policy.gateway_files.policy, "11111111-2222")
+    error_message = "the gateway's files policy must not name the weights bucket or its key"
+  }
+}
+
 run "build_writes_only_under_engines" {
   command = plan
 
@@ -106,7 +141,9 @@ run "rejects_bad_inputs" {
     service_accounts   = { replica = "r", build = "b", gateway = "g", admin = "a" }
     engines_prefix     = "*"
     weights_bucket_arn = "arn:aws:s3:::sluice-test-weights/*"
+    files_bucket_arn   = "arn:aws:s3:::*"
+    files_prefix       = "/files"
   }
 
-  expect_failures = [var.service_accounts, var.engines_prefix, var.weights_bucket_arn]
+  expect_failures = [var.service_accounts, var.engines_prefix, var.weights_bucket_arn, var.files_bucket_arn, var.files_prefix]
 }
