@@ -24,7 +24,7 @@ from kubernetes import client as kube
 from kubernetes.client import models as kube_models
 
 from control_plane.autoscaler.kube import deployment_name
-from sluice.settings import ENV_PREFIX, env_names, load_settings
+from sluice.settings import ENV_PREFIX, SettingsError, env_names, load_settings
 from sluice.weights_digest import weights_digest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +36,9 @@ TRITON_IMAGE = re.compile(r"^nvcr\.io/nvidia/tritonserver:[0-9.]+-trtllm-python-
 # What control_plane/autoscaler/kube.py calls: read/patch deployments/scale, patch pods (and get/list to
 # find them); nothing more.
 ACTUATOR_RULES = {("apps", "deployments/scale"): {"get", "patch"}, ("", "pods"): {"get", "list", "patch"}}
+# The overlays' placeholder for the AWS account, and what the operator puts there (docs/operations.md step 6).
+ACCOUNT_PLACEHOLDER = "ACCOUNT_ID"
+EXAMPLE_ACCOUNT = "123456789012"
 
 Obj = dict[str, Any]
 
@@ -327,34 +330,72 @@ def test_every_sluice_env_name_is_a_setting(objs: tuple[Obj, ...]) -> None:
     assert not of_kind(objs, "Secret"), "secrets are created out of band, never in the repository"
 
 
+SECRET_VALUES = {
+    "SLUICE_DATABASE_URL": "postgresql://sluice:pw@db.internal:5432/sluice?sslmode=require",
+    "SLUICE_REDIS_URL": "rediss://:token@redis.internal:6379/0",
+    "SLUICE_ADMIN_TOKEN": "sladm-example",
+}
+
+
+def container_environ(objs: tuple[Obj, ...], container: Obj, account: str) -> dict[str, str]:
+    """A container's SLUICE_* environment as the cluster would give it: the ConfigMap, its own values, a
+    URL of the right scheme per Secret; the overlay's account placeholder replaced by ``account``."""
+    environ = dict(config(objs)) if container.get("envFrom") else {}
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {})
+        if "value" in e:
+            environ[e["name"]] = e["value"]
+        elif "secretKeyRef" in ref and not ref["secretKeyRef"].get("optional"):
+            environ[e["name"]] = SECRET_VALUES[e["name"]]
+        elif "configMapKeyRef" in ref:
+            environ[e["name"]] = config(objs)[ref["configMapKeyRef"]["key"]]
+    return {
+        name: value.replace(ACCOUNT_PLACEHOLDER, account)
+        for name, value in environ.items()
+        if name.startswith(ENV_PREFIX)
+    }
+
+
+def load_with(monkeypatch: pytest.MonkeyPatch, environ: dict[str, str]) -> None:
+    with monkeypatch.context() as m:
+        for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+            m.delenv(name)
+        for name, value in environ.items():
+            m.setenv(name, value)
+        load_settings()  # SettingsError names the variable at fault
+
+
 def test_each_process_settings_load_from_its_environment(
     objs: tuple[Obj, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The values too, not just the names: each Deployment container's SLUICE_* environment (the
-    ConfigMap, its own values, a URL of the right scheme per Secret) passes Settings' checks."""
-    secret_values = {
-        "SLUICE_DATABASE_URL": "postgresql://sluice:pw@db.internal:5432/sluice?sslmode=require",
-        "SLUICE_REDIS_URL": "rediss://:token@redis.internal:6379/0",
-        "SLUICE_ADMIN_TOKEN": "sladm-example",
-    }
+    """The values too, not just the names: each Deployment container's SLUICE_* environment, once the
+    operator has put the account in (docs/operations.md step 6), passes Settings' checks."""
     for obj in of_kind(objs, "Deployment"):
         for c in obj["spec"]["template"]["spec"]["containers"]:
-            environ = dict(config(objs)) if c.get("envFrom") else {}
-            for e in c.get("env", []):
-                ref = e.get("valueFrom", {})
-                if "value" in e:
-                    environ[e["name"]] = e["value"]
-                elif "secretKeyRef" in ref and not ref["secretKeyRef"].get("optional"):
-                    environ[e["name"]] = secret_values[e["name"]]
-                elif "configMapKeyRef" in ref:
-                    environ[e["name"]] = config(objs)[ref["configMapKeyRef"]["key"]]
-            with monkeypatch.context() as m:
-                for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
-                    m.delenv(name)
-                for name, value in environ.items():
-                    if name.startswith(ENV_PREFIX):
-                        m.setenv(name, value)
-                load_settings()  # SettingsError names the variable at fault
+            load_with(monkeypatch, container_environ(objs, c, EXAMPLE_ACCOUNT))
+
+
+def test_gateways_share_the_files_bucket_and_send_telemetry_to_stdout_and_redis(
+    objs: tuple[Obj, ...], overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's gateways must share one files store (the default, a directory per pod, would show each
+    gateway only its own files) and one telemetry stream: SLUICE_FILES_URL is the environment's files
+    bucket as Terraform names it by default, and a gateway whose overlay still holds the account
+    placeholder refuses to start, naming SLUICE_FILES_URL, rather than run with a wrong store."""
+    gateway = named(objs, "Deployment", "sluice-gateway")["spec"]["template"]["spec"]["containers"][0]
+    environ = container_environ(objs, gateway, EXAMPLE_ACCOUNT)
+    # environments/<env>: bucket "${local.name}-files-<account id>", local.name "sluice-<env>", prefix files.
+    assert environ["SLUICE_FILES_URL"] == f"s3://sluice-{overlay}-files-{EXAMPLE_ACCOUNT}/files"
+    main_tf = (ROOT / "deploy" / "terraform" / "environments" / overlay / "main.tf").read_text()
+    assert (
+        f'name = "sluice-{overlay}"' in main_tf
+        and '"${local.name}-files-${data.aws_caller_identity' in main_tf
+    )
+    assert environ["SLUICE_TELEMETRY_SINKS"] == "stdout,redis"
+    redis = next(e for e in gateway["env"] if e["name"] == "SLUICE_REDIS_URL")
+    assert not redis["valueFrom"]["secretKeyRef"].get("optional"), "the redis sink needs SLUICE_REDIS_URL"
+    with pytest.raises(SettingsError, match="SLUICE_FILES_URL="):
+        load_with(monkeypatch, container_environ(objs, gateway, ACCOUNT_PLACEHOLDER))
 
 
 def test_rbac_allows_exactly_what_the_actuator_calls(objs: tuple[Obj, ...]) -> None:
