@@ -8,6 +8,10 @@ script per dialect.
 SQLite is reached through the standard library's ``sqlite3`` on one dedicated thread (``SqliteDb``) rather
 than through aiosqlite: that is all aiosqlite does, this keeps one dependency fewer, and it lets a store
 run a whole transaction as one plain function.
+
+Which driver errors mean "the database cannot be used now" (as opposed to a bug in our SQL) is decided
+here once: ``SqliteDb.open_or``/``run_or`` and ``MigratedPgPool.open_or``/``connection_or`` raise the
+store's own error, built by the factory it passes, so a store keeps only its error type and message.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +35,10 @@ from psycopg_pool import AsyncConnectionPool
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# What a store raises when its database cannot be used now: its own error type (e.g. a 503 downstream)
+# built from the driver's exception, so the driver's types stay inside the backend.
+UnavailableError = Callable[[Exception], Exception]
 
 # NOTE: one key for every migration run in a database, held for the run's transaction: two processes
 # starting at once apply each migration exactly once (the second waits, then finds nothing to do).
@@ -73,6 +82,10 @@ def _statements(script: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- SQLite
+
+# sqlite3.OperationalError also reports our own SQL's mistakes ("no such table"): only these messages
+# mean the file cannot be used now (locked, gone, full, read-only), and those a caller may retry later.
+_SQLITE_UNAVAILABLE_MESSAGES = ("locked", "busy", "unable to open", "disk i/o", "disk is full", "readonly")
 
 
 class SqliteDb:
@@ -131,6 +144,25 @@ class SqliteDb:
         job = asyncio.get_running_loop().run_in_executor(self._executor, fn, self._conn)
         # NOTE: shielded, or cancelling the caller would cancel a job still queued behind others.
         return await asyncio.shield(job)
+
+    async def open_or(self, unavailable: UnavailableError) -> None:
+        """``open``; a file that cannot be opened raises ``unavailable(exc)``."""
+        try:
+            await self.open()
+        except (sqlite3.OperationalError, OSError) as exc:
+            raise unavailable(exc) from exc
+
+    async def run_or(self, unavailable: UnavailableError, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``run``; a file that cannot be used now (see ``_SQLITE_UNAVAILABLE_MESSAGES``, or an
+        ``OSError``) raises ``unavailable(exc)``, any other error (our SQL's) as it is."""
+        try:
+            return await self.run(fn)
+        except sqlite3.OperationalError as exc:
+            if not any(m in str(exc).lower() for m in _SQLITE_UNAVAILABLE_MESSAGES):
+                raise
+            raise unavailable(exc) from exc
+        except OSError as exc:
+            raise unavailable(exc) from exc
 
     async def close(self) -> None:
         if self._executor is None:
@@ -310,6 +342,29 @@ class MigratedPgPool:
                 self._last_error,
             )
             self._opener = asyncio.create_task(self._keep_opening(after_open), name=f"{self._name}-open")
+
+    async def open_or(
+        self,
+        unavailable: UnavailableError,
+        *,
+        keep_trying: bool = False,
+        after_open: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``open``; the server or network failing (``PG_UNREACHABLE``) raises ``unavailable(exc)``."""
+        try:
+            await self.open(keep_trying=keep_trying, after_open=after_open)
+        except PG_UNREACHABLE as exc:
+            raise unavailable(exc) from exc
+
+    @asynccontextmanager
+    async def connection_or(self, unavailable: UnavailableError) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A pooled connection; the server or network failing (``PG_UNREACHABLE``), here (including not
+        reached since start) or in the caller's block, raises ``unavailable(exc)``."""
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except PG_UNREACHABLE as exc:
+            raise unavailable(exc) from exc
 
     async def _open_once(
         self, after_open: Callable[[], Awaitable[None]] | None, *, open_timeout_s: float

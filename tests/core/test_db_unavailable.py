@@ -1,0 +1,63 @@
+"""``sluice.db``'s one mapping of SQLite errors to a store's own "unavailable" error: a file that cannot be
+used now maps, our own SQL's mistakes do not (they are bugs, not outages). The stores' contract suites
+check the same through each store; this pins the rule itself."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sluice.db import SqliteDb
+
+pytestmark = pytest.mark.anyio
+
+
+class Down(Exception):
+    """A store's "unavailable" error, as the stores build theirs."""
+
+
+def _down(exc: BaseException) -> Down:
+    return Down(f"test store unavailable: {exc}")
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[SqliteDb]:
+    opened = SqliteDb(tmp_path / "t.db")
+    await opened.open_or(_down)
+    yield opened
+    await opened.close()
+
+
+async def test_a_file_that_cannot_be_used_now_raises_the_stores_error(db: SqliteDb) -> None:
+    def locked(conn: sqlite3.Connection) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(Down, match="locked") as caught:
+        await db.run_or(_down, locked)
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+
+
+async def test_an_os_error_raises_the_stores_error(db: SqliteDb) -> None:
+    def gone(conn: sqlite3.Connection) -> None:
+        raise OSError("No space left on device")
+
+    with pytest.raises(Down, match="No space"):
+        await db.run_or(_down, gone)
+
+
+async def test_our_own_sql_mistake_is_not_an_outage(db: SqliteDb) -> None:
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        await db.run_or(_down, lambda conn: conn.execute("SELECT * FROM missing").fetchall())
+
+
+async def test_a_result_comes_back_unchanged(db: SqliteDb) -> None:
+    assert await db.run_or(_down, lambda conn: conn.execute("SELECT 41 + 1").fetchone()) == (42,)
+
+
+async def test_a_file_that_cannot_be_opened_raises_the_stores_error(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")  # a file where the database's directory should be
+    with pytest.raises(Down, match="unavailable"):
+        await SqliteDb(tmp_path / "a_file" / "t.db").open_or(_down)
