@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import builtins
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
@@ -25,7 +25,7 @@ from sluice.admin_tokens.base import (
     token_prefix,
 )
 from sluice.admin_tokens.migrations import COMPONENT, LIST_COLUMNS, MIGRATIONS
-from sluice.db import PG_UNREACHABLE, MigratedPgPool
+from sluice.db import MigratedPgPool
 
 
 def _unavailable(exc: BaseException) -> AdminTokenStoreUnavailable:
@@ -55,20 +55,12 @@ class PostgresAdminTokenStore(AdminTokenStore):
         self, *, keep_trying: bool = False, after_open: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """``keep_trying``: a server's start, see ``MigratedPgPool``; ``after_open`` runs once it is open."""
-        try:
-            await self._db.open(keep_trying=keep_trying, after_open=after_open)
-        except PG_UNREACHABLE as exc:
-            raise _unavailable(exc) from exc
+        await self._db.open_or(_unavailable, keep_trying=keep_trying, after_open=after_open)
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection]:
         """A pooled connection; the server or network failing, here or in the caller's block, raises
         ``AdminTokenStoreUnavailable`` (the driver's types stay inside this backend)."""
-        try:
-            async with self._db.pool.connection() as conn:
-                yield conn
-        except PG_UNREACHABLE as exc:
-            raise _unavailable(exc) from exc
+        return self._db.connection_or(_unavailable)
 
     async def close(self) -> None:
         await self._db.close()

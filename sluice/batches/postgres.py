@@ -9,8 +9,8 @@ between the check and the write.
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,7 +44,7 @@ from sluice.batches.migrations import (
     part_from_row,
     part_row,
 )
-from sluice.db import PG_UNREACHABLE, MigratedPgPool
+from sluice.db import MigratedPgPool
 
 # NOTE: built once from constant column names (never from input), so still literal SQL.
 _INSERT_BATCH = (
@@ -87,6 +87,10 @@ async def _require_lease(conn: psycopg.AsyncConnection, batch_id: str, owner: st
     return BatchStatus(row[0])
 
 
+def _unavailable(exc: BaseException) -> BatchStoreUnavailable:
+    return BatchStoreUnavailable(f"batch store (PostgreSQL) unavailable: {exc}")
+
+
 class PostgresBatchStore(BatchStore):
     def __init__(self, url: str, *, pool_max_size: int = 5, acquire_timeout_s: float = 30.0) -> None:
         self._db = MigratedPgPool(
@@ -106,20 +110,12 @@ class PostgresBatchStore(BatchStore):
         self, *, keep_trying: bool = False, after_open: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """``keep_trying``: a server's start, see ``MigratedPgPool``; ``after_open`` runs once it is open."""
-        try:
-            await self._db.open(keep_trying=keep_trying, after_open=after_open)
-        except PG_UNREACHABLE as exc:
-            raise BatchStoreUnavailable(f"batch store (PostgreSQL) unavailable: {exc}") from exc
+        await self._db.open_or(_unavailable, keep_trying=keep_trying, after_open=after_open)
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection]:
         """A pooled connection; the server or network failing, here or in the caller's block, raises
         ``BatchStoreUnavailable`` (the driver's types stay inside this backend)."""
-        try:
-            async with self.pool.connection() as conn:
-                yield conn
-        except PG_UNREACHABLE as exc:
-            raise BatchStoreUnavailable(f"batch store (PostgreSQL) unavailable: {exc}") from exc
+        return self._db.connection_or(_unavailable)
 
     async def close(self) -> None:
         await self._db.close()

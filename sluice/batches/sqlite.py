@@ -48,10 +48,6 @@ _INSERT_BATCH = (
 _INSERT_PART = "INSERT INTO batch_parts (batch_id, seq, owner, line_indices, num_completed, num_failed,"\
                " output_key, error_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"  # fmt: skip
 _ACTIVE = ", ".join(f"'{s.value}'" for s in ACTIVE_STATUSES)
-# sqlite3.OperationalError also reports our own SQL's mistakes ("no such table"): only these messages
-# say the file cannot be used right now.
-_UNAVAILABLE_MESSAGES = ("locked", "busy", "unable to open", "disk i/o", "disk is full", "readonly")
-
 T = TypeVar("T")
 
 
@@ -86,23 +82,13 @@ class SqliteBatchStore(BatchStore):
         self._db = SqliteDb(path)
 
     async def open(self) -> None:
-        try:
-            await self._db.open()
-        except (sqlite3.OperationalError, OSError) as exc:
-            raise _unavailable(exc) from exc
+        await self._db.open_or(_unavailable)
         await self._run(lambda conn: apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS))
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the connection's thread; a file that cannot be used now raises
         ``BatchStoreUnavailable`` (the driver's types stay inside this backend)."""
-        try:
-            return await self._db.run(fn)
-        except sqlite3.OperationalError as exc:
-            if not any(m in str(exc).lower() for m in _UNAVAILABLE_MESSAGES):
-                raise
-            raise _unavailable(exc) from exc
-        except OSError as exc:
-            raise _unavailable(exc) from exc
+        return await self._db.run_or(_unavailable, fn)
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` in one ``BEGIN IMMEDIATE`` transaction."""

@@ -9,15 +9,15 @@ generation, appends the audit row and sends ``NOTIFY`` on ``channel``, all in on
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from sluice.db import PG_UNREACHABLE, MigratedPgPool
+from sluice.db import MigratedPgPool
 from sluice.registry.base import (
     AuditEntry,
     Model,
@@ -135,6 +135,10 @@ async def _record(conn: Conn, change: Change[Any], actor: str, now: datetime, ch
     await conn.execute("SELECT pg_notify(%s, %s)", (channel, str(generation)))
 
 
+def _unavailable(exc: BaseException) -> RegistryUnavailable:
+    return RegistryUnavailable(f"model registry (PostgreSQL) unavailable: {exc}")
+
+
 class PostgresRegistry(Registry):
     """``pool_acquire_timeout_s``: how long a call waits for a pooled connection before it raises
     ``RegistryUnavailable`` (during an outage). ``poll_interval_s``: how often waiters read the generation
@@ -181,25 +185,17 @@ class PostgresRegistry(Registry):
 
     async def open(self, *, keep_trying: bool = False) -> None:
         """``keep_trying``: a server's start, see ``sluice.db.MigratedPgPool``."""
-        try:
-            await self._db.open(keep_trying=keep_trying)
-        except PG_UNREACHABLE as exc:
-            raise RegistryUnavailable(f"model registry (PostgreSQL) unavailable: {exc}") from exc
+        await self._db.open_or(_unavailable, keep_trying=keep_trying)
         self._listener.start()
 
     async def close(self) -> None:
         await self._listener.stop()
         await self._db.close()
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
+    def _connection(self) -> AbstractAsyncContextManager[Conn]:
         """A pooled connection; the server or network failing, here or in the caller's block, raises
         ``RegistryUnavailable`` (the driver's types stay inside this backend)."""
-        try:
-            async with self._db.pool.connection() as conn:
-                yield conn
-        except PG_UNREACHABLE as exc:
-            raise RegistryUnavailable(f"model registry (PostgreSQL) unavailable: {exc}") from exc
+        return self._db.connection_or(_unavailable)
 
     async def _write(self, actor: str, decide: Callable[[Conn, datetime], Awaitable[Change[R]]]) -> R:
         """One change in one transaction (see the module docstring and ``sluice.registry.changes``)."""

@@ -66,9 +66,6 @@ _CODEC = RowCodec(
     to_db_json=lambda value: json.dumps(value, sort_keys=True),
     to_db_time=lambda at: at.astimezone(UTC).isoformat(timespec="microseconds"),
 )
-# sqlite3.OperationalError also reports our own SQL's mistakes ("no such table"): only these messages
-# say the file cannot be used right now.
-_UNAVAILABLE_MESSAGES = ("locked", "busy", "unable to open", "disk i/o", "disk is full", "readonly")
 
 
 def _unavailable(exc: BaseException) -> RegistryUnavailable:
@@ -142,10 +139,7 @@ class SqliteRegistry(Registry):
         self._signal = ChangeSignal()
 
     async def open(self) -> None:
-        try:
-            await self._db.open()
-        except (sqlite3.OperationalError, OSError) as exc:
-            raise _unavailable(exc) from exc
+        await self._db.open_or(_unavailable)
         await self._run(lambda conn: apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS))
 
     async def close(self) -> None:
@@ -154,14 +148,7 @@ class SqliteRegistry(Registry):
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the connection's thread; a file that cannot be used now raises ``RegistryUnavailable``
         (the driver's types stay inside this backend)."""
-        try:
-            return await self._db.run(fn)
-        except sqlite3.OperationalError as exc:
-            if not any(m in str(exc).lower() for m in _UNAVAILABLE_MESSAGES):
-                raise
-            raise _unavailable(exc) from exc
-        except OSError as exc:
-            raise _unavailable(exc) from exc
+        return await self._db.run_or(_unavailable, fn)
 
     async def _write(self, actor: str, decide: Callable[[sqlite3.Connection, datetime], Change[R]]) -> R:
         """One change in one ``BEGIN IMMEDIATE`` transaction (see ``sluice.registry.changes``)."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import builtins
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from sluice.db import PG_UNREACHABLE, MigratedPgPool
+from sluice.db import MigratedPgPool
 from sluice.domain import Tenant
 from sluice.tenants.base import (
     KeyConflictError,
@@ -44,7 +44,6 @@ _UPDATE_TENANT = (
     f"UPDATE tenants SET {', '.join(f'{c} = %s' for c in TENANT_COLUMNS[1:])} WHERE tenant_id = %s"
 )
 _SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
-_UNREACHABLE = PG_UNREACHABLE
 
 
 async def _require_tenant(conn: psycopg.AsyncConnection, tenant_id: str) -> None:
@@ -68,6 +67,10 @@ async def _insert_key(conn: psycopg.AsyncConnection, tenant_id: str, api_key: st
         raise KeyConflictError(f"this key is registered to another tenant (not {tenant_id!r})")
 
 
+def _unavailable(exc: BaseException) -> TenantStoreUnavailable:
+    return TenantStoreUnavailable(f"tenant store (PostgreSQL) unavailable: {exc}")
+
+
 class PostgresTenantStore(TenantStore):
     def __init__(self, url: str, *, pool_max_size: int = 5) -> None:
         self._db = MigratedPgPool(
@@ -82,20 +85,12 @@ class PostgresTenantStore(TenantStore):
         self, *, keep_trying: bool = False, after_open: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """``keep_trying``: a server's start, see ``MigratedPgPool``; ``after_open`` runs once it is open."""
-        try:
-            await self._db.open(keep_trying=keep_trying, after_open=after_open)
-        except _UNREACHABLE as exc:
-            raise TenantStoreUnavailable(f"tenant store (PostgreSQL) unavailable: {exc}") from exc
+        await self._db.open_or(_unavailable, keep_trying=keep_trying, after_open=after_open)
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+    def _connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection]:
         """A pooled connection; the server or network failing, here or in the caller's block, raises
         ``TenantStoreUnavailable`` (the driver's types stay inside this backend)."""
-        try:
-            async with self.pool.connection() as conn:
-                yield conn
-        except _UNREACHABLE as exc:
-            raise TenantStoreUnavailable(f"tenant store (PostgreSQL) unavailable: {exc}") from exc
+        return self._db.connection_or(_unavailable)
 
     async def close(self) -> None:
         await self._db.close()

@@ -39,10 +39,6 @@ _INSERT_TENANT = (
 )
 _SET_TENANT = ", ".join(f"{c} = excluded.{c}" for c in TENANT_COLUMNS[1:])
 _SELECT_TENANT = f"SELECT {select_columns()} FROM tenants"
-# sqlite3.OperationalError also reports our own SQL's mistakes ("no such table"): only these messages
-# say the file cannot be used right now.
-_UNAVAILABLE_MESSAGES = ("locked", "busy", "unable to open", "disk i/o", "disk is full", "readonly")
-
 T = TypeVar("T")
 
 
@@ -84,23 +80,13 @@ class SqliteTenantStore(TenantStore):
         self._db = SqliteDb(path)
 
     async def open(self) -> None:
-        try:
-            await self._db.open()
-        except (sqlite3.OperationalError, OSError) as exc:
-            raise _unavailable(exc) from exc
+        await self._db.open_or(_unavailable)
         await self._run(lambda conn: apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS))
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the connection's thread; a file that cannot be used now raises
         ``TenantStoreUnavailable`` (the driver's types stay inside this backend)."""
-        try:
-            return await self._db.run(fn)
-        except sqlite3.OperationalError as exc:
-            if not any(m in str(exc).lower() for m in _UNAVAILABLE_MESSAGES):
-                raise
-            raise _unavailable(exc) from exc
-        except OSError as exc:
-            raise _unavailable(exc) from exc
+        return await self._db.run_or(_unavailable, fn)
 
     async def close(self) -> None:
         await self._db.close()
