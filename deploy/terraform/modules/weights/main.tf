@@ -1,135 +1,70 @@
-# A versioned, KMS-encrypted S3 bucket for model weights and built engines.
-# Nothing here is public: the public access block refuses public ACLs and policies, ACLs are disabled
-# (BucketOwnerEnforced) and the bucket policy refuses any request not made over TLS.
+# A versioned, KMS-encrypted S3 bucket for model weights and built engines, built by modules/bucket:
+# private, ACLs disabled, TLS 1.2 or later only. Old versions are kept noncurrent_version_expiration_days
+# (90 by default), the window to roll an artifact back.
 
-resource "aws_kms_key" "this" {
-  description             = "Encrypts the Sluice weights bucket ${var.bucket_name}"
-  deletion_window_in_days = var.kms_key_deletion_window_days
-  enable_key_rotation     = true
-  tags                    = var.tags
+module "bucket" {
+  source = "../bucket"
+
+  bucket_name                        = var.bucket_name
+  kms_key_description                = "Encrypts the Sluice weights bucket ${var.bucket_name}"
+  kms_key_deletion_window_days       = var.kms_key_deletion_window_days
+  lifecycle_rule_id                  = "expire-noncurrent-versions"
+  noncurrent_version_expiration_days = var.noncurrent_version_expiration_days
+  # Builds upload multi-GB engines in parts; a build killed mid-upload leaves parts worth a week's retry.
+  abort_incomplete_multipart_upload_days = 7
+  access_log_bucket_name                 = var.access_log_bucket_name
+  force_destroy                          = var.force_destroy
+  tags                                   = var.tags
 }
 
-resource "aws_kms_alias" "this" {
-  name          = "alias/${var.bucket_name}"
-  target_key_id = aws_kms_key.this.key_id
+# NOTE: the resources lived in this module before modules/bucket; these keep a deployed bucket and key
+# (moved, not destroyed and re-created) when an environment applies this version.
+moved {
+  from = aws_kms_key.this
+  to   = module.bucket.aws_kms_key.this
 }
 
-resource "aws_s3_bucket" "this" {
-  bucket        = var.bucket_name
-  force_destroy = var.force_destroy
-  tags          = var.tags
+moved {
+  from = aws_kms_alias.this
+  to   = module.bucket.aws_kms_alias.this
 }
 
-resource "aws_s3_bucket_public_access_block" "this" {
-  bucket = aws_s3_bucket.this.id
-
-  block_public_acls       = true
-  block_public_policy     = true
-  ignore_public_acls      = true
-  restrict_public_buckets = true
+moved {
+  from = aws_s3_bucket.this
+  to   = module.bucket.aws_s3_bucket.this
 }
 
-resource "aws_s3_bucket_ownership_controls" "this" {
-  bucket = aws_s3_bucket.this.id
-
-  rule {
-    object_ownership = "BucketOwnerEnforced"
-  }
+moved {
+  from = aws_s3_bucket_public_access_block.this
+  to   = module.bucket.aws_s3_bucket_public_access_block.this
 }
 
-resource "aws_s3_bucket_versioning" "this" {
-  bucket = aws_s3_bucket.this.id
-
-  versioning_configuration {
-    status = "Enabled"
-  }
+moved {
+  from = aws_s3_bucket_ownership_controls.this
+  to   = module.bucket.aws_s3_bucket_ownership_controls.this
 }
 
-resource "aws_s3_bucket_server_side_encryption_configuration" "this" {
-  bucket = aws_s3_bucket.this.id
-
-  rule {
-    apply_server_side_encryption_by_default {
-      sse_algorithm     = "aws:kms"
-      kms_master_key_id = aws_kms_key.this.arn
-    }
-    # NOTE: a bucket key cuts KMS requests (and their cost) by orders of magnitude for large artifacts.
-    bucket_key_enabled = true
-  }
+moved {
+  from = aws_s3_bucket_versioning.this
+  to   = module.bucket.aws_s3_bucket_versioning.this
 }
 
-resource "aws_s3_bucket_lifecycle_configuration" "this" {
-  bucket = aws_s3_bucket.this.id
-
-  # NOTE: the rule needs versioning on first, or old versions would never exist to expire.
-  depends_on = [aws_s3_bucket_versioning.this]
-
-  rule {
-    id     = "expire-noncurrent-versions"
-    status = "Enabled"
-
-    filter {}
-
-    noncurrent_version_expiration {
-      noncurrent_days = var.noncurrent_version_expiration_days
-    }
-
-    abort_incomplete_multipart_upload {
-      days_after_initiation = 7
-    }
-  }
+moved {
+  from = aws_s3_bucket_server_side_encryption_configuration.this
+  to   = module.bucket.aws_s3_bucket_server_side_encryption_configuration.this
 }
 
-resource "aws_s3_bucket_logging" "this" {
-  count = var.access_log_bucket_name == null ? 0 : 1
-
-  bucket        = aws_s3_bucket.this.id
-  target_bucket = var.access_log_bucket_name
-  target_prefix = "s3/${var.bucket_name}/"
+moved {
+  from = aws_s3_bucket_lifecycle_configuration.this
+  to   = module.bucket.aws_s3_bucket_lifecycle_configuration.this
 }
 
-data "aws_iam_policy_document" "bucket" {
-  statement {
-    sid       = "DenyInsecureTransport"
-    effect    = "Deny"
-    actions   = ["s3:*"]
-    resources = [aws_s3_bucket.this.arn, "${aws_s3_bucket.this.arn}/*"]
-
-    principals {
-      type        = "*"
-      identifiers = ["*"]
-    }
-
-    condition {
-      test     = "Bool"
-      variable = "aws:SecureTransport"
-      values   = ["false"]
-    }
-  }
-
-  statement {
-    sid       = "DenyOutdatedTLS"
-    effect    = "Deny"
-    actions   = ["s3:*"]
-    resources = [aws_s3_bucket.this.arn, "${aws_s3_bucket.this.arn}/*"]
-
-    principals {
-      type        = "*"
-      identifiers = ["*"]
-    }
-
-    condition {
-      test     = "NumericLessThan"
-      variable = "s3:TlsVersion"
-      values   = ["1.2"]
-    }
-  }
+moved {
+  from = aws_s3_bucket_logging.this
+  to   = module.bucket.aws_s3_bucket_logging.this
 }
 
-resource "aws_s3_bucket_policy" "this" {
-  bucket = aws_s3_bucket.this.id
-  policy = data.aws_iam_policy_document.bucket.json
-
-  # NOTE: with the public access block applied first, a policy that would make the bucket public is refused.
-  depends_on = [aws_s3_bucket_public_access_block.this]
+moved {
+  from = aws_s3_bucket_policy.this
+  to   = module.bucket.aws_s3_bucket_policy.this
 }
