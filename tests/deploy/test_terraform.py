@@ -67,8 +67,8 @@ def checked(terraform: Terraform, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def test_the_layout_is_found() -> None:
-    """The parametrisation below is not silently empty: the six modules and both roots are there."""
-    modules = {"network", "eks", "iam", "redis", "postgres", "weights"}
+    """The parametrisation below is not silently empty: the eight modules and both roots are there."""
+    modules = {"network", "eks", "iam", "redis", "postgres", "weights", "files", "bucket"}
     assert {f"modules/{name}" for name in modules} | {"environments/dev", "environments/prod"} <= set(
         CONFIG_DIRS
     ), CONFIG_DIRS
