@@ -284,15 +284,17 @@ def test_a_flood_next_to_a_quiet_stream_is_sent_in_fuller_responses_at_most_once
 ) -> None:
     """While a priority-0 stream is live, a priority-1 stream's sends are at least the interval apart
     (each carrying what it made meanwhile); its first token and its end are not held."""
-    quiet = FakeRequest(request_tensors([9, 10, 11], 400, priority=0, ignore_eos=True, cache_scope="acme"))
+    # NOTE: the flood must take several send intervals to generate on any CPU: 40 tokens took under one
+    # 30 ms interval with the bf16 kernel on an AVX-512 machine, leaving no held send to measure.
+    quiet = FakeRequest(request_tensors([9, 10, 11], 1500, priority=0, ignore_eos=True, cache_scope="acme"))
     model.execute([quiet])
     wait_until(lambda: bool(quiet.sender.sent))
-    flood = FakeRequest(request_tensors([5, 6, 7], 40, priority=1, ignore_eos=True, cache_scope="globex"))
+    flood = FakeRequest(request_tensors([5, 6, 7], 300, priority=1, ignore_eos=True, cache_scope="globex"))
     model.execute([flood])
     wait_final(flood)
     assert not quiet.sender.finished.is_set(), "the quiet stream must outlive the flood for this test"
     chunks = flood.sender.token_ids()
-    assert sum(len(c) for c in chunks) == 40
+    assert sum(len(c) for c in chunks) == 300
     token_sends = [t for (r, _), t in zip(flood.sender.sent, flood.sender.sent_at_s, strict=True) if r]
     held = token_sends[:-1]  # the last one carries the end: sent at once
     gaps_s = [b - a for a, b in itertools.pairwise(held)]
