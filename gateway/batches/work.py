@@ -268,9 +268,10 @@ class BatchWork:
                 await self._advance(BatchStatus.FINALIZING)  # stays CANCELLING if a cancel came first
             cancelled = self.batch.status is BatchStatus.CANCELLING
             final = BatchStatus.CANCELLED if cancelled else BatchStatus.COMPLETED
-        output_file_id, error_file_id = await self._write_result_files()
+        parts = await self._stores.batches.parts(self.batch.batch_id)  # every line's result is in one
+        output_file_id, error_file_id = await self._write_result_files(parts)
         await self._advance(final, output_file_id=output_file_id, error_file_id=error_file_id)
-        await self._delete_parts()
+        await self._delete_parts(parts)
 
     async def _report_not_run(self, parsed: ParsedFile, code: str, message: str) -> None:
         parts = await self._stores.batches.parts(self.batch.batch_id)
@@ -281,11 +282,10 @@ class BatchWork:
                 self._ended.append(not_run(line.index, line.custom_id, code, message))
         await self._flush()
 
-    async def _write_result_files(self) -> tuple[str | None, str | None]:
-        """The output file (the lines answered) and the error file (the others), from the parts in commit
+    async def _write_result_files(self, parts: list[BatchPart]) -> tuple[str | None, str | None]:
+        """The output file (the lines answered) and the error file (the others), from ``parts`` in commit
         order; None for a file that would be empty."""
         batch, stores = self.batch, self._stores
-        parts = await stores.batches.parts(batch.batch_id)
         file_ids: list[str | None] = []
         for kind, keys in (
             ("output", [p.output_key for p in parts]),
@@ -302,9 +302,9 @@ class BatchWork:
             file_ids.append(stored.file_id)
         return file_ids[0], file_ids[1]
 
-    async def _delete_parts(self) -> None:
+    async def _delete_parts(self, parts: list[BatchPart]) -> None:
         """The parts' objects, once the result files hold them (best effort: a leftover costs only space)."""
-        for part in await self._stores.batches.parts(self.batch.batch_id):
+        for part in parts:
             for key in (part.output_key, part.error_key):
                 if key is not None:
                     with suppress(Exception):
