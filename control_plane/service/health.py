@@ -18,7 +18,9 @@ The verdict is recorded in the registry (``record_health``):
   ``num_good_checks_to_recover`` consecutive passing checks (2 by default: one lucky probe of a flapping
   replica does not send it work); until then it stays ``failed`` with ``passing again: n of K good
   checks``. A ``draining`` one stays draining;
-- ``stopped`` replicas are not checked.
+- ``stopped`` replicas are not checked, nor those whose launch failed (``launch_failed``: the actuator
+  stopped their process and recorded why; a check would only overwrite that reason with "connection
+  refused", even one in flight when the launch failed).
 
 The count of consecutive passes is this checker's own state (per replica, reset by a failing check or a
 re-registration, not persisted: a restarted control plane asks a failed replica for K passes again); each
@@ -198,6 +200,7 @@ class HealthChecker:
         num_good_checks_to_recover: int = DEFAULT_NUM_GOOD_CHECKS_TO_RECOVER,
         verify: Verify = verify_replica,
         probe: Probe = probe_replica,
+        launch_failed: Callable[[str], bool] = lambda _replica_id: False,
     ) -> None:
         if min(interval_s, check_timeout_s, probe_timeout_s) <= 0 or start_grace_s < 0:
             raise ValueError(
@@ -215,6 +218,7 @@ class HealthChecker:
         self._num_good_checks_to_recover = num_good_checks_to_recover
         self._verify = verify
         self._probe = probe
+        self._launch_failed = launch_failed
         # replica_id -> (the registration checked: endpoint, model, version; consecutive passing checks)
         self._good_checks: dict[str, tuple[tuple[str, str, str], int]] = {}
         self._limit = asyncio.Semaphore(MAX_CONCURRENT_CHECKS)
@@ -257,7 +261,11 @@ class HealthChecker:
         snapshot = await self._registry.snapshot()
         self._metrics.count_states(list(snapshot.replicas))
         digests = {(v.model, v.version): v.weights_digest for v in snapshot.versions}
-        due = [r for r in snapshot.replicas if r.state in CHECKED_STATES]
+        due = [
+            r
+            for r in snapshot.replicas
+            if r.state in CHECKED_STATES and not self._launch_failed(r.replica_id)
+        ]
         due_ids = {r.replica_id for r in due}
         for gone in [replica_id for replica_id in self._good_checks if replica_id not in due_ids]:
             del self._good_checks[gone]
@@ -304,6 +312,8 @@ class HealthChecker:
                 replica.version,
             ) or current.state not in CHECKED_STATES:
                 return None  # re-registered or stopped while this check ran: the next round sees it
+            if self._launch_failed(current.replica_id):
+                return None  # its launch failed while this check ran: the launch's reason stands
             starting_for_s = (datetime.now(UTC) - current.updated_at).total_seconds()
             state = next_state(
                 current.state, result.ok, starting_for_s=starting_for_s, start_grace_s=self._start_grace_s,

@@ -142,6 +142,12 @@ class LocalReplicas:
     def is_local(self, replica_id: str) -> bool:
         return replica_id in self._local
 
+    def launch_failed(self, replica_id: str) -> bool:
+        """This service launched the replica and the launch failed: its process is stopped, its registry
+        row says why (the health checks leave it alone)."""
+        local = self._local.get(replica_id)
+        return local is not None and local.cold_start.phase == "failed"
+
     def cold_start(self, replica_id: str) -> ColdStart | None:
         """The phases of a replica's start so far (this service's replicas only; None otherwise)."""
         local = self._local.get(replica_id)

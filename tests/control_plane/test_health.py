@@ -257,6 +257,47 @@ def test_a_check_in_flight_never_undoes_a_drain(
     assert aio(run()) == ReplicaState.DRAINING
 
 
+def test_a_failed_launch_keeps_its_reason(registry: Registry, dev_checkpoint: Path, aio: Aio[Any]) -> None:
+    """A check in flight when the actuator records a failed launch writes nothing, and later rounds leave
+    the replica alone: its reason stays the launch's, not the "connection refused" of a stopped process."""
+    add_version(aio, registry, "1", weights_digest(dev_checkpoint), dev_checkpoint)
+    states = ReplicaStates(registry)
+    launch_failed: set[str] = set()
+    checked: list[str] = []
+
+    async def run() -> tuple[ReplicaState, str]:
+        checking, failed = asyncio.Event(), asyncio.Event()
+
+        async def verify(endpoint: str, *_: object) -> Verification:  # a named fake: fails after the launch
+            checked.append(endpoint)
+            checking.set()
+            await failed.wait()
+            return Verification(False, "connection refused")
+
+        async def probe(*_: object) -> ProbeResult:
+            raise AssertionError("a replica failing verification is not probed")
+
+        health = HealthChecker(
+            states, CollectorRegistry(), verify=verify, probe=probe, launch_failed=launch_failed.__contains__
+        )
+        await registry.register_replica(
+            "r-l", endpoint="127.0.0.1:1", model=MODEL, version="1", actor="test", state=ReplicaState.STARTING
+        )
+        round_ = asyncio.create_task(health.check_round())
+        await checking.wait()
+        launch_failed.add("r-l")  # what the actuator does: mark the launch failed, then record why
+        await states.update("r-l", lambda _: (ReplicaState.FAILED, "other weights than the version's"),
+                            actor="control-plane/local-replicas")  # fmt: skip
+        failed.set()
+        await round_
+        await health.check_round()  # not checked again
+        found = await registry.get_replica("r-l")
+        return found.state, found.health_detail
+
+    assert aio(run()) == (ReplicaState.FAILED, "other weights than the version's")
+    assert checked == ["127.0.0.1:1"]
+
+
 def test_a_replica_that_fails_verification_is_not_probed(registry: Registry, aio: Aio[Any]) -> None:
     add_version(aio, registry, "1", WRONG_DIGEST, Path("/nonexistent"))
     probed: list[str] = []
