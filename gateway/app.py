@@ -245,6 +245,7 @@ def _batch_runner(
         limits,
         max_active=settings.batch_max_active,
         poll_interval_s=settings.batch_poll_interval_s,
+        drain_s=settings.batch_drain_s,
     )
 
 

@@ -20,6 +20,9 @@ class Outcome(StrEnum):
     # The gateway died mid-request (killed, crashed, host lost): billed at its next start from the usage
     # outbox, with the output tokens of the request's last checkpoint (sluice.metering).
     GATEWAY_LOST = "gateway_lost"
+    # A batch line cut before it finished because it runs again (its runner stopped or lost the batch's
+    # lease): no ledger row; the run whose result the batch reports is the line's one row.
+    INTERRUPTED = "interrupted"
 
 
 class RequestClass(StrEnum):

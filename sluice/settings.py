@@ -248,7 +248,9 @@ class Settings(BaseSettings):
     # works up to batch_max_active batches at once, batch_line_concurrency lines of each; it holds each by
     # a lease of batch_lease_s (a dead gateway's batches resume elsewhere that long after), commits the
     # lines that ended every batch_flush_interval_s or batch_part_max_lines, and looks for new batches
-    # every batch_poll_interval_s (at once on this gateway's own POST /v1/batches).
+    # every batch_poll_interval_s (at once on this gateway's own POST /v1/batches). At a stop, its running
+    # lines get batch_drain_s to end; those still running then are cut, run again by the next runner and
+    # billed once, for that run (keep it under the pod's termination grace period).
     batch_runner: bool = True
     batch_max_active: int = Field(4, ge=1, le=256)
     batch_line_concurrency: int = Field(2, ge=1, le=1024)
@@ -257,6 +259,7 @@ class Settings(BaseSettings):
     batch_part_max_lines: int = Field(256, ge=1, le=100_000)
     batch_poll_interval_s: float = Field(2.0, gt=0, le=600)
     batch_max_lines: int = Field(50_000, ge=1, le=1_000_000)  # per input file, as OpenAI's
+    batch_drain_s: float = Field(10.0, ge=0, le=600)
 
     def __init__(self, **values: Any) -> None:
         check_unknown_env(os.environ)

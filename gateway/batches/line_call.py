@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -43,10 +44,16 @@ class RetryLater(Exception):
 
 
 async def run_line(
-    line: BatchLine, batch_id: str, endpoint: str, tenant: Tenant, gw: GatewayState
+    line: BatchLine,
+    batch_id: str,
+    endpoint: str,
+    tenant: Tenant,
+    gw: GatewayState,
+    runs_again_if_cut: Callable[[], bool],
 ) -> LineResult:
     """The line's result (its response, or the error an interactive call would have had). Raises
-    ``RetryLater`` for a refusal that passes with time."""
+    ``RetryLater`` for a refusal that passes with time. ``runs_again_if_cut``: asked if the line is
+    cancelled; True: the cut run bills nothing (``Job.runs_again_if_cut``)."""
     body: Any = msgspec.structs.replace(line.body, service_tier="flex")  # the batch class
     arrival_s = time.monotonic()
     line_request_id = request_id(batch_id, line.custom_id)
@@ -56,7 +63,11 @@ async def run_line(
         else:
             job = await admit_completion(body, tenant, gw, arrival_s)
         job = dataclasses.replace(
-            job, request_id=line_request_id, batch_id=batch_id, custom_id=line.custom_id
+            job,
+            request_id=line_request_id,
+            batch_id=batch_id,
+            custom_id=line.custom_id,
+            runs_again_if_cut=runs_again_if_cut,
         )
         response = await _generate(job, gw)
     except OpenAIError as exc:

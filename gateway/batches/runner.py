@@ -27,9 +27,6 @@ from sluice.tenants.base import TenantStore, TenantStoreUnavailable, UnknownTena
 
 log = logging.getLogger(__name__)
 
-# At a stop, how long the lines running may take to end before they are cancelled.
-DRAIN_S = 10.0
-
 
 def runner_name() -> str:
     """This runner's lease owner: host, process and a random part (a restarted process is another
@@ -48,6 +45,7 @@ class BatchRunner:
         *,
         max_active: int,
         poll_interval_s: float,
+        drain_s: float,  # at a stop, how long the lines running may take to end before they are cut
     ) -> None:
         self.owner = runner_name()
         self._gw = gw
@@ -56,6 +54,7 @@ class BatchRunner:
         self._limits = limits
         self._max_active = max_active
         self._poll_interval_s = poll_interval_s
+        self._drain_s = drain_s
         self._active: dict[str, tuple[BatchWork, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -82,9 +81,9 @@ class BatchRunner:
 
     async def close(self) -> None:
         """Stop claiming and stop every batch: no line starts any more, those running get up to
-        ``DRAIN_S`` to end (then they are cancelled, billed for what they generated), what ended is
-        committed, and the leases are given back, so a runner elsewhere (or this one restarted) resumes
-        the batches at once."""
+        ``drain_s`` to end (then they are cut, to run again where the batch resumes, the cut runs billing
+        nothing), what ended is committed, and the leases are given back, so a runner elsewhere (or this
+        one restarted) resumes the batches at once."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             with suppress(asyncio.CancelledError):
@@ -94,7 +93,7 @@ class BatchRunner:
             work.drain()
         tasks = [task for _, task in works]
         if tasks:
-            _, late = await asyncio.wait(tasks, timeout=DRAIN_S)
+            _, late = await asyncio.wait(tasks, timeout=self._drain_s)
             for task in late:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

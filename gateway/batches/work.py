@@ -7,6 +7,11 @@ Progress is exact: a line counts once its result is in a committed part (``Batch
 a committed part is never run again. A line that ended but whose part was not committed yet (the process
 died) runs again; its usage row is keyed by (batch, custom_id), so it is billed once.
 
+A line is billed for the run whose result the batch reports. A run cut because the line runs again (this
+runner stops and its drain ran out, or the lease was lost) bills nothing (``Outcome.INTERRUPTED``), and a
+run its gateway died in bills nothing either (batch lines are not opened in the usage outbox): otherwise
+the ledger, which keeps a row's first write, would bill the cut run's tokens for the rerun's output.
+
 Cancel (``CANCELLING``, seen on a lease renewal or told by this gateway's API at once): the lines running
 are cancelled (each billed for what it generated, as a client that went away is) and reported in the
 error file as ``batch_cancelled``; lines that never started are in neither file; the output file holds
@@ -88,8 +93,8 @@ class BatchWork:
 
     def drain(self) -> None:
         """The runner is stopping: start no more lines; those running end and are committed, and the
-        batch is left as it is (in progress) for a runner to resume. Their usage rows are then whole,
-        not cut short by the stop (a line's first row is the one the ledger keeps)."""
+        batch is left as it is (in progress) for a runner to resume. Those the runner then cuts (its
+        drain ran out) run again there, and their cut runs bill nothing."""
         self._draining.set()
 
     async def run(self, tenant: Tenant) -> None:
@@ -168,18 +173,21 @@ class BatchWork:
                 task.add_done_callback(running.discard)
             while running and not stop.done():
                 await asyncio.wait({*running, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # NOTE: here, so that a runner cutting this batch (its drain ran out) cuts its lines too.
+            stop.cancel()
+            draining.cancel()
             for task in list(running):
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
-        finally:
-            stop.cancel()
-            draining.cancel()
 
     async def _one_line(self, line: BatchLine, tenant: Tenant, slots: asyncio.Semaphore) -> None:
         try:
             while True:
                 try:
-                    result = await run_line(line, self.batch.batch_id, self.batch.endpoint, tenant, self._gw)
+                    result = await run_line(
+                        line, self.batch.batch_id, self.batch.endpoint, tenant, self._gw, self._runs_again
+                    )
                     break
                 except RetryLater as retry:
                     self._gw.metrics.batch_line_retries.labels(retry.reason).inc()
@@ -192,14 +200,22 @@ class BatchWork:
                     )
                     await asyncio.sleep(retry.after_s)
         except asyncio.CancelledError:
-            code, message = self._stop_reason()
-            self._ended.append(not_run(line.index, line.custom_id, code, message))
+            if not self._runs_again():
+                code, message = self._stop_reason()
+                self._ended.append(not_run(line.index, line.custom_id, code, message))
             raise
         finally:
             slots.release()
         self._ended.append(result)
         if len(self._ended) >= self._limits.part_max_lines:
             self._part_full.set()
+
+    def _runs_again(self) -> bool:
+        """Whether a line cut now runs again: the batch goes on (not cancelled, its window open) and this
+        runner lets it go (draining, or the lease lost), so another runner (or this one restarted) runs
+        the line from the start."""
+        goes_on = self.batch.status is BatchStatus.IN_PROGRESS and _now() < self.batch.expires_at
+        return goes_on and (self._draining.is_set() or self._lost is not None)
 
     def _stop_reason(self) -> tuple[str, str]:
         if self.batch.status is BatchStatus.CANCELLING:

@@ -205,7 +205,11 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
         end.attempt = begun
     end.slot = await job.target.scheduler.wait_for_dispatch(_admission(job))
     end.num_dispatches = 1
-    end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
+    if job.batch_id is None:
+        end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
+    # NOTE: a batch line is not opened in the usage outbox: had its gateway died mid-line, the line is in
+    # no committed part and runs again, and the ledger keeps a row's first write: a row billed from the
+    # last checkpoint would stand for the whole output of the run the batch reports.
     end.reached_replica = True
     return None
 
@@ -232,7 +236,9 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         used_tokens = len(job.prompt_token_ids) + end.num_output_tokens if end.reached_replica else 0
         with suppress(Exception):
             await gw.quota.settle(end.grant, used_tokens)
-    end.outcome = end.outcome or Outcome.CANCELLED
+    if end.outcome is None:
+        runs_again = job.runs_again_if_cut is not None and job.runs_again_if_cut()
+        end.outcome = Outcome.INTERRUPTED if runs_again else Outcome.CANCELLED
     if end.attempt is not None:
         await settle_attempt(
             gw,

@@ -4,6 +4,7 @@ its ``Timing``."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -53,6 +54,9 @@ class Job:
     # telemetry record; None: an interactive call.
     batch_id: str | None = None
     custom_id: str | None = None
+    # A batch line: asked once the line is cut (cancelled) whether it runs again later; if so, the cut
+    # run is ``Outcome.INTERRUPTED`` and bills nothing. None: an interactive call (a cut one is billed).
+    runs_again_if_cut: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
 
     @property
     def model_version(self) -> str:

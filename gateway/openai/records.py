@@ -112,7 +112,7 @@ async def record_request(
         duration_ms=round((now - job.arrival_s) * 1000, 3),
         outcome=str(ended.outcome),
         finish_reason=ended.finish_reason,
-        billed_tokens=num_prompt_tokens + ended.num_output_tokens if ended.reached_replica else 0,
+        billed_tokens=num_prompt_tokens + ended.num_output_tokens if _billed(ended) else 0,
         wasted_tokens=_wasted_tokens(ended, attempt),
         error=ended.error,
         attempt=attempt.attempt if attempt else 1,
@@ -147,9 +147,9 @@ async def record_request(
         inter_token_s.observe(gap_s)
     # Last: once the usage row is visible, the metrics are counted and the telemetry record is queued
     # (the writer thread appends it; tests flush it before reading).
-    if not ended.reached_replica:
+    if not _billed(ended):
         if usage is not None:
-            gw.meter.discard(usage)  # opened, but no replica ran it: nothing to bill
+            gw.meter.discard(usage)  # no replica ran it, or it runs again: nothing to bill
         return
     try:
         await gw.meter.record(usage_record(job, gw, attempt, ended, timing), usage)
@@ -157,10 +157,17 @@ async def record_request(
         log.exception("usage record for %s was not written", job.request_id)
 
 
+def _billed(ended: Ended) -> bool:
+    """Whether the request writes a usage row: it ran on a replica, and is not a batch line's run that is
+    cut to run again (``Outcome.INTERRUPTED``)."""
+    return ended.reached_replica and ended.outcome is not Outcome.INTERRUPTED
+
+
 def _wasted_tokens(ended: Ended, attempt: IdempotentAttempt | None) -> int:
     """Output tokens generated that no client received (``TelemetryRecord.wasted_tokens`` defines it):
-    all of a failed or filtered request's, a cancelled one's unread ones, and the superseded attempt's."""
-    if ended.outcome in (Outcome.FAILED, Outcome.FILTERED):
+    all of a failed, filtered or interrupted request's, a cancelled one's unread ones, and the superseded
+    attempt's."""
+    if ended.outcome in (Outcome.FAILED, Outcome.FILTERED, Outcome.INTERRUPTED):
         own_tokens = ended.num_output_tokens
     elif ended.outcome is Outcome.CANCELLED:
         own_tokens = ended.num_unread_tokens

@@ -78,8 +78,10 @@ class LedgerUnavailable(Exception):
 # service's own time budget (settings, not the client's choice), and a version that stalls before its
 # first token shows nowhere else (such a request has no TTFT to raise the p95). Not errors: CANCELLED (the
 # client went away), FILTERED (the tenant's safety policy judged the output: content, not service health).
-# REFUSED and REPLAYED requests write no row.
+# REFUSED, REPLAYED and INTERRUPTED requests write no row (``ROWLESS_OUTCOMES``).
 ERROR_OUTCOMES: frozenset[Outcome] = frozenset({Outcome.FAILED, Outcome.GATEWAY_LOST, Outcome.DEADLINE})
+
+ROWLESS_OUTCOMES: frozenset[Outcome] = frozenset({Outcome.REFUSED, Outcome.REPLAYED, Outcome.INTERRUPTED})
 
 # The latency percentiles read at most this many rows per version (the newest in the window that have a
 # latency), so a long window over busy traffic stays a bounded read; the counts and token sums always
@@ -223,6 +225,8 @@ def check_record(rec: UsageRecord) -> None:
         raise ValueError(f"token counts must be >= 0, got {rec.prompt_tokens}, {rec.output_tokens}")
     if rec.attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {rec.attempt}")
+    if rec.status in ROWLESS_OUTCOMES:
+        raise ValueError(f"a {rec.status} request writes no usage row")
     if rec.idempotency_key == "":
         raise ValueError("idempotency_key must be None or non-empty")
     _check_aware("started_at", rec.started_at)

@@ -250,6 +250,9 @@ async def test_bad_input_is_refused(ledger: UsageLedger) -> None:
         await ledger.record(rec(attempt=0))
     with pytest.raises(ValueError, match="idempotency_key"):
         await ledger.record(rec(idempotency_key=""))
+    for rowless in (Outcome.REFUSED, Outcome.REPLAYED, Outcome.INTERRUPTED):  # they bill nothing
+        with pytest.raises(ValueError, match="writes no usage row"):
+            await ledger.record(rec(status=rowless))
     with pytest.raises(ValueError, match="timezone-aware"):
         await ledger.query("acme", since=datetime(2026, 1, 1))
     for bad_ms in (-1.0, math.nan, math.inf):

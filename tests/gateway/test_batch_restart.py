@@ -88,11 +88,11 @@ def test_a_batch_resumes_after_its_gateway_is_killed_and_bills_each_line_once(
         assert sorted(o["custom_id"] for o in outputs) == sorted(f"r{i}" for i in range(NUM_LINES))
         assert all(o["response"]["body"]["usage"]["completion_tokens"] == MAX_TOKENS for o in outputs)
         assert done.error_file_id is None
-        # One row per line, never two, whichever gateway ran it (a line killed mid-run is billed as
-        # gateway_lost at the restart, from its last checkpoint; its rerun adds no row).
+        # One row per line, never two, whichever gateway ran it: the run the batch reports, whole (a line
+        # killed mid-run bills nothing for that run, so its checkpoint cannot stand for the rerun).
         rows = usage_rows(base_url, batch_id)
         assert sorted(r["request_id"] for r in rows) == sorted(f"{batch_id}:r{i}" for i in range(NUM_LINES))
-        assert {r["status"] for r in rows} <= {"finished", "gateway_lost"}
+        assert all(r["status"] == "finished" and r["output_tokens"] == MAX_TOKENS for r in rows), rows
 
 
 def test_a_gateway_stopped_cleanly_lets_its_running_lines_end_and_the_next_one_resumes(
@@ -128,5 +128,58 @@ def test_a_gateway_stopped_cleanly_lets_its_running_lines_end_and_the_next_one_r
         rows = usage_rows(second.base_url, batch_id)
         assert len(rows) == NUM_LINES
         assert all(r["status"] == "finished" and r["output_tokens"] == MAX_TOKENS for r in rows)
+    finally:
+        second.stop()
+
+
+def test_lines_cut_by_a_stop_run_again_and_are_billed_once_for_the_run_reported(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A stop whose drain runs out cuts the lines still running: the cut runs write no usage row (their
+    telemetry says ``interrupted``, their tokens wasted), the next gateway runs those lines again, and
+    each line has one row, for the whole output its result reports."""
+    max_tokens = 1000  # a line runs for seconds: the 0.2 s drain cuts those running
+    settings = {
+        "engine_client": "inprocess",
+        "max_output_tokens": 1024,
+        "batch_drain_s": 0.2,
+        "batch_lease_s": 30.0,
+        "batch_poll_interval_s": 0.2,
+        "batch_flush_interval_s": 0.2,
+        "batch_line_concurrency": 2,
+    }
+    body = {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True}
+    lines = [
+        json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                    "body": {**body, "prompt": f"Line {i}"}})
+        for i in range(6)
+    ]  # fmt: skip
+    first = start_gateway(tmp_path, dev_checkpoint, **settings)
+    try:
+        client = first.client()
+        data = io.BytesIO("\n".join(lines).encode())
+        file_id = client.files.create(file=("in.jsonl", data), purpose="batch").id
+        batch_id = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+        ).id
+        # One line committed: the next ones are running (each for seconds) when the stop comes.
+        wait_until(lambda: client.batches.retrieve(batch_id).request_counts.completed >= 1, 60, "a line")
+    finally:
+        first.stop()
+    path = first.gw.settings.telemetry_path
+    assert path is not None
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    cut = [r for r in records if r.get("batch_id") == batch_id and r["outcome"] == "interrupted"]
+    assert cut, "the stop cut no line"
+    assert all(r["billed_tokens"] == 0 and r["wasted_tokens"] == r["output_tokens"] for r in cut)
+    second = start_gateway(tmp_path, dev_checkpoint, **settings)
+    try:
+        client = second.client()
+        wait_until(lambda: client.batches.retrieve(batch_id).status == "completed", 90, "the batch completed")
+        counts = client.batches.retrieve(batch_id).request_counts
+        assert (counts.total, counts.completed, counts.failed) == (6, 6, 0)
+        rows = usage_rows(second.base_url, batch_id)
+        assert sorted(r["request_id"] for r in rows) == sorted(f"{batch_id}:c{i}" for i in range(6))
+        assert all(r["status"] == "finished" and r["output_tokens"] == max_tokens for r in rows), rows
     finally:
         second.stop()
