@@ -46,6 +46,12 @@ class ObjectStore(ABC):
         """``ObjectNotFound`` if there is nothing under ``key``."""
 
     @abstractmethod
+    async def copy(self, src_key: str, dst_key: str) -> None:
+        """Write what is under ``src_key`` under ``dst_key`` too, whole, as ``put`` writes (``src_key``
+        is left as it is); ``ObjectNotFound(src_key)`` if there is nothing under it. A keeper of its own
+        copy (a batch, of its input file) no longer depends on the original staying."""
+
+    @abstractmethod
     async def delete(self, key: str) -> None:
         """Does nothing if there is nothing under ``key``."""
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from sluice.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable, check_key
 
@@ -43,6 +44,11 @@ class LocalObjectStore(ObjectStore):
         check_key(key)
         return await asyncio.to_thread(self._guarded, self._get, key)
 
+    async def copy(self, src_key: str, dst_key: str) -> None:
+        check_key(src_key)
+        check_key(dst_key)
+        await asyncio.to_thread(self._guarded, self._copy, src_key, self.root / dst_key)
+
     async def delete(self, key: str) -> None:
         check_key(key)
         await asyncio.to_thread(self._guarded, self._delete, self.root / key)
@@ -60,17 +66,16 @@ class LocalObjectStore(ObjectStore):
 
     @staticmethod
     def _put(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+        _write_whole(path, lambda temp: temp.write(data))
+
+    def _copy(self, src_key: str, dst: Path) -> None:
         try:
-            with os.fdopen(fd, "wb") as temp:
-                temp.write(data)
-                temp.flush()
-                os.fsync(temp.fileno())
-            os.replace(temp_name, path)
-        except BaseException:
-            Path(temp_name).unlink(missing_ok=True)
-            raise
+            src = (self.root / src_key).open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            _check_root(self.root)
+            raise ObjectNotFound(src_key) from None
+        with src:  # streamed, not read whole: an input file may be hundreds of MB
+            _write_whole(dst, lambda temp: shutil.copyfileobj(src, temp))
 
     def _get(self, key: str) -> bytes:
         try:
@@ -85,6 +90,21 @@ class LocalObjectStore(ObjectStore):
             path.unlink(missing_ok=True)
         except (IsADirectoryError, NotADirectoryError):  # a "folder" of other keys, or below a key
             return
+
+
+def _write_whole(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` into a temporary file beside ``path``, flushed to disk, then renamed over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as temp:
+            write(temp)
+            temp.flush()
+            os.fsync(temp.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
 
 
 def _list_keys(root: Path, prefix: str) -> list[str]:

@@ -101,6 +101,16 @@ class S3ObjectStore(ObjectStore):
 
         return await self._call(f"GET {key}", read, missing=key)
 
+    async def copy(self, src_key: str, dst_key: str) -> None:
+        full_src, full_dst = self._full_key(src_key), self._full_key(dst_key)
+        # Server-side CopyObject: the bytes never leave S3 (one call up to 5 GiB, far over file_max_bytes).
+        source = {"Bucket": self.bucket, "Key": full_src}
+        await self._call(
+            f"COPY {src_key} to {dst_key}",
+            lambda: self._client.copy_object(Bucket=self.bucket, Key=full_dst, CopySource=source),
+            missing=src_key,
+        )
+
     async def delete(self, key: str) -> None:
         full_key = self._full_key(key)  # S3 answers 204 for a missing key too
         await self._call(

@@ -86,6 +86,29 @@ async def test_delete_removes_and_a_missing_key_is_no_error(store: ObjectStore) 
     assert await store.get("files/acme/b") == b"y"
 
 
+async def test_copy_writes_the_source_whole_under_another_key_and_leaves_the_source(
+    store: ObjectStore,
+) -> None:
+    data = bytes(range(256)) * 40 + b"\r\n"
+    await store.put("files/acme/a", data)
+    await store.put("batches/acme/b1/input.jsonl", b"what was there before, longer than nothing")
+    await store.copy("files/acme/a", "batches/acme/b1/input.jsonl")
+    assert await store.get("batches/acme/b1/input.jsonl") == data
+    await store.copy("files/acme/a", "batches/acme/b2/input.jsonl")  # a key in no folder yet
+    await store.delete("files/acme/a")  # the copy is its own object
+    assert await store.get("batches/acme/b2/input.jsonl") == data
+    assert await store.list("") == ["batches/acme/b1/input.jsonl", "batches/acme/b2/input.jsonl"]
+
+
+async def test_copying_a_missing_key_is_object_not_found_and_writes_nothing(store: ObjectStore) -> None:
+    await store.put("files/acme/a", b"x")
+    for missing in ("files/acme/gone", "files/acme"):  # nothing there; a "folder" of keys
+        with pytest.raises(ObjectNotFound) as caught:
+            await store.copy(missing, "batches/acme/b1/input.jsonl")
+        assert caught.value.args == (missing,)
+    assert await store.list("") == ["files/acme/a"]
+
+
 async def test_list_is_sorted_and_holds_only_keys_under_the_prefix(store: ObjectStore) -> None:
     for key in ["files/b/2", "files/a/1.json", "files/a/1", "files/ab/3", "other/x", "files/a/sub/4"]:
         await store.put(key, b"-")
@@ -124,7 +147,9 @@ BAD_KEYS = ["", "/abs", "a//b", "a/../b", "..", "a/./b", "trailing/", "sp ace", 
 
 async def test_a_bad_key_is_refused_before_any_io(store: ObjectStore) -> None:
     for key in BAD_KEYS:
-        for call in (store.get(key), store.put(key, b"x"), store.delete(key)):
+        calls = (store.get(key), store.put(key, b"x"), store.delete(key), store.copy(key, "ok"),
+                 store.copy("ok", key))  # fmt: skip
+        for call in calls:
             with pytest.raises(ValueError, match="not an object key"):
                 await call
     for prefix in ["../", "/abs/", "a//", "sp ace/"]:
