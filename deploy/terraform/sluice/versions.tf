@@ -9,11 +9,11 @@ terraform {
     }
   }
 
-  # Remote state, configured but not needed by the offline checks (they run init -backend=false). The
-  # state bucket is per account, so it is given at init:
-  #   terraform init -backend-config="bucket=<state bucket>"
+  # Remote state, configured but not needed by the offline checks (they run init -backend=false). Partial:
+  # the state key is the environment's (envs/<env>.s3.tfbackend) and the bucket is per account, both given
+  # at init (README.md: Applying a root):
+  #   terraform init -backend-config=envs/prod.s3.tfbackend -backend-config="bucket=<state bucket>"
   backend "s3" {
-    key          = "sluice/prod/terraform.tfstate"
     region       = "us-east-1"
     encrypt      = true
     use_lockfile = true

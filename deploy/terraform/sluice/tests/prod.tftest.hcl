@@ -1,31 +1,17 @@
-# The prod root planned end to end against a mocked AWS provider: every module wired, sizes as intended.
+# The root planned as prod, end to end against a mocked AWS provider: every module wired, sizes as intended.
+# Run with prod's inputs (tests/deploy/test_terraform.py does):
+#   terraform test -var-file=envs/prod.tfvars -filter=tests/prod.tftest.hcl
 mock_provider "aws" {
-  mock_data "aws_caller_identity" {
-    defaults = {
-      account_id = "123456789012"
-    }
-  }
-  mock_data "aws_partition" {
-    defaults = {
-      partition = "aws"
-    }
-  }
-  # The mock's generated strings are 8 characters, shorter than ElastiCache accepts for a token.
-  mock_data "aws_secretsmanager_random_password" {
-    defaults = {
-      random_password = "mockmockmockmockmockmockmockmockmockmockmockmockmockmockmockmock"
-    }
-  }
-  # The mock's random strings are not JSON; a policy attribute must be.
-  mock_data "aws_iam_policy_document" {
-    defaults = {
-      json = "{\"Version\":\"2012-10-17\",\"Statement\":[]}"
-    }
-  }
+  source = "./tests/mocks"
 }
 
 run "prod_plan" {
   command = plan
+
+  assert {
+    condition     = var.environment == "prod"
+    error_message = "run this file with -var-file=envs/prod.tfvars"
+  }
 
   assert {
     condition     = length(module.network.private_subnet_ids) == 3 && length(module.network.public_subnet_ids) == 3
@@ -35,6 +21,21 @@ run "prod_plan" {
   assert {
     condition     = length(module.network.nat_public_ips) == 3
     error_message = "prod has a NAT gateway per zone"
+  }
+
+  assert {
+    condition     = var.gpu_min == 2 && var.gpu_max == 16 && var.cpu_min == 3 && var.cpu_max == 12
+    error_message = "prod keeps two GPU nodes up to sixteen, and three CPU nodes (one per zone) up to twelve"
+  }
+
+  assert {
+    condition     = var.postgres_multi_az && var.redis_num_nodes >= 2 && var.enable_flow_logs
+    error_message = "prod's datastores survive a zone (Multi-AZ PostgreSQL, Redis with a replica) and the VPC logs its flows"
+  }
+
+  assert {
+    condition     = var.protect_data && var.kms_deletion_days == 30
+    error_message = "prod's data is protected from deletion, and a deleted key waits the longest window"
   }
 
   assert {
@@ -73,4 +74,14 @@ run "rejects_bad_inputs" {
   }
 
   expect_failures = [var.api_allowed_cidrs, var.allowed_account_ids]
+}
+
+run "rejects_unprotected_prod" {
+  command = plan
+
+  variables {
+    protect_data = false
+  }
+
+  expect_failures = [var.protect_data]
 }
