@@ -8,16 +8,23 @@ Layout, one prefix per tenant::
 A tenant reaches only keys under its own prefix, so no id, however crafted, names another tenant's file;
 an id that is not ``file-<hex>`` is simply unknown. Deleting removes the metadata first (the file is gone)
 and then the content. Nothing here logs file text.
+
+A file may expire (``expires_at``, OpenAI's ``expires_after``): from that instant it is unknown to every
+read, as a deleted one is, though its objects stay until ``sweep_expired`` deletes them (each gateway
+sweeps periodically; two sweeps at once delete the same objects, which is no error). Metadata written
+before files could expire has no ``expires_at``: such a file never expires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sluice.files.base import ObjectNotFound, ObjectStore
 from sluice.tenants.base import check_tenant_id
@@ -36,6 +43,10 @@ class StoredFile:
     purpose: str  # "batch" (uploads) or "batch_output" (results the batch runner writes)
     num_bytes: int
     created_at: datetime  # aware, UTC
+    expires_at: datetime | None = None  # aware, UTC; None: never
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 class UnknownFileError(LookupError):
@@ -45,17 +56,29 @@ class UnknownFileError(LookupError):
 class FileCatalog:
     """Every method may raise the store's ObjectStoreUnavailable (retry later)."""
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        """``clock``: now, aware (tests pass their own to see files expire)."""
         self.store = store
+        self._clock = clock
 
     async def create(
-        self, tenant_id: str, filename: str, purpose: str, data: bytes, *, file_id: str | None = None
+        self,
+        tenant_id: str,
+        filename: str,
+        purpose: str,
+        data: bytes,
+        *,
+        file_id: str | None = None,
+        expires_after_s: int | None = None,
     ) -> StoredFile:
-        """Store ``data`` as a new file; ValueError for an unknown purpose, an empty filename or a
-        ``file_id`` that is not one. ``file_id``: the id to store it under (a writer that may write the
-        same file again after a crash names it, so the second write replaces the first rather than
-        leaving an orphan); else a random one."""
+        """Store ``data`` as a new file; ValueError for an unknown purpose, an empty filename, a
+        ``file_id`` that is not one or an ``expires_after_s`` under 1. ``file_id``: the id to store it
+        under (a writer that may write the same file again after a crash names it, so the second write
+        replaces the first rather than leaving an orphan); else a random one. ``expires_after_s``: the
+        file expires that long after its creation; None: never."""
         check_tenant_id(tenant_id)
+        if expires_after_s is not None and expires_after_s < 1:
+            raise ValueError(f"expires_after_s must be at least 1, got {expires_after_s}")
         if purpose not in PURPOSES:
             raise ValueError(f"purpose must be one of {sorted(PURPOSES)}, got {purpose!r}")
         if not filename:
@@ -68,7 +91,8 @@ class FileCatalog:
             filename=filename,
             purpose=purpose,
             num_bytes=len(data),
-            created_at=datetime.now(UTC),
+            created_at=(now := self._clock()),
+            expires_at=None if expires_after_s is None else now + timedelta(seconds=expires_after_s),
         )
         await self.store.put(_content_key(tenant_id, stored.file_id), data)
         await self.store.put(_metadata_key(tenant_id, stored.file_id), _encode(stored))
@@ -82,12 +106,24 @@ class FileCatalog:
             raw = await self.store.get(_metadata_key(tenant_id, file_id))
         except ObjectNotFound:
             raise UnknownFileError(file_id) from None
-        return _decode(raw, tenant_id)
+        stored = _decode(raw, tenant_id)
+        if stored.expired(self._clock()):  # gone for every read, though the sweep has not deleted it yet
+            raise UnknownFileError(file_id)
+        return stored
 
     async def content(self, tenant_id: str, file_id: str) -> bytes:
         await self.get(tenant_id, file_id)  # a file exists once its metadata does
         try:
             return await self.store.get(_content_key(tenant_id, file_id))
+        except ObjectNotFound:  # deleted meanwhile
+            raise UnknownFileError(file_id) from None
+
+    async def copy_content(self, tenant_id: str, file_id: str, dst_key: str) -> None:
+        """Copy the file's content to ``dst_key`` of the store (no catalog file: the caller's own object,
+        which outlives the file's deletion or expiry). UnknownFileError as ``get``."""
+        await self.get(tenant_id, file_id)
+        try:
+            await self.store.copy(_content_key(tenant_id, file_id), dst_key)
         except ObjectNotFound:  # deleted meanwhile
             raise UnknownFileError(file_id) from None
 
@@ -100,26 +136,49 @@ class FileCatalog:
     async def list(self, tenant_id: str, purpose: str | None = None) -> list[StoredFile]:
         """This tenant's files, newest first (``purpose``: only those). One read per file's metadata."""
         check_tenant_id(tenant_id)
-        keys = [
-            key
-            for key in await self.store.list(f"files/{tenant_id}/")
-            if key.endswith(_METADATA_SUFFIX)
-            and _FILE_ID.fullmatch(key.rsplit("/", 1)[1].removesuffix(_METADATA_SUFFIX))
+        now = self._clock()
+        files = [
+            found
+            for found in await self._read_all(f"files/{tenant_id}/")
+            if not found.expired(now) and (purpose is None or found.purpose == purpose)
         ]
-        files: list[StoredFile] = []
-        for start in range(0, len(keys), _MAX_CONCURRENT_READS):  # S3: a round trip each, so a few at once
-            chunk = keys[start : start + _MAX_CONCURRENT_READS]
-            for found in await asyncio.gather(*(self._read_metadata(key, tenant_id) for key in chunk)):
-                if found is not None and (purpose is None or found.purpose == purpose):
-                    files.append(found)
         files.sort(key=lambda f: (f.created_at, f.file_id), reverse=True)
         return files
 
-    async def _read_metadata(self, key: str, tenant_id: str) -> StoredFile | None:
+    async def sweep_expired(self) -> builtins.list[StoredFile]:
+        """Delete every tenant's expired files (metadata first, as ``delete``); returns those deleted.
+        Safe to run on several gateways at once: a file another sweep deleted first is deleted again, as
+        a no-op (and may be returned by both)."""
+        now = self._clock()
+        expired = [found for found in await self._read_all("files/") if found.expired(now)]
+        for stored in expired:
+            await self.store.delete(_metadata_key(stored.tenant_id, stored.file_id))
+            await self.store.delete(_content_key(stored.tenant_id, stored.file_id))
+        return expired
+
+    async def _read_all(self, prefix: str) -> builtins.list[StoredFile]:
+        """The metadata of every file under ``prefix`` (one tenant's folder, or ``files/`` for all)."""
+        keys = [key for key in await self.store.list(prefix) if _tenant_of_metadata_key(key) is not None]
+        files: builtins.list[StoredFile] = []
+        for start in range(0, len(keys), _MAX_CONCURRENT_READS):  # S3: a round trip each, so a few at once
+            chunk = keys[start : start + _MAX_CONCURRENT_READS]
+            files.extend(found for found in await asyncio.gather(*map(self._read_metadata, chunk)) if found)
+        return files
+
+    async def _read_metadata(self, key: str) -> StoredFile | None:
+        tenant_id = _tenant_of_metadata_key(key)
         try:
-            return _decode(await self.store.get(key), tenant_id)
+            return _decode(await self.store.get(key), str(tenant_id))
         except (ObjectNotFound, UnknownFileError):  # deleted since the listing; another tenant's
             return None
+
+
+def _tenant_of_metadata_key(key: str) -> str | None:
+    """The tenant of a metadata key (``files/<tenant_id>/<file_id>.json``); None for any other key."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != "files" or not parts[2].endswith(_METADATA_SUFFIX):
+        return None
+    return parts[1] if _FILE_ID.fullmatch(parts[2].removesuffix(_METADATA_SUFFIX)) else None
 
 
 def _content_key(tenant_id: str, file_id: str) -> str:
@@ -139,6 +198,7 @@ def _encode(stored: StoredFile) -> bytes:
             "purpose": stored.purpose,
             "num_bytes": stored.num_bytes,
             "created_at": stored.created_at.isoformat(),
+            "expires_at": None if stored.expires_at is None else stored.expires_at.isoformat(),
         }
     ).encode()
 
@@ -152,8 +212,13 @@ def _decode(raw: bytes, tenant_id: str) -> StoredFile:
         purpose=str(fields["purpose"]),
         num_bytes=int(fields["num_bytes"]),
         created_at=datetime.fromisoformat(fields["created_at"]).astimezone(UTC),
+        expires_at=_utc_or_none(fields.get("expires_at")),  # absent in metadata written before expiry
     )
     # NOTE: the key already scopes it to the tenant; this only catches a store written by hand.
     if stored.tenant_id != tenant_id:
         raise UnknownFileError(stored.file_id)
     return stored
+
+
+def _utc_or_none(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text).astimezone(UTC)
