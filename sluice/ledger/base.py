@@ -163,6 +163,71 @@ def version_traffic_from(
     return sorted(traffic, key=lambda t: t.model_version)
 
 
+# ---- usage per tenant, for the operator's usage and cost report (every tenant, or one) ----
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    """One tenant's rows of one (model, request class) over a window, summed: a line of the operator's
+    report, and what a price applies to (``group``)."""
+
+    tenant_id: str
+    model: str
+    request_class: RequestClass
+    num_requests: int
+    num_errors: int  # rows whose status is in ERROR_OUTCOMES
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def group(self) -> UsageGroup:
+        """The line as ``sluice.pricing`` prices it (the tenant does not change the price)."""
+        return UsageGroup(
+            self.model, self.request_class, self.num_requests, self.prompt_tokens, self.output_tokens
+        )
+
+
+def usage_by_tenant_sql(
+    placeholder: str,
+    *,
+    since: object,
+    until: object | None,
+    tenant_id: str | None,
+    model: str | None,
+    request_class: RequestClass | None,
+) -> tuple[str, list[object]]:
+    """``usage_by_tenant``'s one read and its params, in a dialect's placeholder (``?`` or ``%s``), the
+    times already as the backend stores them. Totals per (tenant, model, request class) over
+    ``since <= finished_at < until``, each optional filter an equality."""
+    p = placeholder
+    errors = ", ".join([p] * len(ERROR_OUTCOMES))
+    where, params = [f"finished_at >= {p}"], [*error_statuses(), since]
+    for column, value in (
+        ("finished_at <", until),
+        ("tenant_id =", tenant_id),
+        ("model =", model),
+        ("request_class =", None if request_class is None else request_class.value),
+    ):
+        if value is not None:
+            where.append(f"{column} {p}")
+            params.append(value)
+    sql = (
+        "SELECT tenant_id, model, request_class, count(*),"
+        f" sum(CASE WHEN status IN ({errors}) THEN 1 ELSE 0 END), sum(prompt_tokens), sum(output_tokens)"
+        f" FROM usage WHERE {' AND '.join(where)} GROUP BY tenant_id, model, request_class"
+    )
+    return sql, params
+
+
+def tenant_usage_from(rows: Iterable[tuple[Any, ...]]) -> list[TenantUsage]:
+    """``usage_by_tenant_sql``'s rows, the same for every backend: sorted by tenant, model and class (in
+    Python, so no database collation decides the order)."""
+    parsed = (
+        TenantUsage(t, m, RequestClass(c), int(n), int(e), int(p), int(o)) for t, m, c, n, e, p, o in rows
+    )
+    return sorted(parsed, key=lambda u: (u.tenant_id, u.model, u.request_class.value))
+
+
 class UsageLedger(ABC):
     @abstractmethod
     async def open(self) -> None:
@@ -211,6 +276,26 @@ class UsageLedger(ABC):
         Raises ``LedgerUnavailable`` when the ledger's server cannot be reached.
         """
 
+    @abstractmethod
+    async def usage_by_tenant(
+        self,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        tenant_id: str | None = None,
+        model: str | None = None,
+        request_class: RequestClass | None = None,
+    ) -> list[TenantUsage]:
+        """Every tenant's usage over ``since <= finished_at < until`` (no ``until``: up to now and on), one
+        entry per (tenant, model, request class) that has rows: requests, errors (``ERROR_OUTCOMES``) and
+        tokens. Sorted by tenant, model, then class. ``tenant_id``, ``model`` and ``request_class`` keep
+        only the rows that match; other tenants' rows never count in a tenant's entries. For operators
+        (the control plane's usage report): a tenant's own reads go through ``query``.
+
+        ``since`` (required) and ``until`` must be timezone-aware, ``until`` after ``since``; a filter,
+        when given, non-empty. Raises ``LedgerUnavailable`` when the ledger's server cannot be reached.
+        """
+
 
 def _check_aware(name: str, ts: datetime | None) -> None:
     if ts is not None and ts.utcoffset() is None:
@@ -249,3 +334,15 @@ def check_query_args(since: datetime | None, until: datetime | None, limit: int)
     _check_aware("until", until)
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+def check_usage_by_tenant_args(
+    since: datetime, until: datetime | None, tenant_id: str | None, model: str | None
+) -> None:
+    if since is None:
+        raise ValueError("since must be a timezone-aware datetime, got None")
+    check_query_args(since, until, limit=0)
+    if until is not None and until <= since:
+        raise ValueError(f"until must be after since, got {since.isoformat()} .. {until.isoformat()}")
+    if tenant_id == "" or model == "":
+        raise ValueError("tenant_id and model must be None (every one) or non-empty")

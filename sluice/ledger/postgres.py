@@ -14,14 +14,18 @@ from sluice.ledger.base import (
     MAX_LATENCY_ROWS_PER_VERSION,
     USAGE_COLUMNS,
     LedgerUnavailable,
+    TenantUsage,
     UsageLedger,
     VersionTraffic,
     check_query_args,
     check_record,
+    check_usage_by_tenant_args,
     check_version_traffic_args,
     error_statuses,
     record_from_row,
+    tenant_usage_from,
     totals_from,
+    usage_by_tenant_sql,
     usage_groups_sql,
     version_traffic_from,
     version_traffic_sql,
@@ -159,3 +163,24 @@ class PostgresLedger(UsageLedger):
         except PG_UNREACHABLE as exc:
             raise LedgerUnavailable(f"usage ledger (PostgreSQL) unavailable: {exc}") from exc
         return version_traffic_from(totals, latencies)
+
+    async def usage_by_tenant(
+        self,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        tenant_id: str | None = None,
+        model: str | None = None,
+        request_class: RequestClass | None = None,
+    ) -> list[TenantUsage]:
+        check_usage_by_tenant_args(since, until, tenant_id, model)
+        sql, params = usage_by_tenant_sql(
+            "%s", since=since, until=until, tenant_id=tenant_id, model=model, request_class=request_class
+        )
+        try:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                rows = await cur.fetchall()
+        except PG_UNREACHABLE as exc:
+            raise LedgerUnavailable(f"usage ledger (PostgreSQL) unavailable: {exc}") from exc
+        return tenant_usage_from(rows)

@@ -12,14 +12,18 @@ from sluice.ledger.base import (
     KEEP_THE_FIRST,
     MAX_LATENCY_ROWS_PER_VERSION,
     USAGE_COLUMNS,
+    TenantUsage,
     UsageLedger,
     VersionTraffic,
     check_query_args,
     check_record,
+    check_usage_by_tenant_args,
     check_version_traffic_args,
     error_statuses,
     record_from_row,
+    tenant_usage_from,
     totals_from,
+    usage_by_tenant_sql,
     usage_groups_sql,
     version_traffic_from,
     version_traffic_sql,
@@ -142,3 +146,25 @@ class SqliteLedger(UsageLedger):
             return version_traffic_from(totals, latencies)
 
         return await self._db.run(read)
+
+    async def usage_by_tenant(
+        self,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        tenant_id: str | None = None,
+        model: str | None = None,
+        request_class: RequestClass | None = None,
+    ) -> list[TenantUsage]:
+        check_usage_by_tenant_args(since, until, tenant_id, model)
+        sql, params = usage_by_tenant_sql(
+            "?",
+            since=to_text(since),
+            until=None if until is None else to_text(until),
+            tenant_id=tenant_id,
+            model=model,
+            request_class=request_class,
+        )
+        # One statement: one snapshot without BEGIN.
+        rows = await self._db.run(lambda conn: conn.execute(sql, params).fetchall())
+        return tenant_usage_from(rows)
