@@ -108,6 +108,13 @@ class Batch:
     output_file_id: str | None = None
     error_file_id: str | None = None
     errors: tuple[BatchError, ...] = ()
+    # The result files expire this long after they are written (OpenAI's ``output_expires_after``); None:
+    # never.
+    output_expires_after_s: int | None = None
+    # The batch's own copy of its input file in the object store, read instead of ``input_file_id`` so
+    # that deleting (or expiring) that file leaves the batch alone. None: a batch created before batches
+    # kept a copy, which reads ``input_file_id``.
+    input_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
 ``batches`` holds every ``Batch`` field (``metadata`` a JSON object, ``errors`` a JSON array, the request
 counts as ``num_total`` / ``num_completed`` / ``num_failed``) and the lease (``lease_owner``,
 ``lease_until``: both NULL when no runner holds it). ``batch_parts`` holds the committed parts
-(``line_indices`` a JSON array).
+(``line_indices`` a JSON array). Version 2 added ``output_expires_after_s`` and ``input_key`` (NULL in
+older rows, as in batches that asked for neither).
 """
 
 from __future__ import annotations
@@ -65,12 +66,24 @@ _DDL = f"""
     )
 """
 
+# Rows written before version 2 read NULL for both: result files that never expire, no input copy.
+_RETENTION_DDL = """
+    ALTER TABLE batches ADD COLUMN output_expires_after_s {int} CHECK (output_expires_after_s > 0);
+    ALTER TABLE batches ADD COLUMN input_key TEXT
+"""
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
         name="batches and their committed parts",
         sqlite=_DDL.format(ts="TEXT", int="INTEGER"),
         postgres=_DDL.format(ts="TIMESTAMPTZ", int="BIGINT"),
+    ),
+    Migration(
+        version=2,
+        name="result files' expiry and the batch's own copy of its input file",
+        sqlite=_RETENTION_DDL.format(int="INTEGER"),
+        postgres=_RETENTION_DDL.format(int="BIGINT"),
     ),
 ]
 
@@ -98,6 +111,8 @@ BATCH_COLUMNS: tuple[str, ...] = (
     "output_file_id",
     "error_file_id",
     "errors",
+    "output_expires_after_s",
+    "input_key",
 )
 PART_COLUMNS: tuple[str, ...] = (
     "seq",
@@ -151,13 +166,16 @@ def batch_row(batch: Batch, to_db: ToDb) -> tuple[Any, ...]:
         batch.output_file_id,
         batch.error_file_id,
         errors_json(batch.errors),
+        batch.output_expires_after_s,
+        batch.input_key,
     )
 
 
 def batch_from_row(row: Sequence[Any], from_db: FromDb) -> Batch:
     batch_id, tenant_id, endpoint, input_file_id, window, status, created_at, expires_at = row[:8]
     total, completed, failed, metadata = row[8:12]
-    status_times, (output_file_id, error_file_id, errors) = row[12:19], row[19:]
+    status_times, (output_file_id, error_file_id, errors) = row[12:19], row[19:22]
+    output_expires_after_s, input_key = row[22:]
 
     def ts(value: Any) -> datetime | None:
         return None if value is None else from_db(value)
@@ -184,6 +202,8 @@ def batch_from_row(row: Sequence[Any], from_db: FromDb) -> Batch:
         output_file_id=output_file_id,
         error_file_id=error_file_id,
         errors=tuple(BatchError(**e) for e in json.loads(errors)),
+        output_expires_after_s=None if output_expires_after_s is None else int(output_expires_after_s),
+        input_key=input_key,
     )
 
 

@@ -48,6 +48,7 @@ class BatchBackend:
     make: Callable[[], BatchStore]
     rows: Callable[[str], Awaitable[list[tuple[Any, ...]]]]
     database_url: str | None  # None: SQLite
+    execute: Callable[[str], Awaitable[None]]  # a statement, committed
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -59,7 +60,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> BatchBackend:
             with closing(sqlite3.connect(path)) as conn:
                 return conn.execute(query).fetchall()
 
-        return BatchBackend(lambda: SqliteBatchStore(path), sqlite_rows, None)
+        async def sqlite_execute(statement: str) -> None:
+            with closing(sqlite3.connect(path)) as conn, conn:
+                conn.execute(statement)
+
+        return BatchBackend(lambda: SqliteBatchStore(path), sqlite_rows, None, sqlite_execute)
     url = request.getfixturevalue("pg_schema_url")
 
     async def pg_rows(query: str) -> list[tuple[Any, ...]]:
@@ -67,7 +72,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> BatchBackend:
             cur = await conn.execute(query.encode())  # bytes: the test's own literal SQL
             return await cur.fetchall()
 
-    return BatchBackend(lambda: PostgresBatchStore(url, pool_max_size=4), pg_rows, url)
+    async def pg_execute(statement: str) -> None:
+        async with await psycopg.AsyncConnection.connect(url) as conn:  # commits at the end
+            await conn.execute(statement.encode())
+
+    return BatchBackend(lambda: PostgresBatchStore(url, pool_max_size=4), pg_rows, url, pg_execute)
 
 
 @pytest.fixture
@@ -377,7 +386,47 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     rows = await backend.rows("SELECT version FROM schema_migrations WHERE component = 'batches'")
-    assert rows == [(1,)]
+    assert sorted(rows) == [(1,), (2,)]
+
+
+async def test_result_expiry_and_the_input_copy_round_trip(store: BatchStore) -> None:
+    kept = new_batch("batch_a", output_expires_after_s=7200, input_key="batches/acme/batch_a/input.jsonl")
+    await store.create(kept)
+    await store.create(new_batch("batch_b", created_s=1))
+    assert await store.get("acme", "batch_a") == kept
+    plain = await store.get("acme", "batch_b")
+    assert (plain.output_expires_after_s, plain.input_key) == (None, None)
+    claimed = await store.claim("r1", LEASE_S, at(2))
+    assert claimed == kept  # the runner's view holds them too
+    assert await store.advance("batch_a", "r1", BatchStatus.IN_PROGRESS, at(3)) == dataclasses.replace(
+        kept, status=BatchStatus.IN_PROGRESS, in_progress_at=at(3)
+    )
+
+
+async def test_a_batch_written_before_version_2_reads_no_expiry_and_no_input_copy(
+    backend: BatchBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sluice.batches import postgres, sqlite
+
+    for module in (sqlite, postgres):  # a gateway of before: only the first migration
+        monkeypatch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:1])
+    old = backend.make()
+    await old.open()
+    await old.close()
+    monkeypatch.undo()
+    await backend.execute(
+        "INSERT INTO batches (batch_id, tenant_id, endpoint, input_file_id, completion_window, status,"
+        " created_at, expires_at) VALUES ('batch_old', 'acme', '/v1/chat/completions', 'file-batch_old',"
+        f" '24h', 'validating', '{T0.isoformat(timespec='microseconds')}',"
+        f" '{at(86400).isoformat(timespec='microseconds')}')"
+    )
+    store = backend.make()
+    await store.open()  # applies version 2 to a table with a row in it
+    try:
+        assert await store.get("acme", "batch_old") == new_batch("batch_old")
+        assert (await store.get("acme", "batch_old")).input_key is None  # the runner reads input_file_id
+    finally:
+        await store.close()
 
 
 async def test_open_batch_store_follows_the_settings(backend: BatchBackend, tmp_path: Path) -> None:
