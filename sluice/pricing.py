@@ -97,6 +97,13 @@ def total_cost(prices: Prices, groups: Iterable[UsageGroup]) -> Decimal | None:
     return total
 
 
+def total_cost_usd(prices: Prices, groups: Iterable[UsageGroup]) -> float | None:
+    """``total_cost`` as a report shows it: the float nearest the exact sum (summed in decimal first, so
+    it is the same whichever order the groups come in); None as there."""
+    total = total_cost(prices, groups)
+    return None if total is None else float(total)
+
+
 def parse_prices(text: str) -> dict[str, ModelPrice]:
     """``SLUICE_PRICES``'s JSON as each model's price. Raises ``ValueError`` naming the model and the field
     at fault: not an object, an unknown or missing field, a price that is not a finite number >= 0."""

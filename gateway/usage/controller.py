@@ -22,7 +22,7 @@ from gateway.errors import OpenAIError, error_responses, invalid_request
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, UsageGroup, UsageRecord, UsageTotals
 from sluice.ledger.base import LedgerUnavailable
-from sluice.pricing import Prices, total_cost
+from sluice.pricing import Prices, total_cost_usd
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,12 @@ def row_out(r: UsageRecord, prices: Prices) -> UsageRow:
 
 
 def totals_out(totals: UsageTotals, prices: Prices) -> UsageTotalsOut:
-    total = total_cost(prices, totals.groups)
     return UsageTotalsOut(
         totals.num_requests,
         totals.prompt_tokens,
         totals.output_tokens,
         totals.prompt_tokens + totals.output_tokens,
-        cost_usd=None if total is None else float(total),
+        cost_usd=total_cost_usd(prices, totals.groups),
         by_model_and_class=[group_out(g, prices) for g in totals.groups],
     )
 
