@@ -35,6 +35,7 @@ from control_plane.service.serving import LOG_FORMAT
 from control_plane.service.state import ControlPlaneState
 from control_plane.service.system import SYSTEM_HANDLERS
 from control_plane.service.tokens import AdminController
+from control_plane.service.usage import UsageReportController
 from sluice.admin_tokens.base import AdminTokenStore
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
 from sluice.admin_tokens.factory import open_admin_token_store
@@ -91,6 +92,7 @@ def create_app(
             *RELEASE_HANDLERS,
             RolloutController,
             ReplicasController,
+            UsageReportController,
             *SYSTEM_HANDLERS,
         ],
         exception_handlers=exception_handlers(metrics),
