@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from control_plane.cli import admin_tokens, models, replicas, rollout, routes, tenants, top, versions
+from control_plane.cli import admin_tokens, models, replicas, rollout, routes, tenants, top, usage, versions
 from control_plane.cli.build_engine import register as register_build_engine
 from control_plane.sim import cli as sim
 
@@ -43,6 +43,7 @@ COMMAND_GROUPS: list[tuple[str, str, Register]] = [
         replicas.register,
     ),
     ("build-engine", "build a stored checkpoint into a staged version (cpu, trtllm*)", register_build_engine),
+    ("usage", "every tenant's requests, tokens, errors and cost over a window (admin API)", usage.register),
     ("top", "a live view of each model version and replica: load, latency, tokens/s, health", top.register),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),
 ]
