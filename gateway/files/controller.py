@@ -1,6 +1,9 @@
 """OpenAI's Files API for the caller's tenant: upload a batch input file, list, retrieve, download, delete.
 
-Uploads are ``multipart/form-data`` (``file``, ``purpose``), as OpenAI takes them. Only purpose ``batch``
+Uploads are ``multipart/form-data`` (``file``, ``purpose``, optionally ``expires_after[anchor]`` and
+``expires_after[seconds]``: the file expires that long after its upload, ``gateway.files.retention``), as
+OpenAI takes them; an expired file is unknown (404) at once, and a sweep (``gateway.files.sweeper``)
+deletes it later. Only purpose ``batch``
 may be uploaded (``batch_output`` files are the batch runner's results); the file must be non-empty, at
 most ``file_max_bytes``, named ``*.jsonl`` and UTF-8. Its lines are not checked here: the batch runner
 reports each malformed line in the batch's error file, as OpenAI does. This route alone takes bodies past
@@ -23,6 +26,7 @@ from litestar.params import Body, FromPath, FromQuery
 
 from gateway.auth import require_tenant, tenant_of
 from gateway.errors import ErrorBody, OpenAIError, invalid_request
+from gateway.files.retention import form_expires_after_s
 from gateway.files.schemas import FileDeleted, FileList, FileObject, FileUpload
 from gateway.state import GatewayState
 from sluice.files.base import ObjectStoreUnavailable
@@ -37,7 +41,8 @@ MAX_LIST_LIMIT = 10_000
 
 _ERRORS = {
     400: "Invalid upload or query (`param` names the field): a purpose other than `batch`, an empty "
-    "file, `file_too_large`, a name not ending `.jsonl`, a file that is not UTF-8.",
+    "file, `file_too_large`, a name not ending `.jsonl`, a file that is not UTF-8, an `expires_after` "
+    "whose anchor is not `created_at` or whose seconds are not 3600 to 2592000.",
     401: "`invalid_api_key`: no key, or one no tenant has.",
     404: "`file_not_found`: no such file for this tenant.",
     413: "`file_too_large`: the upload's body is over the limit for a file (`SLUICE_FILE_MAX_BYTES`).",
@@ -110,11 +115,18 @@ class FilesController(Controller):
     ) -> FileObject:
         gw: GatewayState = request.app.state.gw
         try:
+            expires_after_s = form_expires_after_s(data.expires_after_anchor, data.expires_after_seconds)
             content = await _checked_upload(data, gw.settings.file_max_bytes)
         finally:
             await data.file.close()
         async with _store_errors("POST /v1/files"):
-            stored = await gw.files.create(tenant_of(request).tenant_id, data.file.filename, "batch", content)
+            stored = await gw.files.create(
+                tenant_of(request).tenant_id,
+                data.file.filename,
+                "batch",
+                content,
+                expires_after_s=expires_after_s,
+            )
         return FileObject.of(stored)
 
     @get("/", responses=_errors(400, 401, 503))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -11,12 +10,14 @@ from litestar.datastructures import UploadFile
 from sluice.files.catalog import StoredFile
 
 
-@dataclass
-class FileUpload:
-    """POST /v1/files's multipart form: the file (a ``.jsonl`` name, UTF-8 JSON lines) and its purpose."""
+class FileUpload(msgspec.Struct):
+    """POST /v1/files's multipart form: the file (a ``.jsonl`` name, UTF-8 JSON lines), its purpose, and
+    optionally when it expires (``gateway.files.retention``: form text, checked there)."""
 
     file: UploadFile
     purpose: str
+    expires_after_anchor: str | None = msgspec.field(default=None, name="expires_after[anchor]")
+    expires_after_seconds: str | None = msgspec.field(default=None, name="expires_after[seconds]")
 
 
 class FileObject(msgspec.Struct):
@@ -27,7 +28,7 @@ class FileObject(msgspec.Struct):
     purpose: str
     object: Literal["file"] = "file"
     status: Literal["processed"] = "processed"  # stored whole before the response: nothing to process
-    expires_at: int | None = None  # files do not expire
+    expires_at: int | None = None  # unix seconds; None: never (no expires_after at upload)
     status_details: str | None = None
 
     @classmethod
@@ -38,6 +39,7 @@ class FileObject(msgspec.Struct):
             created_at=int(stored.created_at.timestamp()),
             filename=stored.filename,
             purpose=stored.purpose,
+            expires_at=None if stored.expires_at is None else int(stored.expires_at.timestamp()),
         )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from expired_files import expire_now, stored_keys
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, GLOBEX_KEY, RunningGateway, start_gateway
 from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by name)
@@ -127,6 +128,82 @@ def test_a_refused_upload_is_400_naming_the_field(
     error = error_of(caught.value)
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert message in str(error["message"])
+
+
+def test_expires_after_sets_expires_at(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    created = client.files.create(
+        file=("a.jsonl", LINES), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
+    )
+    assert created.expires_at == created.created_at + 3600
+    assert client.files.retrieve(created.id).expires_at == created.expires_at
+    assert [f.expires_at for f in client.files.list() if f.id == created.id] == [created.expires_at]
+    longest = client.files.create(
+        file=("b.jsonl", LINES), purpose="batch", expires_after={"anchor": "created_at", "seconds": 2592000}
+    )
+    assert longest.expires_at == longest.created_at + 2592000
+    assert client.files.create(file=("c.jsonl", LINES), purpose="batch").expires_at is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"expires_after[anchor]": "last_active_at", "expires_after[seconds]": "3600"},
+         "expires_after[anchor]", "'last_active_at' is not one of ['created_at']"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "3599"},
+         "expires_after[seconds]", "between 3600 (1 hour) and 2592000 (30 days), got 3599"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"},
+         "expires_after[seconds]", "got 2592001"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "an hour"},
+         "expires_after[seconds]", "must be an integer"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "-3600"},
+         "expires_after[seconds]", "got -3600"),
+        ({"expires_after[anchor]": "created_at"}, "expires_after[seconds]", "is required"),
+        ({"expires_after[seconds]": "3600"}, "expires_after[anchor]", "is required"),
+    ],
+)  # fmt: skip
+def test_a_bad_expires_after_is_400_naming_the_field(
+    gateway: RunningGateway, fields: dict[str, str], param: str, message: str
+) -> None:
+    with gateway.http() as http:  # the form as the official client sends it (multipart fields)
+        resp = http.post(
+            "/v1/files",
+            headers={"Authorization": f"Bearer {ACME_KEY}"},
+            data={"purpose": "batch", **fields},
+            files={"file": ("a.jsonl", LINES)},
+        )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert message in error["message"]
+
+
+def test_the_official_client_gets_the_same_400(gateway: RunningGateway) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        gateway.client().files.create(
+            file=("a.jsonl", LINES), purpose="batch", expires_after={"anchor": "created_at", "seconds": 60}
+        )
+    assert error_of(caught.value)["param"] == "expires_after[seconds]"
+
+
+def test_an_expired_file_is_gone_for_every_read_before_the_sweep_deletes_it(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    expiring = client.files.create(
+        file=("a.jsonl", LINES), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
+    )
+    expire_now(gateway.state_dir, expiring.id)
+    for call in (client.files.retrieve, client.files.content, client.files.delete):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call(expiring.id)
+        assert error_of(caught.value)["code"] == "file_not_found"
+    assert expiring.id not in [f.id for f in client.files.list()]
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.batches.create(input_file_id=expiring.id, endpoint="/v1/completions", completion_window="24h")
+    assert (error_of(caught.value)["code"], error_of(caught.value)["param"]) == (
+        "file_not_found",
+        "input_file_id",
+    )
+    assert f"files/acme/{expiring.id}.json" in stored_keys(gateway.state_dir)  # the sweep's to delete
 
 
 def test_a_body_far_over_the_file_limit_is_413_unread(gateway: RunningGateway) -> None:
