@@ -198,6 +198,17 @@ def test_bad_input_is_a_400_naming_the_parameter_and_a_tenant_key_is_refused(
             resp = get_report(service, token)
             assert resp.status_code == 401 and error_of(resp)["code"] == "invalid_admin_token", resp.text
         assert httpx.get(f"{service.url}/admin/v1/usage", timeout=30).status_code == 401
+        schema = httpx.get(f"{service.url}/schema/openapi.json", timeout=30).json()
+        operation = schema["paths"]["/admin/v1/usage"]["get"]
+        assert operation["security"] == [{"AdminToken": []}]
+        assert {"400", "401", "503"} <= set(operation["responses"])
+        assert {p["name"] for p in operation["parameters"]} == {
+            "since",
+            "until",
+            "tenant",
+            "model",
+            "request_class",
+        }
         # The command refuses what the service would, before any call (exit 2).
         code, out, err = sluice(capsys, service, "--since", "2h", "--until", "3h")
         assert code == 2 and out == "" and "--since: since must be before until" in err
