@@ -26,6 +26,7 @@ from gateway.batches.runner import BatchRunner
 from gateway.batches.work import Stores, WorkLimits
 from gateway.errors import exception_handlers
 from gateway.files.controller import files_controller
+from gateway.files.sweeper import FileSweeper
 from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
 from gateway.openapi_links import add_links
@@ -145,6 +146,11 @@ def create_app(
                 files=FileCatalog(object_store),
                 batches=batch_store,
             )
+            sweeper = FileSweeper(
+                app.state.gw.files, settings.file_sweep_interval_s, on_expired=metrics.files_expired.inc
+            )
+            await sweeper.start()
+            stack.push_async_callback(sweeper.close)
             if settings.batch_runner:  # closed first (the stack unwinds in reverse): its lines still meter
                 runner = _batch_runner(app.state.gw, object_store, store, settings)
                 await runner.start()

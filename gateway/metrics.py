@@ -241,6 +241,11 @@ class GatewayMetrics:
         self.batches_active = Gauge(
             "sluice_gateway_batches_active", "Batches this gateway's runner holds now", registry=self.registry
         )
+        self.files_expired = Counter(
+            "sluice_gateway_files_expired",
+            "Expired files this gateway's sweep deleted (one two gateways' sweeps raced on counts on both)",
+            registry=self.registry,
+        )
 
     def count_refused(self, reason: str) -> None:
         self.refused.labels(reason).inc()

@@ -239,9 +239,12 @@ class Settings(BaseSettings):
 
     # Files (issue 15; sluice/files, OpenAI's Files API): uploaded batch input and batch results. Unset:
     # under <state_dir>/files; s3://BUCKET/PREFIX: in that bucket (endpoint: s3_endpoint_url). An upload's
-    # file may hold at most file_max_bytes (POST /v1/files alone may exceed max_body_bytes for it).
+    # file may hold at most file_max_bytes (POST /v1/files alone may exceed max_body_bytes for it). Files
+    # may expire (expires_after, output_expires_after): each gateway deletes the expired ones every
+    # file_sweep_interval_s (they are unknown to every read from their expiry on).
     files_url: str | None = None
     file_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    file_sweep_interval_s: float = Field(600.0, gt=0, le=86400)
 
     # Batches (issue 15; gateway/batches, OpenAI's Batch API). Every gateway runs a batch runner unless
     # batch_runner is false (it then only accepts and reports batches; other gateways run them). A runner

@@ -12,7 +12,9 @@ def expire_now(state_dir: Path, file_id: str) -> None:
     [metadata] = (state_dir / "files" / "files").glob(f"*/{file_id}.json")
     fields = json.loads(metadata.read_text())
     fields["expires_at"] = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
-    metadata.write_text(json.dumps(fields))
+    temp = metadata.with_name(metadata.name + "~tmp")  # renamed over it: a sweep never reads half of it
+    temp.write_text(json.dumps(fields))
+    temp.replace(metadata)
 
 
 def stored_keys(state_dir: Path) -> list[str]:
