@@ -20,7 +20,7 @@ TERRAFORM_DIR = ROOT / "deploy" / "terraform"
 DEFAULT_MIRROR = Path("/opt/tf-plugins")
 AWS_PROVIDER = Path("registry.terraform.io") / "hashicorp" / "aws"
 AWS_MAJOR_MINOR = (5, 100)  # versions.tf: "~> 5.100"
-MIN_TERRAFORM = (1, 10)  # the roots' S3 backend uses use_lockfile; mock_provider needs 1.7
+MIN_TERRAFORM = (1, 10)  # the root's S3 backend uses use_lockfile; mock_provider needs 1.7
 COMMAND_TIMEOUT_S = 300
 
 CLI_CONFIG = """\
@@ -109,7 +109,7 @@ def terraform_or_skip_reason(work_dir: Path) -> Terraform | str:
         return f"{binary} version -json failed: {exc}"
     if _version_tuple(version)[:2] < MIN_TERRAFORM:
         wanted = ".".join(map(str, MIN_TERRAFORM))
-        return f"terraform {version} at {binary} is older than {wanted}, which the roots need"
+        return f"terraform {version} at {binary} is older than {wanted}, which the root needs"
     mirror = plugin_mirror()
     reason = _mirror_reason(mirror)
     if reason is not None:
@@ -128,10 +128,16 @@ def copy_terraform_tree(destination: Path) -> Path:
 
 
 def configuration_dirs() -> list[str]:
-    """Every module and environment root, relative to deploy/terraform (e.g. ``modules/eks``)."""
+    """Every module and root, relative to deploy/terraform (e.g. ``modules/eks``, ``sluice``): a root is a
+    directory of deploy/terraform itself with a versions.tf."""
     found = [
         path.parent.relative_to(TERRAFORM_DIR).as_posix()
-        for kind in ("modules", "environments")
-        for path in TERRAFORM_DIR.glob(f"{kind}/*/versions.tf")
+        for pattern in ("modules/*/versions.tf", "*/versions.tf")
+        for path in TERRAFORM_DIR.glob(pattern)
     ]
     return sorted(found)
+
+
+def environment_names(directory: Path) -> list[str]:
+    """The environments a root is planned for: one ``envs/<env>.tfvars`` each (none for a module)."""
+    return sorted(path.name.removesuffix(".tfvars") for path in directory.glob("envs/*.tfvars"))

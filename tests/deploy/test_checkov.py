@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TF_DIR = ROOT / "deploy" / "terraform"
 KUBE_DIR = ROOT / "deploy" / "kubernetes"
 CONFIG = TF_DIR / ".checkov.yaml"
+TF_ROOT = TF_DIR / "sluice"  # the one root; .checkov.yaml scans it with prod's var file
 CHECKOV_VERSION = "3.3.30"
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 VENV = CACHE_DIR / "sluice" / f"checkov-{CHECKOV_VERSION}-venv"
@@ -28,6 +29,8 @@ INSTALLED_MARKER = VENV / f"installed-checkov-{CHECKOV_VERSION}"
 INSTALL_TIMEOUT_S = 900
 RUN_TIMEOUT_S = 300
 SKIP_LINE = re.compile(r"^\s*-\s*(?P<item>[^\s#]+)\s*(#\s*(?P<reason>.*))?$")  # skip-check, skip-path
+SECTION = re.compile(r"^(?P<key>[\w-]+):")  # a top-level key of .checkov.yaml
+SKIP_SECTIONS = ("skip-check", "skip-path")
 INLINE_SKIP = re.compile(r"checkov:skip=(CKV2?_[A-Z0-9]+_\d+)(:(?P<reason>.*))?")
 
 
@@ -82,6 +85,26 @@ def test_terraform_passes_checkov(checkov: Path) -> None:
     assert done.returncode == 0, f"checkov failed checks on deploy/terraform:\n{done.stdout}\n{done.stderr}"
 
 
+def test_the_root_is_scanned_as_prod() -> None:
+    """Without a var file checkov passes what it cannot resolve (every size of the root is a variable), so
+    the configuration names prod's inputs, relative to the repository root the scans run from."""
+    var_files = re.findall(r"^var-file:\n((?:\s+-\s*\S+\n)+)", CONFIG.read_text(), re.MULTILINE)
+    assert var_files, f"{CONFIG.name} names no var-file"
+    named = re.findall(r"-\s*(\S+)", var_files[0])
+    assert named == [(TF_ROOT / "envs" / "prod.tfvars").relative_to(ROOT).as_posix()], named
+    assert (ROOT / named[0]).is_file()
+
+
+@pytest.mark.slow
+def test_the_var_file_reaches_the_root(checkov: Path) -> None:
+    """The same configuration with dev's inputs fails prod's protections on the root's database: the var
+    file is what decides, and the prod scan above passes because prod is protected."""
+    dev = (TF_ROOT / "envs" / "dev.tfvars").relative_to(ROOT).as_posix()
+    done = run_checkov(checkov, TF_ROOT, "terraform", "--config-file", str(CONFIG), "--var-file", dev)
+    assert done.returncode != 0, done.stdout
+    assert "CKV_AWS_293" in done.stdout and "CKV_AWS_157" in done.stdout, done.stdout
+
+
 @pytest.mark.slow
 def test_kubernetes_overlays_pass_checkov(checkov: Path, tmp_path: Path) -> None:
     """What the cluster would get: each overlay rendered by kubectl kustomize, then checked."""
@@ -116,8 +139,11 @@ def test_every_skipped_check_is_justified() -> None:
     """Each skipped check or path in .checkov.yaml has a `# reason`, each inline skip a `:reason`."""
     unjustified = []
     skipped = []
+    section = ""
     for number, line in enumerate(CONFIG.read_text().splitlines(), start=1):
-        if match := SKIP_LINE.match(line):
+        if heading := SECTION.match(line):
+            section = heading.group("key")
+        elif section in SKIP_SECTIONS and (match := SKIP_LINE.match(line)):
             skipped.append(match.group("item"))
             if len((match.group("reason") or "").split()) < 4:
                 unjustified.append(f"{CONFIG.relative_to(ROOT)}:{number}: {match.group('item')}")

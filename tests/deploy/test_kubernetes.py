@@ -30,6 +30,8 @@ from sluice.weights_digest import weights_digest
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_DIR = ROOT / "deploy" / "kubernetes"
 DOCKER_DIR = ROOT / "deploy" / "docker"
+# The Terraform root every environment is planned from, and its per-environment inputs (envs/<env>.tfvars).
+TERRAFORM_ROOT = ROOT / "deploy" / "terraform" / "sluice"
 OVERLAYS = ["dev", "prod"]
 REPLICA_PORTS = {8000, 8001, 8002}
 TRITON_IMAGE = re.compile(r"^nvcr\.io/nvidia/tritonserver:[0-9.]+-trtllm-python-py3$")
@@ -384,13 +386,15 @@ def test_gateways_share_the_files_bucket_and_send_telemetry_to_stdout_and_redis(
     placeholder refuses to start, naming SLUICE_FILES_URL, rather than run with a wrong store."""
     gateway = named(objs, "Deployment", "sluice-gateway")["spec"]["template"]["spec"]["containers"][0]
     environ = container_environ(objs, gateway, EXAMPLE_ACCOUNT)
-    # environments/<env>: bucket "${local.name}-files-<account id>", local.name "sluice-<env>", prefix files.
+    # The root: bucket "${local.name}-files-<account id>", local.name "sluice-${var.environment}", prefix
+    # files; envs/<overlay>.tfvars: environment = "<overlay>".
     assert environ["SLUICE_FILES_URL"] == f"s3://sluice-{overlay}-files-{EXAMPLE_ACCOUNT}/files"
-    main_tf = (ROOT / "deploy" / "terraform" / "environments" / overlay / "main.tf").read_text()
+    main_tf = (TERRAFORM_ROOT / "main.tf").read_text()
     assert (
-        f'name = "sluice-{overlay}"' in main_tf
+        'name = "sluice-${var.environment}"' in main_tf
         and '"${local.name}-files-${data.aws_caller_identity' in main_tf
     )
+    assert terraform_input(overlay, "environment") == f'"{overlay}"'
     assert environ["SLUICE_TELEMETRY_SINKS"] == "stdout,redis"
     redis = next(e for e in gateway["env"] if e["name"] == "SLUICE_REDIS_URL")
     assert not redis["valueFrom"]["secretKeyRef"].get("optional"), "the redis sink needs SLUICE_REDIS_URL"
@@ -506,15 +510,19 @@ def config(objs: tuple[Obj, ...]) -> dict[str, str]:
     return dict(named(objs, "ConfigMap", config_name(objs))["data"])
 
 
+def terraform_input(overlay: str, name: str) -> str | None:
+    """A value as the environment's var file (envs/<overlay>.tfvars) writes it, quotes kept; None when
+    the file does not set it."""
+    text = (TERRAFORM_ROOT / "envs" / f"{overlay}.tfvars").read_text()
+    m = re.search(rf"^\s*{re.escape(name)}\s*=\s*(.+?)\s*$", text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
 def vpc_cidr(overlay: str) -> str:
-    """The VPC CIDR Terraform gives that environment (its root's ``cidr = "..."``), else the network
-    module's default."""
-    root = ROOT / "deploy" / "terraform" / "environments" / overlay
-    for tf in sorted(root.glob("*.tf")):
-        m = re.search(r'^\s*(?:vpc_)?cidr\s*=\s*"([0-9./]+)"', tf.read_text(), re.MULTILINE)
-        if m:
-            return m.group(1)
-    return "10.0.0.0/16"
+    """The VPC CIDR Terraform gives that environment (``cidr = "..."`` in its var file)."""
+    cidr = terraform_input(overlay, "cidr")
+    assert cidr is not None, f"envs/{overlay}.tfvars sets no cidr"
+    return cidr.strip('"')
 
 
 class _Response:
