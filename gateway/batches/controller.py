@@ -1,14 +1,18 @@
 """OpenAI's Batch API: ``POST /v1/batches``, ``GET /v1/batches``, ``GET /v1/batches/{id}``,
 ``POST /v1/batches/{id}/cancel``. A tenant sees only its own batches (another's id is unknown).
 
-Creating a batch checks what needs no reading of the file (the endpoint, the window, the metadata, that
-the input file is the tenant's and for ``batch``, that the key may use the batch class) and queues it as
-``validating``; the runner (``gateway.batches.runner``) reads and checks the file's lines, then runs them.
+Creating a batch checks what needs no reading of the file (the endpoint, the window, the metadata, the
+``output_expires_after``, that the input file is the tenant's and for ``batch``, that the key may use the
+batch class), copies the input file to the batch's own key (``batches/<tenant>/<batch_id>/input.jsonl``,
+so that deleting the file, or its expiry, leaves the batch alone), and queues it as ``validating``; the
+runner (``gateway.batches.runner``) reads and checks the copy's lines, then runs them, and deletes the
+copy when the batch ends.
 """
 
 from __future__ import annotations
 
 import secrets
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -19,6 +23,7 @@ from litestar.params import JSONBody, Parameter
 from gateway.auth import require_tenant, tenant_of
 from gateway.batches.lines import ENDPOINTS
 from gateway.errors import OpenAIError, error_responses, invalid_request
+from gateway.files.retention import ExpiresAfter, output_expires_after_s
 from gateway.state import GatewayState
 from sluice.batches.base import Batch, BatchStatus, BatchStoreUnavailable, UnknownBatchError
 from sluice.domain import RequestClass
@@ -45,6 +50,7 @@ class CreateBatchRequest(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None  # the result files' retention
 
 
 class BatchErrorOut(msgspec.Struct):
@@ -157,6 +163,25 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             )
 
 
+async def _copy_input(gw: GatewayState, tenant_id: str, file_id: str, batch_id: str) -> str:
+    """Copy the tenant's input file ``file_id`` (purpose ``batch``) to the batch's own key; the key. 404
+    for a file the tenant does not have (or that expired), 400 for another purpose, 503 for a store that
+    cannot answer."""
+    input_key = f"batches/{tenant_id}/{batch_id}/input.jsonl"
+    try:
+        stored = await gw.files.get(tenant_id, file_id)
+        if stored.purpose != "batch":
+            raise invalid_request("The input file's purpose must be 'batch'.", param="input_file_id")
+        await gw.files.copy_content(tenant_id, file_id, input_key)
+    except UnknownFileError:
+        raise OpenAIError(
+            404, "No file found with that id.", code="file_not_found", param="input_file_id"
+        ) from None
+    except ObjectStoreUnavailable:
+        raise _unavailable("file store") from None
+    return input_key
+
+
 BatchId = Annotated[str, Parameter(max_length=128, description="The batch's id (`batch_...`).")]
 
 
@@ -186,19 +211,12 @@ class BatchesController(Controller):
                 f"completion_window must be one of {sorted(COMPLETION_WINDOWS)}.", param="completion_window"
             )
         _check_metadata(data.metadata)
-        try:
-            stored = await gw.files.get(tenant.tenant_id, data.input_file_id)
-        except UnknownFileError:
-            raise OpenAIError(
-                404, "No file found with that id.", code="file_not_found", param="input_file_id"
-            ) from None
-        except ObjectStoreUnavailable:
-            raise _unavailable("file store") from None
-        if stored.purpose != "batch":
-            raise invalid_request("The input file's purpose must be 'batch'.", param="input_file_id")
+        results_expire_after_s = output_expires_after_s(data.output_expires_after)
+        batch_id = f"batch_{secrets.token_hex(16)}"
+        input_key = await _copy_input(gw, tenant.tenant_id, data.input_file_id, batch_id)
         now = datetime.now(UTC)
         batch = Batch(
-            batch_id=f"batch_{secrets.token_hex(16)}",
+            batch_id=batch_id,
             tenant_id=tenant.tenant_id,
             endpoint=data.endpoint,
             input_file_id=data.input_file_id,
@@ -207,10 +225,14 @@ class BatchesController(Controller):
             created_at=now,
             expires_at=now + window,
             metadata=dict(data.metadata or {}),
+            output_expires_after_s=results_expire_after_s,
+            input_key=input_key,
         )
         try:
             await gw.batches.create(batch)
         except BatchStoreUnavailable:
+            with suppress(Exception):  # no batch reads it (best effort: a leftover costs only space)
+                await gw.files.store.delete(input_key)
             raise _unavailable("batch store") from None
         gw.batch_runner.wake()
         return batch_out(batch)

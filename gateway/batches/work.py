@@ -42,7 +42,7 @@ from sluice.batches.base import (
     LeaseLost,
 )
 from sluice.domain import Tenant
-from sluice.files.base import ObjectStore, ObjectStoreUnavailable
+from sluice.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable
 from sluice.files.catalog import FileCatalog, UnknownFileError
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,8 @@ class BatchWork:
     # ----- the batch's course -----
     async def _drive(self, tenant: Tenant) -> None:
         batch, stores = self.batch, self._stores
-        try:
-            data = await stores.files.content(batch.tenant_id, batch.input_file_id)
-        except UnknownFileError:
+        data = await self._read_input()
+        if data is None:
             error = BatchError("invalid_file", f"The input file {batch.input_file_id} no longer exists.")
             await self._advance(BatchStatus.FAILED, errors=(error,))
             return
@@ -131,6 +130,18 @@ class BatchWork:
         if self._draining.is_set() and self.batch.status is BatchStatus.IN_PROGRESS:
             return  # stopped with lines left: resumed by the next runner to claim it
         await self._finish(parsed)
+
+    async def _read_input(self) -> bytes | None:
+        """The batch's own copy of its input file (``input_key``, made when it was created: the file may
+        be deleted or expire since). A batch created before batches kept a copy has none, and reads
+        ``input_file_id`` itself. None: there is nothing to read."""
+        batch, stores = self.batch, self._stores
+        try:
+            if batch.input_key is None:
+                return await stores.files.content(batch.tenant_id, batch.input_file_id)
+            return await stores.objects.get(batch.input_key)
+        except (UnknownFileError, ObjectNotFound):
+            return None
 
     async def _run_lines(self, parsed: ParsedFile, done: set[int], tenant: Tenant) -> None:
         """Run every line not done until all ended or the batch must stop, committing what ended."""
@@ -314,7 +325,14 @@ class BatchWork:
             name = f"{batch.batch_id}_{kind}.jsonl"
             data = b"".join(chunks)
             file_id = result_file_id(batch.batch_id, kind)  # a finish redone after a crash rewrites it
-            stored = await stores.files.create(batch.tenant_id, name, "batch_output", data, file_id=file_id)
+            stored = await stores.files.create(
+                batch.tenant_id,
+                name,
+                "batch_output",
+                data,
+                file_id=file_id,
+                expires_after_s=batch.output_expires_after_s,  # the batch's output_expires_after
+            )
             file_ids.append(stored.file_id)
         return file_ids[0], file_ids[1]
 
@@ -325,6 +343,12 @@ class BatchWork:
                 if key is not None:
                     with suppress(Exception):
                         await self._stores.objects.delete(key)
+
+    async def _delete_input_copy(self) -> None:
+        """The batch's copy of its input file, once the batch ended (best effort, as ``_delete_parts``)."""
+        if self.batch.input_key is not None:
+            with suppress(Exception):
+                await self._stores.objects.delete(self.batch.input_key)
 
     # ----- the lease and the status -----
     async def _keep_lease(self) -> None:
@@ -377,6 +401,7 @@ class BatchWork:
         if self.batch.status is BatchStatus.CANCELLING:
             self._stop.set()
         if self.batch.status in TERMINAL_STATUSES:
+            await self._delete_input_copy()  # nothing reads it again
             counts = self.batch.request_counts
             log.info(
                 "batch %s %s: %d of %d lines completed, %d failed",

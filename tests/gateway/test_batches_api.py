@@ -5,21 +5,26 @@ tests wait on events, not minutes."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import secrets
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from harness import GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from expired_files import expire_now, stored_keys
+from harness import ACME_KEY, GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from metrics_text import read_metric
 
 from gateway.batches.controller import COMPLETION_WINDOWS
 from gateway.batches.results import result_file_id
+from sluice.batches.base import Batch, BatchStatus
+from sluice.batches.factory import open_batch_store
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -228,3 +233,122 @@ def test_a_batch_past_its_window_expires_reporting_every_line_it_did_not_finish(
     assert (len(outputs), len(errors)) == (counts.completed, counts.failed) and counts.failed > 0
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     assert sorted(x["custom_id"] for x in outputs + errors) == sorted(f"e{i}" for i in range(num_lines))
+
+
+# ----- the batch's own input copy, and its result files' retention -----
+
+
+def input_copies(gateway: RunningGateway) -> list[str]:
+    return [key for key in stored_keys(gateway.state_dir) if key.endswith("/input.jsonl")]
+
+
+@pytest.mark.parametrize("gone", ["deleted", "expired"])
+def test_a_batch_keeps_running_when_its_input_file_is_deleted_or_expires(
+    gateway: RunningGateway, gone: str
+) -> None:
+    client = gateway.client()
+    file_id = upload(client, [line(f"r{i}", max_tokens=4) for i in range(3)])
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+    assert f"batches/acme/{batch.id}/input.jsonl" in input_copies(gateway)  # copied before the response
+    if gone == "deleted":
+        client.files.delete(file_id)
+    else:
+        expire_now(gateway.state_dir, file_id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(file_id)
+    done = wait_for(client, batch.id, TERMINAL)
+    assert done.status == "completed", done
+    assert done.input_file_id == file_id and done.request_counts.completed == 3
+    assert sorted(o["custom_id"] for o in file_lines(client, done.output_file_id)) == ["r0", "r1", "r2"]
+    assert f"batches/acme/{batch.id}/input.jsonl" not in input_copies(gateway)  # deleted once it ended
+
+
+def test_a_failed_batch_deletes_its_input_copy_too(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    file_id = upload(client, [line("same"), line("same")])
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+    assert wait_for(client, batch.id, TERMINAL).status == "failed"
+    assert f"batches/acme/{batch.id}/input.jsonl" not in input_copies(gateway)
+
+
+def insert_batch_of_before(gateway: RunningGateway, input_file_id: str) -> str:
+    """A batch as a gateway of before created it (no input copy), written to the gateway's batch store."""
+    batch_id = f"batch_{secrets.token_hex(16)}"
+    now = datetime.now(UTC)
+    batch = Batch(batch_id=batch_id, tenant_id="acme", endpoint="/v1/completions",
+                  input_file_id=input_file_id, completion_window="24h", status=BatchStatus.VALIDATING,
+                  created_at=now, expires_at=now + timedelta(hours=24))  # fmt: skip
+
+    async def insert() -> None:
+        store = await open_batch_store(gateway.gw.settings)
+        try:
+            await store.create(batch)
+        finally:
+            await store.close()
+
+    asyncio.run(insert())
+    return batch_id
+
+
+def test_a_batch_created_before_input_copies_reads_its_input_file(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    kept = upload(client, [line("old", max_tokens=4)])
+    done = wait_for(client, insert_batch_of_before(gateway, kept), TERMINAL)
+    assert done.status == "completed" and [
+        o["custom_id"] for o in file_lines(client, done.output_file_id)
+    ] == ["old"]
+    deleted = upload(client, [line("old", max_tokens=4)])
+    client.files.delete(deleted)  # a batch of before depends on its file staying, as it always did
+    failed = wait_for(client, insert_batch_of_before(gateway, deleted), TERMINAL)
+    assert failed.status == "failed" and failed.errors is not None
+    assert failed.errors.data[0].code == "invalid_file"
+
+
+def test_output_expires_after_sets_the_result_files_expiry(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    batch = client.batches.create(
+        input_file_id=upload(client, [line("ok", max_tokens=4), "{not json"]),
+        endpoint="/v1/completions",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    done = wait_for(client, batch.id, TERMINAL)
+    assert done.output_file_id is not None and done.error_file_id is not None
+    for file_id in (done.output_file_id, done.error_file_id):
+        result = client.files.retrieve(file_id)
+        assert result.purpose == "batch_output" and result.expires_at == result.created_at + 7200
+    plain = client.batches.create(
+        input_file_id=upload(client, [line("ok", max_tokens=4)]),
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
+    output_file_id = wait_for(client, plain.id, TERMINAL).output_file_id
+    assert output_file_id is not None and client.files.retrieve(output_file_id).expires_at is None
+
+
+@pytest.mark.parametrize(
+    ("output_expires_after", "param"),
+    [
+        ({"anchor": "last_active_at", "seconds": 7200}, "output_expires_after.anchor"),
+        ({"anchor": "created_at", "seconds": 3599}, "output_expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": 2592001}, "output_expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": 7200.5}, "output_expires_after.seconds"),
+        ({"anchor": "created_at"}, "output_expires_after"),
+        ({"anchor": "created_at", "seconds": 7200, "extra": 1}, "output_expires_after"),
+        ("7200", "output_expires_after"),
+    ],
+)
+def test_a_bad_output_expires_after_is_400_naming_the_field(
+    gateway: RunningGateway, output_expires_after: object, param: str
+) -> None:
+    client = gateway.client()
+    file_id = upload(client, [line("x")])
+    body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h",
+            "output_expires_after": output_expires_after}  # fmt: skip
+    copies_before = set(input_copies(gateway))
+    with gateway.http() as http:
+        resp = http.post("/v1/batches", json=body, headers={"Authorization": f"Bearer {ACME_KEY}"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"].startswith(param), error
+    assert set(input_copies(gateway)) <= copies_before  # refused before the input is copied
