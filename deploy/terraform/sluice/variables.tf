@@ -96,11 +96,6 @@ variable "postgres_multi_az" {
 variable "protect_data" {
   description = "Deletion protection on the database and buckets that refuse terraform destroy while they hold objects; false only where the data is throwaway."
   type        = bool
-
-  validation {
-    condition     = var.protect_data || var.environment != "prod"
-    error_message = "prod keeps its data protected: protect_data must be true."
-  }
 }
 
 variable "kms_deletion_days" {

@@ -75,13 +75,3 @@ run "rejects_bad_inputs" {
 
   expect_failures = [var.api_allowed_cidrs, var.allowed_account_ids]
 }
-
-run "rejects_unprotected_prod" {
-  command = plan
-
-  variables {
-    protect_data = false
-  }
-
-  expect_failures = [var.protect_data]
-}
