@@ -20,6 +20,7 @@ import pytest
 from expired_files import expire_now, stored_keys
 from harness import ACME_KEY, GLOBEX_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from metrics_text import read_metric
+from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by name)
 
 from gateway.batches.controller import COMPLETION_WINDOWS
 from gateway.batches.results import result_file_id
@@ -261,6 +262,38 @@ def test_a_batch_keeps_running_when_its_input_file_is_deleted_or_expires(
     assert done.input_file_id == file_id and done.request_counts.completed == 3
     assert sorted(o["custom_id"] for o in file_lines(client, done.output_file_id)) == ["r0", "r1", "r2"]
     assert f"batches/acme/{batch.id}/input.jsonl" not in input_copies(gateway)  # deleted once it ended
+
+
+def test_with_files_in_s3_the_copy_is_s3s_and_outlives_the_input_file(
+    dev_checkpoint: Path,
+    tmp_path: Path,
+    moto_s3: MotoS3,  # noqa: F811
+) -> None:
+    bucket = moto_s3.create_bucket()
+    s3 = {"files_url": f"s3://{bucket}/sluice", "s3_endpoint_url": moto_s3.endpoint_url}
+    running = start_gateway(
+        tmp_path, dev_checkpoint, engine_client="inprocess", batch_poll_interval_s=0.2, **s3
+    )
+
+    def keys() -> list[str]:
+        return [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+    try:
+        client = running.client()
+        file_id = upload(client, [line("s3", max_tokens=4)])
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+        )
+        client.files.delete(file_id)
+        copy_key = f"sluice/batches/acme/{batch.id}/input.jsonl"
+        assert copy_key in keys() or client.batches.retrieve(batch.id).status in TERMINAL
+        done = wait_for(client, batch.id, TERMINAL)
+        assert done.status == "completed" and [
+            o["custom_id"] for o in file_lines(client, done.output_file_id)
+        ] == ["s3"]
+        assert copy_key not in keys()
+    finally:
+        running.stop()
 
 
 def test_a_failed_batch_deletes_its_input_copy_too(gateway: RunningGateway) -> None:
