@@ -11,11 +11,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sluice.domain import Outcome, UsageRecord, UsageReport
-from sluice.ledger.base import UsageLedger, VersionTraffic
+from sluice.ledger.base import TenantUsage, UsageLedger, VersionTraffic
 from sluice.ledger.sqlite import SqliteLedger
 from sluice.metering.outbox import FILE_NAME, Outbox
 from sluice.metering.pipeline import UsageMeter
@@ -58,6 +59,9 @@ class SwitchableLedger(UsageLedger):
 
     async def version_traffic(self, model: str, since: datetime) -> list[VersionTraffic]:
         return await self.inner.version_traffic(model, since)
+
+    async def usage_by_tenant(self, **kw: Any) -> list[TenantUsage]:
+        return await self.inner.usage_by_tenant(**kw)
 
 
 @pytest.fixture
