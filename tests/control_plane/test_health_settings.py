@@ -20,10 +20,12 @@ from sluice.settings import Settings
 class RecordingFakeChecker:
     """A fake HealthChecker: records how it was built, checks nothing."""
 
-    built: ClassVar[dict[str, float]] = {}
+    built: ClassVar[dict[str, object]] = {}
+    launch_failed: ClassVar[object] = None
 
-    def __init__(self, states: object, registry: object, **kwargs: float) -> None:
-        RecordingFakeChecker.built = dict(kwargs)
+    def __init__(self, states: object, registry: object, **kwargs: object) -> None:
+        RecordingFakeChecker.built = {k: v for k, v in kwargs.items() if k != "launch_failed"}
+        RecordingFakeChecker.launch_failed = kwargs.get("launch_failed")
 
     async def start(self) -> None: ...
 
@@ -53,3 +55,4 @@ def test_the_health_checks_take_their_interval_deadline_and_grace_from_settings(
 
     asyncio.run(open_services())
     assert RecordingFakeChecker.built == {"interval_s": 5, "start_grace_s": 900, "probe_timeout_s": 3}
+    assert callable(RecordingFakeChecker.launch_failed)  # the actuator's: failed launches are left alone
