@@ -48,6 +48,12 @@ _REQUEST_CLASS_DDL = """
                 CHECK (request_class IN ('interactive', 'batch'))
         """
 
+# The operator's report across tenants (``usage_by_tenant``, ``sluice usage``) reads a window of
+# finished_at without a tenant or model: without this index it read the whole table. NOTE: PostgreSQL
+# builds it under a lock that holds usage writes back while it runs (seconds per ten million rows); the
+# gateways' usage outboxes keep the rows meanwhile and write them once it is done.
+_FINISHED_DDL = "CREATE INDEX usage_finished ON usage (finished_at)"
+
 MIGRATIONS: list[Migration] = [
     Migration(
         version=1,
@@ -82,4 +88,5 @@ MIGRATIONS: list[Migration] = [
         sqlite=_REQUEST_CLASS_DDL,
         postgres=_REQUEST_CLASS_DDL,
     ),
+    Migration(version=6, name="usage finished index", sqlite=_FINISHED_DDL, postgres=_FINISHED_DDL),
 ]

@@ -198,7 +198,7 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await a.close()
         await b.close()
     applied = [row for row in await backend.read_table("schema_migrations") if row[0] == "ledger"]
-    assert [row[1] for row in applied] == [1, 2, 3, 4, 5]
+    assert [row[1] for row in applied] == [1, 2, 3, 4, 5, 6]
 
 
 async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1_without_a_key(

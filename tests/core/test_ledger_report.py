@@ -3,15 +3,18 @@ every backend (SQLite and PostgreSQL), and the report window's parser (``sluice.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from storage_backends import Backend
 
 from sluice.domain import Outcome, RequestClass, UsageRecord
-from sluice.ledger.base import LedgerUnavailable, TenantUsage, UsageLedger
+from sluice.ledger.base import LedgerUnavailable, TenantUsage, UsageLedger, usage_by_tenant_sql
 from sluice.ledger.postgres import PostgresLedger
+from sluice.ledger.sqlite import SqliteLedger
 from sluice.ledger.window import DEFAULT_WINDOW, WindowError, parse_instant, report_window
 
 pytestmark = pytest.mark.anyio
@@ -189,3 +192,17 @@ def test_the_window_defaults_to_the_last_day_and_refuses_an_empty_one() -> None:
     with pytest.raises(WindowError) as early:
         report_window(None, "0001-01-01T01:00:00Z", now=NOW)
     assert early.value.param == "until"
+
+
+async def test_the_report_across_tenants_reads_its_window_by_index(tmp_path: Path) -> None:
+    """Without a tenant or model the report's read finds its window by the finished_at index (ledger
+    migration 6), not by reading every row (SQLite's plan; PostgreSQL has the same index)."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    await ledger.open()
+    await ledger.close()
+    sql, params = usage_by_tenant_sql(
+        "?", since=T0.isoformat(), until=UNTIL.isoformat(), tenant_id=None, model=None, request_class=None
+    )
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        plan = " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+    assert "USING INDEX usage_finished" in plan, plan
