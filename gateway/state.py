@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.degradation import Degradation
+from gateway.files.upload_slots import UploadLimit
 from gateway.metrics import GatewayMetrics
 from gateway.routing.follower import RegistryFollower
 from gateway.routing.router import Router
@@ -70,6 +71,8 @@ class GatewayState:
     batch_runner: BatchRunnerHandle = field(default_factory=NoBatchRunner)  # set once the app is built
     # Each configured model's overload state and fallbacks (SLUICE_DEGRADATION), read at admission.
     degradation: Degradation = field(init=False)
+    upload_limit: UploadLimit = field(init=False)  # uploads read at once (gateway.files.upload_slots)
 
     def __post_init__(self) -> None:
         self.degradation = Degradation(self.settings.degradation_fallbacks, self.router, self.metrics)
+        self.upload_limit = UploadLimit(self.settings.file_max_concurrent_uploads)

@@ -245,6 +245,9 @@ class Settings(BaseSettings):
     files_url: str | None = None
     file_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     file_sweep_interval_s: float = Field(600.0, gt=0, le=86400)
+    # Uploads a gateway reads at once: each holds a few times its size in memory while it is read; more
+    # wait up to 5 s, then get 503 too_many_uploads with Retry-After (gateway.files.upload_slots).
+    file_max_concurrent_uploads: int = Field(4, ge=1, le=256)
 
     # Batches (issue 15; gateway/batches, OpenAI's Batch API). Every gateway runs a batch runner unless
     # batch_runner is false (it then only accepts and reports batches; other gateways run them). A runner

@@ -28,6 +28,7 @@ from gateway.auth import require_tenant, tenant_of
 from gateway.errors import ErrorBody, OpenAIError, invalid_request
 from gateway.files.retention import form_expires_after_s
 from gateway.files.schemas import FileDeleted, FileList, FileObject, FileUpload
+from gateway.files.upload_slots import upload_slots
 from gateway.state import GatewayState
 from sluice.files.base import ObjectStoreUnavailable
 from sluice.files.catalog import UnknownFileError
@@ -46,8 +47,9 @@ _ERRORS = {
     401: "`invalid_api_key`: no key, or one no tenant has.",
     404: "`file_not_found`: no such file for this tenant.",
     413: "`file_too_large`: the upload's body is over the limit for a file (`SLUICE_FILE_MAX_BYTES`).",
-    503: "`file_store_unavailable` (the object store holding files) or `tenant_store_unavailable`; with "
-    "`Retry-After`.",
+    503: "`file_store_unavailable` (the object store holding files), `tenant_store_unavailable`, or "
+    "(uploads) `too_many_uploads` (the gateway is reading `SLUICE_FILE_MAX_CONCURRENT_UPLOADS` uploads "
+    "already); with `Retry-After`.",
 }
 
 
@@ -107,7 +109,7 @@ class FilesController(Controller):
     tags = ["Files"]  # noqa: RUF012
     exception_handlers = {RequestEntityTooLarge: _on_body_too_large}  # noqa: RUF012
 
-    @post("/", status_code=200, responses=_errors(400, 401, 413, 503))
+    @post("/", status_code=200, responses=_errors(400, 401, 413, 503), middleware=[upload_slots])
     async def create_file(
         self,
         request: Request[Any, Any, Any],
