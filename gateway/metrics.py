@@ -23,8 +23,8 @@ class GatewayMetrics:
         self.outcomes = Counter(
             "sluice_gateway_request_outcomes",
             "Requests that reached generation (queued at a version), by model, version, class and how they "
-            "ended (finished, cancelled, deadline, failed, filtered, refused, replayed): error rates per "
-            "version for rollouts",
+            "ended (finished, cancelled, deadline, failed, filtered, refused, replayed, interrupted: a batch "
+            "line cut to run again): error rates per version for rollouts",
             ["model", "version", "request_class", "outcome"],
             registry=self.registry,
         )
