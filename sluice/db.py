@@ -12,6 +12,8 @@ run a whole transaction as one plain function.
 Which driver errors mean "the database cannot be used now" (as opposed to a bug in our SQL) is decided
 here once: ``SqliteDb.open_or``/``run_or`` and ``MigratedPgPool.open_or``/``connection_or`` raise the
 store's own error, built by the factory it passes, so a store keeps only its error type and message.
+While opening, every driver error means the store cannot be opened (a file that is not a database, a
+schema the migrations cannot write), so ``open_or`` maps them all: callers catch the store's error alone.
 """
 
 from __future__ import annotations
@@ -146,10 +148,11 @@ class SqliteDb:
         return await asyncio.shield(job)
 
     async def open_or(self, unavailable: UnavailableError) -> None:
-        """``open``; a file that cannot be opened raises ``unavailable(exc)``."""
+        """``open``; a file that cannot be opened (missing directory, locked, not a database: any
+        ``sqlite3.Error`` or ``OSError`` here) raises ``unavailable(exc)``."""
         try:
             await self.open()
-        except (sqlite3.OperationalError, OSError) as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise unavailable(exc) from exc
 
     async def run_or(self, unavailable: UnavailableError, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -350,10 +353,12 @@ class MigratedPgPool:
         keep_trying: bool = False,
         after_open: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """``open``; the server or network failing (``PG_UNREACHABLE``) raises ``unavailable(exc)``."""
+        """``open``; the server or network failing (``PG_UNREACHABLE``), or any other driver error while
+        opening (the migrations refused: no schema to create in, no rights on it), raises
+        ``unavailable(exc)``. With ``keep_trying`` only the latter still raises."""
         try:
             await self.open(keep_trying=keep_trying, after_open=after_open)
-        except PG_UNREACHABLE as exc:
+        except (psycopg.Error, *PG_UNREACHABLE) as exc:
             raise unavailable(exc) from exc
 
     @asynccontextmanager

@@ -365,6 +365,32 @@ async def test_sqlite_failures_raise_the_interfaces_error(tmp_path: Path) -> Non
         await locked.close()
 
 
+def _unopenable_store(backend: Backend, tmp_path: Path) -> TenantStore:
+    """A store whose database is there but cannot be opened as one: an SQLite file that is not a
+    database; a PostgreSQL role whose ``search_path`` names no schema, so the migrations cannot create
+    their tables."""
+    if backend.database_url is None:
+        path = tmp_path / "not-a-database.db"
+        path.write_bytes(b"not an SQLite file " * 512)
+        return SqliteTenantStore(path)
+    url = make_conninfo(backend.database_url, options="-c search_path=no_such_schema")
+    return PostgresTenantStore(url, pool_max_size=1)
+
+
+async def test_a_store_that_cannot_be_opened_raises_the_interfaces_error(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """Not the driver's error: a caller (the CLI) catches ``TenantStoreUnavailable`` alone."""
+    store = _unopenable_store(backend, tmp_path)
+    where = "SQLite" if backend.database_url is None else "PostgreSQL"
+    try:
+        with pytest.raises(TenantStoreUnavailable, match=where) as caught:
+            await store.open()
+        assert caught.value.__cause__ is not None  # the driver's error, kept for the operator
+    finally:
+        await store.close()
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now_s = 1000.0
