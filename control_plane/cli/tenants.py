@@ -11,13 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-import psycopg
-import psycopg_pool
 
 from control_plane.cli.table import render_table
 from sluice.db import describe_pg_url
@@ -29,6 +25,7 @@ from sluice.tenants.base import (
     MUTABLE_FIELDS,
     TenantExistsError,
     TenantStore,
+    TenantStoreUnavailable,
     UnknownTenantError,
     apply_changes,
 )
@@ -247,7 +244,7 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
     async def run(settings: Settings, args: argparse.Namespace) -> int:
         try:
             store = await open_tenant_store(settings)
-        except (OSError, psycopg.Error, psycopg_pool.PoolTimeout, sqlite3.Error) as exc:
+        except TenantStoreUnavailable as exc:  # every backend's way of failing to open
             raise StoreUnavailableError(f"cannot open the tenant store at {_where(settings)}: {exc}") from exc
         try:
             return await command(store, args, settings)

@@ -246,6 +246,22 @@ def test_bad_settings_are_a_usage_error(
     assert (code, out) == (2, "") and "SLUICE_TENANT_CACHE_TTL" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("how", ["state dir is a file", "not a database"])
+def test_a_store_that_cannot_be_opened_exits_1_naming_where(
+    capsys: pytest.CaptureFixture[str], state_dir: Path, how: str
+) -> None:
+    """The CLI catches the store's own error only; each way of failing must arrive as that."""
+    if how == "state dir is a file":
+        state_dir.write_text("")  # its database cannot be made
+    else:
+        state_dir.mkdir()
+        (state_dir / "sluice.db").write_bytes(b"not an SQLite file " * 512)
+    code, out, err = sluice(capsys, "tenants", "list")
+    assert (code, out) == (1, "") and "Traceback" not in err
+    assert f"cannot open the tenant store at SQLite {state_dir}" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = sluice(capsys, "tenants", "create", "--help")
     assert code == 0 and "--tokens-per-minute" in out and "(default: 100000)" in out
