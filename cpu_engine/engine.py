@@ -13,9 +13,10 @@ from cpu_engine.model import KVCache, LlamaModel
 from cpu_engine.runner import ModelRunner
 from cpu_engine.sampling import PriorityClass, SamplingParams
 from cpu_engine.scheduler import Scheduler, SchedulerOutput
-from cpu_engine.sequence import FinishReason, Sequence
+from cpu_engine.sequence import Sequence
 from cpu_engine.stats import EngineStats, StepTimeHistogram
 from cpu_engine.weights import LlamaWeights, load_llama_weights
+from sluice.engine_client.wire import FinishReason
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from enum import StrEnum
 
 from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import PriorityClass, SamplingParams
-from cpu_engine.sequence import FinishReason
 from cpu_engine.stats import EngineStats
+from sluice.engine_client.wire import FinishReason
 
 log = logging.getLogger(__name__)
 

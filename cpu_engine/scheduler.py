@@ -25,7 +25,8 @@ from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
 from cpu_engine.prefill_budget import StepCostModel, prefill_token_budget
 from cpu_engine.sampling import PriorityClass
-from cpu_engine.sequence import FinishReason, Sequence, SequenceStatus
+from cpu_engine.sequence import Sequence, SequenceStatus
+from sluice.engine_client.wire import FinishReason
 
 # New tokens a sequence preempted to admit a higher class makes before it can be chosen for that again.
 PRIORITY_GRACE_TOKENS = 8

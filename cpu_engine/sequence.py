@@ -1,25 +1,24 @@
-"""One request's state inside the engine: its tokens, its place in the KV cache and its lifecycle."""
+"""One request's state inside the engine: its tokens, its place in the KV cache and its lifecycle.
+
+How a sequence ends is the wire's ``FinishReason`` (``sluice.engine_client.wire``, which imports nothing
+from Sluice): the engine's one import from Sluice, so the reason reaches the gateway as it is, unmapped.
+"""
 
 from __future__ import annotations
 
 import time
-from enum import Enum, StrEnum
+from enum import Enum
 
 import numpy as np
 
 from cpu_engine.sampling import PriorityClass, SamplingParams
+from sluice.engine_client.wire import FinishReason
 
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"  # an end-of-sequence or stop token
-    LENGTH = "length"  # max_tokens, or the model's context length
-    ABORT = "abort"  # cancelled by the caller
 
 
 class Sequence:

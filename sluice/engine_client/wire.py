@@ -1,9 +1,10 @@
 """The wire types between the gateway and a replica, defined once: what a request's class and priority
 are, how a generation ends, how it fails, and the tensor names of the Triton model that carries them.
 
-Imports nothing from Sluice: the gateway, the policies, the engine clients and the replica's model
-(model_repository/cpu_engine/1/) all read these. The CPU engine keeps its own types (it is the engine and
-imports no Sluice code); the replica's converters map between the two.
+Imports nothing from Sluice: the gateway, the policies, the engine clients, the replica's model
+(model_repository/cpu_engine/1/) and the CPU engine all read these. The CPU engine ends its sequences with
+``FinishReason`` itself (its one import from Sluice); its other types (priority classes, stream errors)
+are its own, and the replica's converters map them to these.
 
 Tensors of the CPU engine's model, the ``cpu_engine`` dialect (``sluice.engine_client.dialects`` maps a
 request onto the TensorRT-LLM backend's ``tensorrt_llm`` model instead, whose names these follow where

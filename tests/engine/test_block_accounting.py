@@ -15,7 +15,8 @@ from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
 from cpu_engine.sampling import PriorityClass, SamplingParams
 from cpu_engine.scheduler import Scheduler
-from cpu_engine.sequence import FinishReason, Sequence, SequenceStatus
+from cpu_engine.sequence import Sequence, SequenceStatus
+from sluice.engine_client.wire import FinishReason
 
 BLOCK = 4
 

@@ -12,7 +12,7 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
 from cpu_engine.sampling import PriorityClass, SamplingParams
-from cpu_engine.sequence import FinishReason
+from sluice.engine_client.wire import FinishReason
 
 
 @pytest.fixture

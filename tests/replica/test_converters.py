@@ -23,10 +23,8 @@ from replica_converters import (
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine_thread import StreamDelta, StreamError
 from cpu_engine.sampling import PriorityClass
-from cpu_engine.sequence import FinishReason
 from cpu_engine.stats import EngineStats
-from sluice.engine_client import EngineErrorKind, EnginePriority
-from sluice.engine_client import FinishReason as WireFinishReason
+from sluice.engine_client import EngineErrorKind, EnginePriority, FinishReason
 from sluice.engine_client.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, TOKEN_OUTPUTS
 from sluice.triton.client import request_tensors
 
@@ -151,16 +149,19 @@ def test_response_tensors_mirror_tensorrt_llm_shapes() -> None:
     assert response_tensors([], final)["output_ids"].shape == (1, 1, 0)
 
 
-def test_the_engines_enums_carry_the_wires_values() -> None:
-    """cpu_engine keeps its own enums (it imports no Sluice code); the converters map them by value."""
+def test_the_engines_priority_classes_carry_the_wires_values() -> None:
+    """cpu_engine keeps its own priority classes; the converters map them by value."""
     assert [(p.name, int(p)) for p in EnginePriority] == [
         ("UNDER_SHARE", int(PriorityClass.INTERACTIVE)), ("OVER_SHARE", int(PriorityClass.OVER_SHARE)),
         ("BATCH", int(PriorityClass.BATCH)),
     ]  # fmt: skip
-    assert {r.value for r in FinishReason} == {r.value for r in WireFinishReason}
+
+
+def test_every_finish_reason_travels_as_its_own_value() -> None:
+    """The engine ends sequences with the wire's ``FinishReason`` itself: no map between two enums."""
     for reason in FinishReason:
         final = StreamDelta([], True, reason, 3, 0, 0)
-        assert WireFinishReason(response_tensors([], final)["finish_reason"].item().decode()) == reason.value
+        assert FinishReason(response_tensors([], final)["finish_reason"].item().decode()) is reason
 
 
 def test_errors_travel_as_a_kind_field_and_a_message() -> None:

@@ -20,7 +20,6 @@ import numpy as np
 from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
 from cpu_engine.engine_thread import StreamDelta, StreamError
 from cpu_engine.sampling import PriorityClass, SamplingParams
-from cpu_engine.sequence import FinishReason as EngineFinishReason
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.engine_client.wire import (
     ERROR_OUTPUTS,
@@ -28,7 +27,6 @@ from sluice.engine_client.wire import (
     REQUIRED_INPUTS,
     EngineErrorKind,
     EnginePriority,
-    FinishReason,
 )
 from sluice.weights_digest import check_digest
 
@@ -36,9 +34,9 @@ T = TypeVar("T")
 
 MAX_CACHE_SCOPE_BYTES = 256
 
-# The engine's enums against the wire's (the same values: a mismatch fails when this module loads).
+# The engine's priority classes against the wire's (the same values: a mismatch fails when this module
+# loads). Finish reasons need no map: the engine reports the wire's ``FinishReason`` itself.
 _PRIORITY_CLASS = {wire: PriorityClass(int(wire)) for wire in EnginePriority}
-_FINISH_REASON = {engine: FinishReason(engine.value) for engine in EngineFinishReason}
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ def response_tensors(token_ids: Sequence[int], final: StreamDelta | None = None)
         "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
     }
     if final is not None:
-        reason = _FINISH_REASON[final.finish_reason].value if final.finish_reason is not None else ""
+        reason = final.finish_reason.value if final.finish_reason is not None else ""
         out["finish_reason"] = np.array([[reason.encode()]], dtype=np.object_)
         out["num_prompt_tokens"] = np.array([[final.num_prompt_tokens]], dtype=np.int32)
         out["num_cached_tokens"] = np.array([[final.num_cached_prompt_tokens]], dtype=np.int32)
