@@ -262,6 +262,8 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
             )
         except StoreUnavailableError as exc:
             return _fail(" ".join(str(exc).split()), EXIT_FAILED)
+        except TenantStoreUnavailable as exc:  # opened, then lost in the middle of the command
+            return _fail(f"the tenant store stopped answering: {' '.join(str(exc).split())}", EXIT_FAILED)
         except SettingsError as exc:
             return _fail(" ".join(str(exc).split()), EXIT_USAGE)
         except ValueError as exc:  # the store's validation: a bad value given on the command line

@@ -15,7 +15,7 @@ from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamError
 from cpu_engine.sampling import PriorityClass, SamplingParams
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
-from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
+from sluice.engine_client.wire import EngineError, EngineErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,11 @@ class InProcessEngineClient(EngineClient):
                     raise EngineError(kind, delta.error)
                 if delta.finished:
                     finished = True
-                    reason = FinishReason(delta.finish_reason.value) if delta.finish_reason else None
                     yield Delta(
-                        delta.token_ids, reason, delta.num_prompt_tokens, delta.num_cached_prompt_tokens
+                        delta.token_ids,
+                        delta.finish_reason,  # the engine's is the wire's own FinishReason
+                        delta.num_prompt_tokens,
+                        delta.num_cached_prompt_tokens,
                     )
                     return
                 if delta.token_ids:

@@ -17,7 +17,8 @@ from control_plane.cli.main import main
 from sluice.domain import Tenant
 from sluice.settings import get_settings
 from sluice.storage import open_tenant_store
-from sluice.tenants.base import hash_key
+from sluice.tenants.base import TenantStoreUnavailable, hash_key
+from sluice.tenants.sqlite import SqliteTenantStore
 
 ADMIN_URL = os.environ.get("TEST_POSTGRES_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -260,6 +261,20 @@ def test_a_store_that_cannot_be_opened_exits_1_naming_where(
     assert (code, out) == (1, "") and "Traceback" not in err
     assert f"cannot open the tenant store at SQLite {state_dir}" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_store_lost_in_the_middle_of_a_command_exits_1_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened, then unavailable while the command runs (the server went away): one line, no traceback."""
+
+    async def unavailable(self: SqliteTenantStore) -> list[Tenant]:
+        raise TenantStoreUnavailable("the database went away")
+
+    monkeypatch.setattr(SqliteTenantStore, "list", unavailable)
+    code, out, err = sluice(capsys, "tenants", "list")
+    assert (code, out) == (1, "") and "Traceback" not in err
+    assert err.strip() == "sluice: error: the tenant store stopped answering: the database went away"
 
 
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
