@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -227,6 +228,11 @@ async def open_pg_pool(
     """An opened pool of autocommit connections; fails here (not on first use) if the server is not there
     within ``open_timeout_s``. Waiting for a connection longer than ``acquire_timeout_s`` raises
     ``PoolTimeout``."""
+    # NOTE: one direct connection first. A server that refuses, a wrong database or password fails here at
+    # once with the driver's reason; the pool would retry quietly until open_timeout_s ran out and say only
+    # that it timed out.
+    probe = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, math.ceil(open_timeout_s)))
+    await probe.close()
     pool = AsyncConnectionPool(
         url,
         min_size=1,

@@ -5,12 +5,13 @@ check the same through each store; this pins the rule itself."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sluice.db import SqliteDb
+from sluice.db import MigratedPgPool, SqliteDb
 
 pytestmark = pytest.mark.anyio
 
@@ -61,3 +62,16 @@ async def test_a_file_that_cannot_be_opened_raises_the_stores_error(tmp_path: Pa
     (tmp_path / "a_file").write_text("")  # a file where the database's directory should be
     with pytest.raises(Down, match="unavailable"):
         await SqliteDb(tmp_path / "a_file" / "t.db").open_or(_down)
+
+
+async def test_an_unreachable_postgresql_fails_the_open_at_once_saying_why() -> None:
+    """A server that refuses the connection: the store's error at once, with the driver's reason (not the
+    pool's "incomplete after 10 s")."""
+    pool = MigratedPgPool(
+        "postgresql://postgres@127.0.0.1:1/nowhere", max_size=1, name="test", component="test", migrations=[]
+    )
+    started_s = time.monotonic()
+    with pytest.raises(Down, match="Connection refused") as caught:
+        await pool.open_or(_down)
+    assert time.monotonic() - started_s < 5.0
+    assert "incomplete" not in str(caught.value)
