@@ -16,11 +16,17 @@ from typing import Annotated, Any
 import anyio
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.params import HeaderParameter, JSONBody
+from litestar.params import FromPath, HeaderParameter, JSONBody
 from litestar.response import Stream
 
 from gateway.auth import require_tenant, tenant_of
-from gateway.errors import OpenAIError, content_filtered, error_responses, invalid_request
+from gateway.errors import (
+    OpenAIError,
+    content_filtered,
+    error_responses,
+    invalid_request,
+    model_not_found,
+)
 from gateway.openai.admission import admit_chat, admit_completion
 from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
@@ -406,3 +412,12 @@ class OpenAIController(Controller):
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
         gw: GatewayState = request.app.state.gw
         return ModelList([Model(name, 0, "sluice") for name in gw.router.models_for(tenant_of(request))])
+
+    @get("/models/{model:str}", responses=error_responses(401, 404, 503))
+    async def retrieve_model(self, request: Request[Any, Any, Any], model: FromPath[str]) -> Model:
+        """One model this key may call (``client.models.retrieve``); 404 ``model_not_found`` otherwise,
+        as for a model the key may not call (its name is not confirmed to other tenants)."""
+        gw: GatewayState = request.app.state.gw
+        if model not in gw.router.models_for(tenant_of(request)):
+            raise model_not_found(model if len(model) <= 128 else model[:128] + "...")
+        return Model(model, 0, "sluice")

@@ -134,6 +134,15 @@ def test_models_lists_the_dev_model(inprocess_gateway: RunningGateway) -> None:
     assert [m.id for m in inprocess_gateway.client().models.list()] == [MODEL]
 
 
+def test_a_model_is_retrieved_by_name_and_an_unknown_one_is_404(inprocess_gateway: RunningGateway) -> None:
+    client = inprocess_gateway.client()
+    found = client.models.retrieve(MODEL)
+    assert (found.id, found.object, found.owned_by) == (MODEL, "model", "sluice")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.code == "model_not_found" and "no-such-model" in err.value.message
+
+
 def test_bad_key_is_401_invalid_api_key(inprocess_gateway: RunningGateway) -> None:
     with pytest.raises(openai.AuthenticationError) as err:
         inprocess_gateway.client(api_key="sk-nope").chat.completions.create(model=MODEL, messages=CHAT)
