@@ -61,8 +61,9 @@ class GatewayMetrics:
 
         self.refused = Counter(
             "sluice_gateway_refused",
-            "Requests refused before a replica saw them, by reason (quota limits, full queue, deadline)",
-            ["reason"],
+            "Requests refused before a replica saw them, by model and reason (quota limits, full queue, "
+            "deadline)",
+            ["model", "reason"],
             registry=self.registry,
         )
         self.queue_depth = Gauge(
@@ -247,8 +248,8 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
-    def count_refused(self, reason: str) -> None:
-        self.refused.labels(reason).inc()
+    def count_refused(self, model: str, reason: str) -> None:
+        self.refused.labels(model, reason).inc()
 
     def count_rejected(self, route: str, status_code: int) -> None:
         self.requests.labels(route, str(status_code), "rejected").inc()

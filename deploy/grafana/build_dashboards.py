@@ -72,10 +72,13 @@ FLEET = Dashboard(
             "Admitted and refused (by reason)",
             (
                 (f"sum by (model) (rate(sluice_gateway_admitted_total[{RATE}]))", "admitted {{model}}"),
-                (f"sum by (reason) (rate(sluice_gateway_refused_total[{RATE}]))", "refused: {{reason}}"),
+                (
+                    f"sum by (model, reason) (rate(sluice_gateway_refused_total[{RATE}]))",
+                    "refused {{model}}: {{reason}}",
+                ),
             ),
             "reqps",
-            "Refusals are counted by reason only: quota ones are a tenant's limits, "
+            "Refusals are counted by model and reason: quota ones are a tenant's limits, "
             "service_overloaded and deadline_unmeetable are shedding.",
         ),
         Panel(

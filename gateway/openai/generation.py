@@ -191,6 +191,7 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
     end.grant = await acquire_quota(
         gw.quota,
         gw.metrics,
+        job.model,
         job.tenant,
         len(job.prompt_token_ids) + job.max_tokens,
         job.deadline_s,

@@ -114,7 +114,7 @@ def _answer(found: Begin, job: Job) -> list[Event]:
 
 def _store_unavailable(gw: GatewayState, job: Job, exc: IdempotencyStoreUnavailableError) -> OpenAIError:
     log.warning("idempotency store unavailable, refusing keyed request %s: %s", job.request_id, exc)
-    gw.metrics.count_refused("idempotency_store_unavailable")
+    gw.metrics.count_refused(job.model, "idempotency_store_unavailable")
     return OpenAIError(
         503,
         "The idempotency store is unavailable, so this Idempotency-Key cannot be honoured; retry later"

@@ -26,6 +26,7 @@ _REFUSALS: dict[QuotaLimit, tuple[int, str, str]] = {
 async def acquire_quota(
     quota: QuotaStore,
     metrics: GatewayMetrics,
+    model: str,
     tenant: Tenant,
     num_tokens: int,
     deadline_s: float,
@@ -38,12 +39,12 @@ async def acquire_quota(
     result = await quota.acquire(tenant, num_tokens, lease_ttl_s, request_id=request_id)
     if isinstance(result, QuotaGrant):
         return result
-    raise quota_error(result, metrics)
+    raise quota_error(result, metrics, model)
 
 
-def quota_error(denied: QuotaDenied, metrics: GatewayMetrics) -> OpenAIError:
+def quota_error(denied: QuotaDenied, metrics: GatewayMetrics, model: str) -> OpenAIError:
     status_code, code, error_type = _REFUSALS[denied.limit]
-    metrics.count_refused(code)
+    metrics.count_refused(model, code)
     retry_after_s = None if denied.limit is QuotaLimit.REQUEST_TOO_LARGE else denied.retry_after_s
     message = denied.message[:1].upper() + denied.message[1:]
     if retry_after_s is not None:

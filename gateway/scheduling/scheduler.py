@@ -268,7 +268,7 @@ class ModelScheduler:
             self._admission,
         )
         if refusal is not None:
-            self._metrics.count_refused("service_overloaded")
+            self._metrics.count_refused(self.model, "service_overloaded")
             raise refused(
                 429,
                 "service_overloaded",
@@ -365,7 +365,7 @@ class ModelScheduler:
         for entry in dropped:
             if entry.payload.done():
                 continue
-            self._metrics.count_refused("deadline_unmeetable")
+            self._metrics.count_refused(self.model, "deadline_unmeetable")
             rate = self._drain.rate_per_s(time.monotonic()) or self._admission.min_drain_rate_per_s
             retry_after_s = max(1.0, self._queue.num_waiting(entry.request_class) / rate)
             entry.payload.set_exception(
