@@ -37,7 +37,7 @@ from gateway.routing.table import ReplicaTarget
 from gateway.serving import LOG_FORMAT
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
-from gateway.telemetry import open_telemetry
+from gateway.telemetry import TelemetryWriter, open_telemetry
 from gateway.usage.controller import UsageController
 from sluice.batches.factory import open_batch_store
 from sluice.engine_client import EngineClient
@@ -56,7 +56,7 @@ from sluice.quota.factory import open_quota_store
 from sluice.registry.base import Registry
 from sluice.registry.factory import open_registry
 from sluice.safety.config import load_safety_config
-from sluice.safety.policy import build_policies
+from sluice.safety.policy import SafetyPolicy, build_policies
 from sluice.safety.triton import TritonClassifier
 from sluice.settings import Settings, redact_secrets
 from sluice.storage import open_ledger, open_tenant_store
@@ -95,17 +95,7 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             router, follower = await _open_routing(settings, metrics, stack, engine, codec, registry)
-            opened_ledger = await _open_ledger(settings, ledger)
-            stack.push_async_callback(opened_ledger.close)
-            meter = UsageMeter(
-                opened_ledger,
-                Outbox(settings.state_dir / "outbox"),
-                on_written=metrics.usage_records_written.inc,
-                on_ledger_failure=metrics.usage_ledger_failures.inc,
-            )
-            await meter.open()  # replays what a previous run left pending
-            stack.push_async_callback(meter.close)  # before the ledger closes: writes in flight land
-            metrics.usage_outbox_pending.set_function(lambda: meter.num_pending)
+            opened_ledger, meter = await _open_metering(settings, metrics, stack, ledger)
             store = await _open_tenant_store(settings, tenant_store)
             stack.push_async_callback(store.close)
             opened_quota = quota or await open_quota_store(settings, on_fail_open=metrics.quota_fail_open.inc)
@@ -118,17 +108,6 @@ def create_app(
             stack.push_async_callback(object_store.close)
             batch_store = await open_batch_store(settings, keep_trying=True)  # PostgreSQL down: 503s till up
             stack.push_async_callback(batch_store.close)
-            # The Triton classifier (policy "strict") is another model on the replica's Triton server.
-            classifier = TritonClassifier(
-                settings.triton_grpc_url, model_name=settings.safety_classifier_model
-            )
-            stack.push_async_callback(classifier.close)
-            safety = build_policies(load_safety_config(settings.safety_config_path), triton=classifier)
-            dropped = metrics.telemetry_dropped
-            for sink in settings.telemetry_sink_names:
-                dropped.labels(sink)  # exported at 0 from the start
-            telemetry = open_telemetry(settings, on_drop=lambda sink, n: dropped.labels(sink).inc(n))
-            stack.push_async_callback(asyncio.to_thread, telemetry.close)  # writes what is queued
             app.state.gw = GatewayState(
                 settings=settings,
                 codec=codec,
@@ -137,27 +116,16 @@ def create_app(
                 follower=follower,
                 ledger=opened_ledger,
                 tenants=tenant_resolver(store, settings, metrics),
-                telemetry=telemetry,
+                telemetry=_open_telemetry(settings, metrics, stack),
                 metrics=metrics,
                 quota=opened_quota,
                 meter=meter,
-                safety=safety,
+                safety=_open_safety(settings, stack),
                 idempotency=idempotency,
                 files=FileCatalog(object_store),
                 batches=batch_store,
             )
-            sweeper = FileSweeper(
-                app.state.gw.files, settings.file_sweep_interval_s, on_expired=metrics.files_expired.inc
-            )
-            await sweeper.start()
-            stack.push_async_callback(sweeper.close)
-            if settings.batch_runner:  # closed first (the stack unwinds in reverse): its lines still meter
-                runner = _batch_runner(app.state.gw, object_store, store, settings)
-                await runner.start()
-                stack.push_async_callback(runner.close)
-                app.state.gw.batch_runner = runner
-            else:
-                log.info("batch runner off (SLUICE_BATCH_RUNNER=false): other gateways run the batches")
+            await _start_background_work(app.state.gw, object_store, store, stack)
             # Everything built so far lives as long as the process: keep it out of the collector's
             # generations so a collection pass on the request path does not walk it (tail latency).
             gc.collect()
@@ -215,6 +183,61 @@ async def _open_routing(
     await follower.start()
     stack.push_async_callback(follower.close)
     return router, follower
+
+
+async def _open_metering(
+    settings: Settings, metrics: GatewayMetrics, stack: AsyncExitStack, ledger: UsageLedger | None
+) -> tuple[UsageLedger, UsageMeter]:
+    """The ledger and the usage meter in front of it (its outbox replays what a previous run left
+    pending); the meter closes before the ledger, so writes in flight land."""
+    opened_ledger = await _open_ledger(settings, ledger)
+    stack.push_async_callback(opened_ledger.close)
+    meter = UsageMeter(
+        opened_ledger,
+        Outbox(settings.state_dir / "outbox"),
+        on_written=metrics.usage_records_written.inc,
+        on_ledger_failure=metrics.usage_ledger_failures.inc,
+    )
+    await meter.open()
+    stack.push_async_callback(meter.close)
+    metrics.usage_outbox_pending.set_function(lambda: meter.num_pending)
+    return opened_ledger, meter
+
+
+def _open_safety(settings: Settings, stack: AsyncExitStack) -> dict[str, SafetyPolicy]:
+    """The safety policies by name; the Triton classifier (policy "strict") is another model on the
+    replica's Triton server."""
+    classifier = TritonClassifier(settings.triton_grpc_url, model_name=settings.safety_classifier_model)
+    stack.push_async_callback(classifier.close)
+    return build_policies(load_safety_config(settings.safety_config_path), triton=classifier)
+
+
+def _open_telemetry(settings: Settings, metrics: GatewayMetrics, stack: AsyncExitStack) -> TelemetryWriter:
+    """The telemetry writer to the configured sinks; at close it writes what is queued."""
+    dropped = metrics.telemetry_dropped
+    for sink in settings.telemetry_sink_names:
+        dropped.labels(sink)  # exported at 0 from the start
+    telemetry = open_telemetry(settings, on_drop=lambda sink, n: dropped.labels(sink).inc(n))
+    stack.push_async_callback(asyncio.to_thread, telemetry.close)
+    return telemetry
+
+
+async def _start_background_work(
+    gw: GatewayState, object_store: ObjectStore, tenants: TenantStore, stack: AsyncExitStack
+) -> None:
+    """The expired-file sweeper and (unless turned off) the batch runner. The runner closes first (the
+    stack unwinds in reverse): the lines it drains still meter."""
+    settings = gw.settings
+    sweeper = FileSweeper(gw.files, settings.file_sweep_interval_s, on_expired=gw.metrics.files_expired.inc)
+    await sweeper.start()
+    stack.push_async_callback(sweeper.close)
+    if not settings.batch_runner:
+        log.info("batch runner off (SLUICE_BATCH_RUNNER=false): other gateways run the batches")
+        return
+    runner = _batch_runner(gw, object_store, tenants, settings)
+    await runner.start()
+    stack.push_async_callback(runner.close)
+    gw.batch_runner = runner
 
 
 def _replica_client(target: ReplicaTarget) -> EngineClient:
