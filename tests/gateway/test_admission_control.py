@@ -85,7 +85,9 @@ def test_a_tenant_over_its_token_budget_gets_429_with_retry_after(
     assert {r["error"] for r in refused} == {"tokens_per_minute_exceeded", "request_exceeds_token_budget"}
     with gateway.http() as http:
         metrics = http.get("/metrics").text
-    assert 'sluice_gateway_refused_total{model="sluice-tiny",reason="tokens_per_minute_exceeded"} 1.0' in metrics
+    assert (
+        'sluice_gateway_refused_total{model="sluice-tiny",reason="tokens_per_minute_exceeded"} 1.0' in metrics
+    )
 
 
 def test_unused_reservation_is_returned_at_the_end(gateway_factory, token_id: int, tmp_path: Path) -> None:

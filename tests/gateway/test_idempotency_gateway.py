@@ -188,7 +188,10 @@ def test_with_the_idempotency_store_cut_keyed_requests_get_503_and_keyless_ones_
         assert keyless.status_code == 200 and keyless.json()["usage"]["completion_tokens"] == 10
         with gateway.http() as http:
             metrics = http.get("/metrics").text
-        assert 'sluice_gateway_refused_total{model="sluice-tiny",reason="idempotency_store_unavailable"} 2.0' in metrics
+        assert (
+            'sluice_gateway_refused_total{model="sluice-tiny",reason="idempotency_store_unavailable"} 2.0'
+            in metrics
+        )
 
         redis_proxy.restore()
         assert post(gateway, "k-before").json()["id"] == done.json()["id"]  # replayed, as before the cut

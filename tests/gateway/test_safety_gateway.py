@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from harness import MODEL, RunningGateway, start_gateway, wait_until
-from metrics_text import read_metric
+from harness import MODEL, RunningGateway, start_gateway
+from metrics_text import read_metric, settled_count
 
 from sluice.triton.launcher import TritonServer
 
@@ -35,11 +35,7 @@ def test_a_blocked_prompt_never_reaches_triton(triton_gateway: RunningGateway, r
             client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
         assert err.value.code == "content_filter" and "jane" not in str(err.value)
     client.completions.create(model=MODEL, prompt="card 4111 1111 1111 1112", max_tokens=1)  # fails Luhn
-    # NOTE: Triton counts an inference in its metrics a moment after the response (up to ~1 s seen): wait
-    # for the one that ran, then check that it is the only one.
-    wait_until(lambda: _inferences(replica) >= before + 1, 10, "the allowed prompt's inference counted")
-    time.sleep(1.0)
-    assert _inferences(replica) == before + 1
+    assert settled_count(lambda: _inferences(replica), before + 1) == before + 1
     refused = [r for r in triton_gateway.telemetry() if r["error"] == "content_filter"]
     assert len(refused) == 2 and all(r["outcome"] == "refused" for r in refused)
 
