@@ -3,7 +3,8 @@
 
 Creating a batch checks what needs no reading of the file (the endpoint, the window, the metadata, the
 ``output_expires_after``, that the input file is the tenant's and for ``batch``, that the key may use the
-batch class), copies the input file to the batch's own key (``batches/<tenant>/<batch_id>/input.jsonl``,
+batch class, that the tenant has fewer than ``SLUICE_BATCH_MAX_ACTIVE_PER_TENANT`` batches queued or
+running), copies the input file to the batch's own key (``batches/<tenant>/<batch_id>/input.jsonl``,
 so that deleting the file, or its expiry, leaves the batch alone), and queues it as ``validating``; the
 runner (``gateway.batches.runner``) reads and checks the copy's lines, then runs them, and deletes the
 copy when the batch ends.
@@ -18,11 +19,12 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, get, post
+from litestar.openapi import ResponseSpec
 from litestar.params import JSONBody, Parameter
 
 from gateway.auth import require_tenant, tenant_of
 from gateway.batches.lines import ENDPOINTS
-from gateway.errors import OpenAIError, error_responses, invalid_request
+from gateway.errors import ErrorBody, OpenAIError, error_responses, invalid_request, refused
 from gateway.files.retention import ExpiresAfter, output_expires_after_s
 from gateway.state import GatewayState
 from sluice.batches.base import Batch, BatchStatus, BatchStoreUnavailable, UnknownBatchError
@@ -182,7 +184,40 @@ async def _copy_input(gw: GatewayState, tenant_id: str, file_id: str, batch_id: 
     return input_key
 
 
+async def _check_active_cap(gw: GatewayState, tenant_id: str) -> None:
+    """429 ``too_many_batches`` when the tenant already has ``batch_max_active_per_tenant`` batches queued or
+    running. Runners take the oldest batch once every tenant has one running (``BatchStore.claim``), so
+    without this cap one tenant could queue thousands and hold every other tenant's second batch behind
+    them. Checked before the input is copied. Two creates at the same instant may both pass: the cap is
+    exceeded by at most the tenant's concurrent creates, which is enough to bound the queue."""
+    max_active = gw.settings.batch_max_active_per_tenant
+    try:
+        num_active = await gw.batches.num_active(tenant_id)
+    except BatchStoreUnavailable:
+        raise _unavailable("batch store") from None
+    if num_active >= max_active:
+        raise refused(
+            429,
+            "too_many_batches",
+            f"This tenant has {num_active} batches queued or running, the most it may have "
+            f"(SLUICE_BATCH_MAX_ACTIVE_PER_TENANT={max_active}); create more once some have ended, or "
+            "cancel some.",
+            retry_after_s=None,
+        )
+
+
 BatchId = Annotated[str, Parameter(max_length=128, description="The batch's id (`batch_...`).")]
+
+
+_CREATE_RESPONSES = {
+    **error_responses(400, 401, 403, 404, 503),
+    429: ResponseSpec(
+        data_container=ErrorBody,
+        description="`too_many_batches`: the tenant has `SLUICE_BATCH_MAX_ACTIVE_PER_TENANT` batches queued "
+        "or running already.",
+        generate_examples=False,
+    ),
+}
 
 
 class BatchesController(Controller):
@@ -190,7 +225,7 @@ class BatchesController(Controller):
     guards = [require_tenant]  # noqa: RUF012 — Litestar's declaration style
     tags = ["Batches"]  # noqa: RUF012
 
-    @post("/", status_code=200, responses=error_responses(400, 401, 403, 404, 503))
+    @post("/", status_code=200, responses=_CREATE_RESPONSES)
     async def create(self, request: Request[Any, Any, Any], data: JSONBody[CreateBatchRequest]) -> BatchOut:
         """Queue a batch of requests from an uploaded JSONL file (purpose ``batch``). Its lines run at the
         batch class, billed as batch usage; the results go to an output file and an error file."""
@@ -212,6 +247,7 @@ class BatchesController(Controller):
             )
         _check_metadata(data.metadata)
         results_expire_after_s = output_expires_after_s(data.output_expires_after)
+        await _check_active_cap(gw, tenant.tenant_id)
         batch_id = f"batch_{secrets.token_hex(16)}"
         input_key = await _copy_input(gw, tenant.tenant_id, data.input_file_id, batch_id)
         now = datetime.now(UTC)

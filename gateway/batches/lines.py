@@ -57,10 +57,12 @@ class ParsedFile:
         return len(self.lines) + len(self.problems)
 
 
-def parse_input(data: bytes, endpoint: str, max_lines: int) -> ParsedFile:
+def parse_input(data: bytes, endpoint: str, max_lines: int, max_line_bytes: int | None = None) -> ParsedFile:
     """Every non-blank line of ``data`` (JSONL) as a line to run or a problem. The file fails as a whole
     when it is not UTF-8, holds no line, more than ``max_lines``, or two lines share a ``custom_id`` (each
-    line's usage row is keyed by it)."""
+    line's usage row is keyed by it). ``max_line_bytes``: a longer line is a problem (``line_too_large``),
+    not parsed: the runner passes the JSON body limit of an interactive call (``SLUICE_MAX_BODY_BYTES``),
+    so a line is held to what the same request sent alone would be."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -81,7 +83,7 @@ def parse_input(data: bytes, endpoint: str, max_lines: int) -> ParsedFile:
     first_line_of: dict[str, int] = {}
     duplicates: list[BatchError] = []
     for index, raw in numbered:
-        parsed = parse_line(index, raw, endpoint)
+        parsed = _too_large(index, raw, max_line_bytes) or parse_line(index, raw, endpoint)
         custom_id = parsed.custom_id
         if custom_id is not None:
             if custom_id in first_line_of:
@@ -145,6 +147,17 @@ def parse_line(index: int, raw: str, endpoint: str) -> BatchLine | LineProblem:
     if request.stream:
         return problem("invalid_request", "stream is not supported in a batch.")
     return BatchLine(index, custom_id, request)
+
+
+def _too_large(index: int, raw: str, max_line_bytes: int | None) -> LineProblem | None:
+    """The problem of a line over ``max_line_bytes`` (its custom_id unread: the line is not parsed)."""
+    if max_line_bytes is None or len(raw) * 4 <= max_line_bytes:  # NOTE: 4 bytes at most per character
+        return None
+    num_bytes = len(raw.encode("utf-8"))
+    if num_bytes <= max_line_bytes:
+        return None
+    message = f"The line is {num_bytes} bytes; a request line may be at most {max_line_bytes} bytes."
+    return LineProblem(index, None, "line_too_large", message)
 
 
 def _failed(error: BatchError) -> ParsedFile:

@@ -116,7 +116,8 @@ class BatchWork:
             error = BatchError("invalid_file", f"The input file {batch.input_file_id} no longer exists.")
             await self._advance(BatchStatus.FAILED, errors=(error,))
             return
-        parsed = parse_input(data, batch.endpoint, self._limits.max_lines)
+        max_line_bytes = self._gw.settings.max_body_bytes  # a line is held to an interactive call's limit
+        parsed = parse_input(data, batch.endpoint, self._limits.max_lines, max_line_bytes)
         if batch.status is BatchStatus.VALIDATING:
             if parsed.errors:
                 await self._advance(BatchStatus.FAILED, errors=parsed.errors, total=parsed.total)

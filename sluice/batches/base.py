@@ -156,6 +156,11 @@ class BatchStore(ABC):
         tenant's). At most ``limit`` (ValueError outside 1..1000)."""
 
     @abstractmethod
+    async def num_active(self, tenant_id: str) -> int:
+        """How many of the tenant's batches are in ``ACTIVE_STATUSES`` (queued or running): what the API
+        holds against ``SLUICE_BATCH_MAX_ACTIVE_PER_TENANT`` before it creates another."""
+
+    @abstractmethod
     async def request_cancel(self, tenant_id: str, batch_id: str, now: datetime) -> Batch:
         """VALIDATING or IN_PROGRESS → CANCELLING (``cancelling_at`` = now); any other status is left as
         it is (cancelling twice, or a batch already ended, changes nothing). Returns the batch after."""

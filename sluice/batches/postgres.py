@@ -164,6 +164,14 @@ class PostgresBatchStore(BatchStore):
                     raise UnknownBatchError(after)
         return [_batch(r) for r in rows]
 
+    async def num_active(self, tenant_id: str) -> int:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM batches WHERE tenant_id = %s AND status = ANY(%s)", (tenant_id, _ACTIVE)
+            )
+            row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
+
     async def request_cancel(self, tenant_id: str, batch_id: str, now: datetime) -> Batch:
         async with self._connection() as conn:
             cur = await conn.execute(

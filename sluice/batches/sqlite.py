@@ -139,6 +139,14 @@ class SqliteBatchStore(BatchStore):
 
         return await self._run(read)
 
+    async def num_active(self, tenant_id: str) -> int:
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT count(*) FROM batches WHERE tenant_id = ? AND status IN ({_ACTIVE})", (tenant_id,)
+            ).fetchone()
+        )
+        return int(row[0])
+
     async def request_cancel(self, tenant_id: str, batch_id: str, now: datetime) -> Batch:
         now_text = to_text(now)
 

@@ -1,0 +1,32 @@
+"""Audit: ``BatchStore.num_active`` (what ``SLUICE_BATCH_MAX_ACTIVE_PER_TENANT`` is held against), over
+SQLite and the real PostgreSQL: it counts one tenant's batches queued or running, never another's, and a
+batch leaves the count once it ends."""
+
+from __future__ import annotations
+
+import pytest
+from test_batch_store import BatchBackend, at, backend, new_batch, store  # noqa: F401  (fixtures by name)
+
+from sluice.batches.base import BatchStatus, BatchStore
+
+pytestmark = pytest.mark.anyio
+LEASE_S = 30.0
+
+
+async def test_num_active_counts_the_tenants_batches_until_they_end(store: BatchStore) -> None:  # noqa: F811
+    assert await store.num_active("acme") == 0
+    await store.create(new_batch("b1"))
+    await store.create(new_batch("b2", created_s=1))
+    await store.create(new_batch("b3", created_s=2, status=BatchStatus.IN_PROGRESS))
+    await store.create(new_batch("g1", "globex", created_s=3))
+    assert (await store.num_active("acme"), await store.num_active("globex")) == (3, 1)
+
+    claimed = await store.claim("r1", LEASE_S, at(10))
+    assert claimed is not None and claimed.batch_id == "b1"
+    await store.advance("b1", "r1", BatchStatus.FINALIZING, at(11))
+    assert await store.num_active("acme") == 3  # finalizing: still the runners' work
+    await store.advance("b1", "r1", BatchStatus.COMPLETED, at(12))
+    assert await store.num_active("acme") == 2
+    await store.request_cancel("acme", "b2", at(13))
+    assert await store.num_active("acme") == 2  # cancelling: its results are still to write
+    assert await store.num_active("nobody") == 0
