@@ -78,6 +78,8 @@ BENCHES: tuple[Bench, ...] = (
            "--warmup-s", "2"), 1, True),
     Bench("batch-yield", "bench.batch_yield", (*_STACK_URL, "--write-docs"),
           (*_STACK_URL, "--duration-s", "4", "--lines", "20"), 2, True),
+    Bench("upload-memory", "bench.upload_memory", ("--write-docs",),
+          ("--size-mib", "8", "--uploads", "2", "--rounds", "1"), 1),
     Bench("registry-propagation", "bench.registry_propagation", ("--write-docs",), ("--changes", "5"), 1),
     Bench("placement", "bench.placement_bench", ("--write-docs",),
           ("--rounds", "1", "--requests", "32", "--placements", "score,random"), 8),
