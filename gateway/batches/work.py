@@ -47,6 +47,8 @@ from sluice.files.catalog import FileCatalog, UnknownFileError
 
 log = logging.getLogger(__name__)
 
+MAX_RETRY_WAIT_S = 5.0  # the longest wait between tries to commit a part while a store is down
+
 
 @dataclass(frozen=True)
 class WorkLimits:
@@ -161,7 +163,7 @@ class BatchWork:
                 await flusher
         if self._lost is not None:
             raise self._lost
-        await self._flush()
+        await self._flush_until_committed()
 
     async def _run_pending(self, pending: list[BatchLine], tenant: Tenant) -> None:
         """Run ``pending``, at most ``line_concurrency`` at once. Once the batch must stop, start no more
@@ -263,6 +265,25 @@ class BatchWork:
             except BaseException:
                 self._ended = results + self._ended
                 raise
+
+    async def _flush_until_committed(self) -> None:
+        """``_flush``, tried again while a store cannot be reached (backing off to ``MAX_RETRY_WAIT_S``) for
+        as long as this runner holds the lease (its renewal goes on meanwhile; ``LeaseLost`` ends it).
+        Giving up instead would drop the lines that ended: they would run again where the batch resumes,
+        billed for the run they had here (the ledger keeps a row's first write) but reported with the
+        rerun's output, and their tokens spent twice. A runner that stops meanwhile cuts this wait, as it
+        cuts running lines."""
+        wait_s = self._limits.flush_interval_s
+        while True:
+            try:
+                await self._flush()
+                return
+            except (BatchStoreUnavailable, ObjectStoreUnavailable) as exc:
+                log.warning("batch %s: results not committed yet (%s); retrying", self.batch.batch_id, exc)
+            if self._lost is not None:
+                raise self._lost
+            await asyncio.sleep(wait_s)
+            wait_s = min(wait_s * 2, MAX_RETRY_WAIT_S)
 
     async def _commit(self, results: list[LineResult]) -> None:
         batch, seq = self.batch, self._next_seq
