@@ -92,7 +92,10 @@ def _unavailable(exc: BaseException) -> BatchStoreUnavailable:
 
 
 class PostgresBatchStore(BatchStore):
-    def __init__(self, url: str, *, pool_max_size: int = 5, acquire_timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, pool_max_size: int = 5, acquire_timeout_s: float = 5.0) -> None:
+        # NOTE: a short wait for a connection, as the ledger's: while the server is unreachable a Batch API
+        # call is a 503 with Retry-After in seconds, not after psycopg's default 30 s (with the client's
+        # request held all along); the runner tries again at its next renewal, flush or poll anyway.
         self._db = MigratedPgPool(
             url,
             max_size=pool_max_size,

@@ -19,6 +19,7 @@ from typing import Any
 import openai
 import pytest
 from harness import MODEL, RunningGateway, start_gateway, wait_until
+from pg import ADMIN_URL
 from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by name)
 from tcp_proxy import ProxyThread
 
@@ -180,3 +181,53 @@ async def test_the_sweeper_skips_a_sweep_while_s3_is_down_and_sweeps_at_the_next
         assert await store.list(f"files/acme/{stored.file_id}") == []
     finally:
         await store.close()
+
+
+def test_the_batch_api_is_503_while_the_batch_store_is_down(
+    dev_checkpoint: Path, tmp_path: Path, database: str, pg_proxy: ProxyThread
+) -> None:
+    """PostgreSQL (the batch store) cut: creating, listing, reading and cancelling batches are 503
+    ``batch_store_unavailable`` with ``Retry-After`` within seconds, never a 500 nor a client held for
+    half a minute; a create refused so queued nothing."""
+    via_proxy = f"{ADMIN_URL.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{database.rpartition('/')[2]}"
+    # The tenant cache outlives the outage: this test is about the batch store, not about auth.
+    running = start_gateway(tmp_path, dev_checkpoint, database_url=via_proxy, tenant_cache_ttl_s=3600.0,
+                            batch_runner=False)  # fmt: skip
+    try:
+        client = running.client()
+        file_id = client.files.create(file=("in.jsonl", jsonl([line("a")])), purpose="batch").id
+        queued = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+        )
+        pg_proxy.cut()
+        calls = {
+            "create": lambda: client.batches.create(
+                input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+            ),
+            "list": lambda: client.batches.list(),
+            "retrieve": lambda: client.batches.retrieve(queued.id),
+            "cancel": lambda: client.batches.cancel(queued.id),
+        }
+        for what, call in calls.items():
+            started_s = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as caught:
+                call()
+            assert time.monotonic() - started_s < 15, what  # answered in seconds, the client not held
+            assert caught.value.status_code == 503, (what, caught.value.response.text)
+            body = caught.value.body
+            assert isinstance(body, dict) and body["code"] == "batch_store_unavailable", (what, body)
+            assert caught.value.response.headers["Retry-After"] == "5", what
+        pg_proxy.restore()
+        wait_until(lambda: _lists(client), 30, "the batch store back")
+        assert [b.id for b in client.batches.list()] == [queued.id]
+        assert client.batches.retrieve(queued.id).status == "validating"  # the refused cancel did nothing
+    finally:
+        running.stop()
+
+
+def _lists(client: openai.OpenAI) -> bool:
+    try:
+        client.batches.list()
+    except openai.APIStatusError:
+        return False
+    return True
