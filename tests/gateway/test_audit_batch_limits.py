@@ -6,18 +6,25 @@ call (``SLUICE_MAX_BODY_BYTES``) is an error line, unparsed, and the rest run.""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from fakes import ScriptedFakeEngine
 from harness import GLOBEX_KEY, MODEL, start_gateway
 
 from gateway.batches.lines import parse_input
+from sluice.domain import Tenant
+from sluice.engine_client import Delta, GenerateRequest
 from sluice.settings import Settings
+from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.text import TextCodec
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -123,3 +130,65 @@ def test_the_cap_is_a_setting_with_a_default(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("SLUICE_BATCH_MAX_ACTIVE_PER_TENANT", "0")
     with pytest.raises(ValueError):
         Settings()
+
+
+def create_tenants(state_dir: Path, *tenants: Tenant) -> list[str]:
+    """The tenants in the gateway's tenant store (SQLite under ``state_dir``); their API keys."""
+
+    async def create() -> list[str]:
+        store = SqliteTenantStore(state_dir / "sluice.db")
+        await store.open()
+        try:
+            return [await store.create(t) for t in tenants]
+        finally:
+            await store.close()
+
+    return asyncio.run(create())
+
+
+class InFlightEngine(ScriptedFakeEngine):
+    """The scripted engine, counting the most requests it ran at once."""
+
+    def __init__(self, token_id: int, interval_s: float) -> None:
+        super().__init__(token_id, interval_s)
+        self.num_in_flight = 0
+        self.max_in_flight = 0
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
+        self.num_in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
+        try:
+            async for delta in super().generate(request):
+                yield delta
+        finally:
+            self.num_in_flight -= 1
+
+
+def test_a_tenants_concurrency_limit_holds_its_batch_lines(dev_checkpoint: Path, tmp_path: Path) -> None:
+    """Lines go through the tenant's limits as its interactive calls do: a tenant allowed one request at
+    a time runs one line at a time whatever the runner's line concurrency; the refused lines wait and run,
+    none fails."""
+    [key] = create_tenants(tmp_path, Tenant("one", "One", max_concurrent_requests=1))
+    engine = InFlightEngine(TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0], interval_s=0.01)
+    running = start_gateway(
+        tmp_path,
+        dev_checkpoint,
+        engine=engine,
+        batch_line_concurrency=4,
+        batch_lease_s=3.0,
+        batch_poll_interval_s=0.2,
+        batch_flush_interval_s=0.2,
+    )
+    try:
+        client = running.client(key)
+        batch = wait_for(
+            client, create(client, [line(f"q{i}", max_tokens=10) for i in range(6)]).id, TERMINAL
+        )
+        assert batch.status == "completed" and batch.request_counts.completed == 6
+        assert engine.max_in_flight == 1
+        retried = running.gw.metrics.registry.get_sample_value(
+            "sluice_gateway_batch_line_retries_total", {"reason": "concurrent_requests_exceeded"}
+        )
+        assert retried is not None and retried > 0  # the runner did try more at once, and was held
+    finally:
+        running.stop()
