@@ -267,8 +267,8 @@ class Settings(BaseSettings):
     batch_max_lines: int = Field(50_000, ge=1, le=1_000_000)  # per input file, as OpenAI's
     batch_drain_s: float = Field(10.0, ge=0, le=600)
     # A tenant's batches queued or running at once (validating, in_progress, finalizing, cancelling); one
-    # more is 429 too_many_batches. Runners claim the oldest batch once every tenant has one running, so
-    # without a cap one tenant's thousands of queued batches would hold every other tenant's second batch.
+    # more is 429 too_many_batches: each holds a copy of its input and is re-read at every claim, so one
+    # tenant's queue (and what runners scan to pick the next batch) stays bounded.
     batch_max_active_per_tenant: int = Field(100, ge=1, le=100_000)
 
     def __init__(self, **values: Any) -> None:

@@ -186,10 +186,10 @@ async def _copy_input(gw: GatewayState, tenant_id: str, file_id: str, batch_id: 
 
 async def _check_active_cap(gw: GatewayState, tenant_id: str) -> None:
     """429 ``too_many_batches`` when the tenant already has ``batch_max_active_per_tenant`` batches queued or
-    running. Runners take the oldest batch once every tenant has one running (``BatchStore.claim``), so
-    without this cap one tenant could queue thousands and hold every other tenant's second batch behind
-    them. Checked before the input is copied. Two creates at the same instant may both pass: the cap is
-    exceeded by at most the tenant's concurrent creates, which is enough to bound the queue."""
+    running. Runners take tenants in turns (``BatchStore.claim``), so a backlog delays no other tenant;
+    the cap bounds what it costs: an input copy per batch, and the rows every claim ranks. Checked before
+    the input is copied. Two creates at the same instant may both pass: the cap is exceeded by at most
+    the tenant's concurrent creates, which is enough to bound the queue."""
     max_active = gw.settings.batch_max_active_per_tenant
     try:
         num_active = await gw.batches.num_active(tenant_id)

@@ -173,9 +173,10 @@ class BatchStore(ABC):
         (``lease_s`` in (0, 86400], else ValueError). None when there is none. Two runners never hold one
         batch at once.
 
-        Which one: the oldest whose tenant has no batch held now (by any runner), else the oldest. So a
-        tenant with many batches queued does not keep another tenant's first batch waiting: each gets
-        one running before anyone gets a second (then their lines share the models' fair queues)."""
+        Which one: the oldest of those whose tenant holds the fewest batches now (by any runner). So a
+        tenant with many batches queued keeps no other tenant's batch waiting: each gets one running
+        before anyone gets a second, a second before anyone a third, and so on (then their lines share
+        the models' fair queues); the oldest-first order applies only among tenants holding as many."""
 
     @abstractmethod
     async def renew(self, batch_id: str, owner: str, lease_s: float, now: datetime) -> Batch:

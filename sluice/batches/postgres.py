@@ -58,7 +58,7 @@ _INSERT_PART = (
 _CLAIM = (
     "UPDATE batches SET lease_owner = %s, lease_until = %s WHERE batch_id = ("
     "SELECT batch_id FROM batches AS b WHERE status = ANY(%s) AND (lease_owner IS NULL OR lease_until <= %s)"
-    " ORDER BY EXISTS (SELECT 1 FROM batches AS held WHERE held.tenant_id = b.tenant_id"
+    " ORDER BY (SELECT count(*) FROM batches AS held WHERE held.tenant_id = b.tenant_id"
     " AND held.status = ANY(%s) AND held.lease_owner IS NOT NULL AND held.lease_until > %s),"
     " created_at, batch_id LIMIT 1 FOR UPDATE OF b SKIP LOCKED)"
     f" RETURNING {', '.join(BATCH_COLUMNS)}"

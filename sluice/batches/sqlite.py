@@ -173,7 +173,7 @@ class SqliteBatchStore(BatchStore):
             row = conn.execute(
                 f"SELECT batch_id FROM batches AS b WHERE status IN ({_ACTIVE})"
                 " AND (lease_owner IS NULL OR lease_until <= ?)"
-                " ORDER BY EXISTS (SELECT 1 FROM batches AS held WHERE held.tenant_id = b.tenant_id"
+                " ORDER BY (SELECT count(*) FROM batches AS held WHERE held.tenant_id = b.tenant_id"
                 f" AND held.status IN ({_ACTIVE}) AND held.lease_owner IS NOT NULL AND held.lease_until > ?),"
                 " created_at, batch_id LIMIT 1",
                 (now_text, now_text),

@@ -30,3 +30,18 @@ async def test_num_active_counts_the_tenants_batches_until_they_end(store: Batch
     await store.request_cancel("acme", "b2", at(13))
     assert await store.num_active("acme") == 2  # cancelling: its results are still to write
     assert await store.num_active("nobody") == 0
+
+
+async def test_claim_gives_every_tenant_its_nth_batch_before_anyone_an_n_plus_first(
+    store: BatchStore,  # noqa: F811
+) -> None:
+    """Not only the first: a tenant with many batches queued (older) gets its third only once every
+    tenant with work left has two running, so its backlog never holds another tenant's second batch."""
+    for i in range(4):
+        await store.create(new_batch(f"batch_acme{i}", "acme", created_s=i))
+    await store.create(new_batch("batch_globex0", "globex", created_s=5))
+    await store.create(new_batch("batch_globex1", "globex", created_s=6))
+    claimed = [await store.claim(f"r{i}", LEASE_S, at(10)) for i in range(6)]
+    assert [b.batch_id if b else None for b in claimed] == [
+        "batch_acme0", "batch_globex0", "batch_acme1", "batch_globex1", "batch_acme2", "batch_acme3"
+    ]  # fmt: skip
