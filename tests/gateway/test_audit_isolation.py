@@ -202,3 +202,14 @@ async def test_the_catalog_keys_every_read_by_the_callers_tenant(tmp_path: Path)
             check_key(key)
     assert [f.file_id for f in await catalog.list("acme")] == []
     assert (await catalog.content("globex", theirs.file_id)) == b'{"a": 1}\n'
+
+
+def test_tenants_files_on_disk_are_the_gateways_user_alone(
+    gateway: RunningGateway, globex_batch: dict[str, Any]
+) -> None:
+    """The embedded store's objects (uploads, input copies, parts, result files) are written through a
+    temporary file of mode 0600 renamed into place: another local user reads no tenant's text."""
+    objects = [p for p in (gateway.state_dir / "files").rglob("*") if p.is_file()]
+    assert any(globex_batch["output_file_id"] in p.name for p in objects)
+    for path in objects:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is {oct(path.stat().st_mode)}"
