@@ -23,6 +23,7 @@ ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "/v1/completions": CompletionRequest,
 }
 MAX_CUSTOM_ID_CHARS = 256
+MAX_SHOWN_NAME_CHARS = 64  # of an unknown field's name, quoted in the line's error
 # Validation errors listed on a failed batch (OpenAI's ``errors.data``); the rest are counted in the last.
 MAX_FILE_ERRORS = 20
 
@@ -128,7 +129,7 @@ def parse_line(index: int, raw: str, endpoint: str) -> BatchLine | LineProblem:
 
     unknown = sorted(set(obj) - _LINE_FIELDS)
     if unknown:
-        return problem("invalid_request", f"Unrecognized field on the line: {unknown[0]}.")
+        return problem("invalid_request", f"Unrecognized field on the line: {_shown(unknown[0])}.")
     if obj.get("method") != "POST":
         return problem("invalid_method", 'method must be "POST".')
     if obj.get("url") != endpoint:
@@ -139,7 +140,8 @@ def parse_line(index: int, raw: str, endpoint: str) -> BatchLine | LineProblem:
     request_type = ENDPOINTS[endpoint]
     unknown_field = first_unknown_field(body, request_type)
     if unknown_field is not None:
-        return problem("invalid_request", f"Unrecognized request argument supplied: {unknown_field}.")
+        message = f"Unrecognized request argument supplied: {_shown(unknown_field)}."
+        return problem("invalid_request", message)
     try:
         request = msgspec.convert(body, request_type)
     except msgspec.ValidationError as exc:
@@ -147,6 +149,12 @@ def parse_line(index: int, raw: str, endpoint: str) -> BatchLine | LineProblem:
     if request.stream:
         return problem("invalid_request", "stream is not supported in a batch.")
     return BatchLine(index, custom_id, request)
+
+
+def _shown(name: str) -> str:
+    """A field name the line chose, as an error message quotes it: cut at ``MAX_SHOWN_NAME_CHARS``, so an
+    error line never echoes a huge key back (every line of a file could carry one)."""
+    return name if len(name) <= MAX_SHOWN_NAME_CHARS else name[:MAX_SHOWN_NAME_CHARS] + "..."
 
 
 def _too_large(index: int, raw: str, max_line_bytes: int | None) -> LineProblem | None:

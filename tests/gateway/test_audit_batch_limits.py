@@ -192,3 +192,16 @@ def test_a_tenants_concurrency_limit_holds_its_batch_lines(dev_checkpoint: Path,
         assert retried is not None and retried > 0  # the runner did try more at once, and was held
     finally:
         running.stop()
+
+
+def test_an_error_line_never_echoes_a_huge_field_name() -> None:
+    huge = "k" * 5000
+    on_the_line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", huge: 1})
+    in_the_body = line("b").replace('"max_tokens"', f'"{huge}": 1, "max_tokens"')
+    parsed = parse_input(f"{on_the_line}\n{in_the_body}\n".encode(), "/v1/completions", 10)
+    assert [(p.custom_id, p.code) for p in parsed.problems] == [
+        ("a", "invalid_request"),
+        ("b", "invalid_request"),
+    ]
+    for problem in parsed.problems:
+        assert "k" * 64 + "..." in problem.message and len(problem.message) < 200
