@@ -28,7 +28,7 @@ from gateway.auth import require_tenant, tenant_of
 from gateway.errors import ErrorBody, OpenAIError, invalid_request
 from gateway.files.retention import form_expires_after_s
 from gateway.files.schemas import FileDeleted, FileList, FileObject, FileUpload
-from gateway.files.upload_slots import upload_slots
+from gateway.files.upload_slots import take_upload_slot, upload_slots
 from gateway.state import GatewayState
 from sluice.files.base import ObjectStoreUnavailable
 from sluice.files.catalog import UnknownFileError
@@ -49,7 +49,7 @@ _ERRORS = {
     413: "`file_too_large`: the upload's body is over the limit for a file (`SLUICE_FILE_MAX_BYTES`).",
     503: "`file_store_unavailable` (the object store holding files), `tenant_store_unavailable`, or "
     "(uploads) `too_many_uploads` (the gateway is reading `SLUICE_FILE_MAX_CONCURRENT_UPLOADS` uploads "
-    "already); with `Retry-After`.",
+    "already, or half of them for this tenant); with `Retry-After`.",
 }
 
 
@@ -109,7 +109,13 @@ class FilesController(Controller):
     tags = ["Files"]  # noqa: RUF012
     exception_handlers = {RequestEntityTooLarge: _on_body_too_large}  # noqa: RUF012
 
-    @post("/", status_code=200, responses=_errors(400, 401, 413, 503), middleware=[upload_slots])
+    @post(
+        "/",
+        status_code=200,
+        responses=_errors(400, 401, 413, 503),
+        guards=[take_upload_slot],  # after the controller's require_tenant
+        middleware=[upload_slots],
+    )
     async def create_file(
         self,
         request: Request[Any, Any, Any],
