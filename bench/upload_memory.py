@@ -4,8 +4,9 @@ An upload's body is read whole before its handler runs, so each one in flight ho
 (``gateway/files/upload_slots.py``). This starts ``python -m gateway`` (in-process engine, SQLite and files
 under a temporary state directory: uploads reach no engine) once per setting of
 ``SLUICE_FILE_MAX_CONCURRENT_UPLOADS``, sends ``--uploads`` uploads of ``--size-mib`` MiB at once with the
-official openai client, and reads the process's peak resident memory (``VmHWM``) before and after. The
-settings alternate over ``--rounds``.
+official openai client, alternating between the two dev tenants (one tenant may hold half the slots), and
+reads the process's peak resident memory (``VmHWM``) before and after. The settings alternate over
+``--rounds``.
 
     .venv/bin/python -m bench.upload_memory [--size-mib 100] [--uploads 8] [--limits 4 64] [--write-docs]
 """
@@ -33,7 +34,7 @@ from bench.servers import REPO_ROOT, http_ok, log
 
 SECTION = "upload-memory"
 CHECKPOINT = REPO_ROOT / ".sluice" / "models" / "sluice-tiny"
-API_KEY = "sk-acme-dev"
+API_KEYS = ("sk-acme-dev", "sk-globex-dev")  # the dev tenants: uploads alternate between them
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,16 @@ def one_run(limit: int, data: bytes, num_uploads: int) -> Run:
                     raise RuntimeError("the gateway did not start")
                 time.sleep(0.1)
             base_mib = status_mib(proc.pid, "VmHWM")
-            client = openai.OpenAI(base_url=base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
+            clients = [
+                openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=600)
+                for key in API_KEYS
+            ]
 
-            def upload(_: int) -> bool:
+            def upload(i: int) -> bool:
                 try:
-                    client.files.create(file=("big.jsonl", io.BytesIO(data)), purpose="batch")
+                    clients[i % len(clients)].files.create(
+                        file=("big.jsonl", io.BytesIO(data)), purpose="batch"
+                    )
                 except openai.InternalServerError:
                     return False
                 return True
@@ -115,9 +121,9 @@ def report_lines(args: argparse.Namespace, runs: list[Run]) -> list[str]:
     lines = [
         f"CPU: {cpu_description()} (flags: {cpu_flags()}). One gateway process (`python -m gateway`, "
         "in-process engine, SQLite and files in a temporary state directory); "
-        f"{args.uploads} uploads of {args.size_mib} MiB sent at once "
-        f"(openai client, no retries), {args.rounds} rounds alternating the settings; {load_average()} at "
-        "the end.",
+        f"{args.uploads} uploads of {args.size_mib} MiB sent at once by two tenants (a tenant may hold half "
+        f"the slots; openai client, no retries), {args.rounds} rounds alternating the settings; "
+        f"{load_average()} at the end.",
         "",
         "| SLUICE_FILE_MAX_CONCURRENT_UPLOADS | peak RSS MiB (median) | over the idle gateway MiB | all "
         "uploads took s (median) | refused (503) |",
