@@ -331,7 +331,7 @@ class Settings(BaseSettings):
     @field_validator("triton_grpc_url")
     @classmethod
     def _check_grpc_url(cls, v: str) -> str:
-        if not _HOST_PORT.match(v):
+        if not _HOST_PORT.fullmatch(v):
             raise ValueError("must be host:port without a scheme, e.g. 127.0.0.1:8001")
         return v
 
@@ -359,7 +359,7 @@ class Settings(BaseSettings):
     @field_validator("model_name")
     @classmethod
     def _check_model_name(cls, v: str) -> str:
-        if not _MODEL_NAME.match(v):
+        if not _MODEL_NAME.fullmatch(v):
             raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-'")
         return v
 

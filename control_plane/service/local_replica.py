@@ -39,7 +39,7 @@ class InvalidReplicaRequest(ValueError):
 
 def triton_version(version: str) -> int:
     """A registry version name as Triton's version folder, or ``InvalidReplicaRequest``."""
-    if not _TRITON_VERSION.match(version):
+    if not _TRITON_VERSION.fullmatch(version):
         raise InvalidReplicaRequest(
             f"local replicas serve Triton model versions, positive integers without leading zeros; "
             f"version {version!r} is not one (register the weights as a version like '2')"

@@ -49,7 +49,7 @@ STORE_RETRY_AFTER_S = 1.0
 
 
 def check_key(key: str) -> str:
-    if not _KEY.match(key):
+    if not _KEY.fullmatch(key):
         raise OpenAIError(
             400,
             "Idempotency-Key must be 1-255 visible ASCII characters.",

@@ -88,11 +88,11 @@ def new_admin_token() -> str:
 
 def is_admin_token_format(token: str) -> bool:
     """Whether ``token`` has the admin format at all (a tenant key never has)."""
-    return _TOKEN.match(token) is not None
+    return _TOKEN.fullmatch(token) is not None
 
 
 def check_token_name(name: str) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"token name must be 1-63 lower-case letters, digits, '.', '_', '@' or '-' starting with a "
             f"letter or digit, got {name!r}"

@@ -242,7 +242,7 @@ MAX_TEXT_CHARS = 2000  # a description, a health detail
 
 
 def _check(pattern: re.Pattern[str], what: str, value: object) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidChange(f"{what} must match {pattern.pattern}, got {value!r}")
     return value
 

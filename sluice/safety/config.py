@@ -46,7 +46,7 @@ class RegexRuleConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise ValueError(f"must match {_NAME.pattern}")
         return v
 
@@ -106,7 +106,7 @@ class SafetyConfig(_Strict):
         for name in self.policies:
             if name in BUILTIN_POLICY_NAMES:
                 raise ValueError(f"policy {name!r} is built in and cannot be redefined; pick another name")
-            if not _NAME.match(name):
+            if not _NAME.fullmatch(name):
                 raise ValueError(f"policy name {name!r} must match {_NAME.pattern}")
         return self
 

@@ -58,7 +58,7 @@ _POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # as sluice.safety.co
 
 
 def check_tenant_id(tenant_id: str) -> None:
-    if not _TENANT_ID.match(tenant_id):
+    if not _TENANT_ID.fullmatch(tenant_id):
         raise ValueError(f"tenant_id must match {_TENANT_ID.pattern}, got {tenant_id!r}")
 
 
@@ -96,7 +96,7 @@ def check_tenant(tenant: Tenant) -> None:
         raise ValueError(f"allowed_classes: unknown class(es) {', '.join(unknown)}; valid: {valid}")
     # Whether the policy exists is the gateway's configuration (SLUICE_SAFETY_CONFIG_PATH): the CLI checks
     # it against what the gateways know; the store only refuses what can never name a policy.
-    if not isinstance(tenant.safety_policy, str) or not _POLICY_NAME.match(tenant.safety_policy):
+    if not isinstance(tenant.safety_policy, str) or not _POLICY_NAME.fullmatch(tenant.safety_policy):
         raise ValueError(f"safety_policy must match {_POLICY_NAME.pattern}, got {tenant.safety_policy!r}")
 
 

@@ -106,7 +106,7 @@ class TritonServerConfig:
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise ValueError(f"HTTP, gRPC and metrics ports must be distinct and in 1..65535, got {ports}")
-        if self.shm_prefix and not _SHM_PREFIX_RE.match(self.shm_prefix):
+        if self.shm_prefix and not _SHM_PREFIX_RE.fullmatch(self.shm_prefix):
             raise ValueError(f"shm_prefix must match {_SHM_PREFIX_RE.pattern}, got {self.shm_prefix!r}")
         if self.stop_timeout_s <= self.exit_timeout_s:
             raise ValueError("stop_timeout_s must exceed exit_timeout_s, or Triton is killed mid-drain")

@@ -95,7 +95,7 @@ class CpuEngineModelSettings:
     yield_send_interval_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        if not _MODEL_NAME_RE.match(self.model_name):
+        if not _MODEL_NAME_RE.fullmatch(self.model_name):
             raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {self.model_name!r}")
         if (
             isinstance(self.model_version, bool)
@@ -155,7 +155,7 @@ def render_safety_classifier(
 ) -> Path:
     """Write the safety classifier's model folder under ``repo_dir`` and return it. ``config_path`` is the
     safety config the model loads (the JSON of ``SLUICE_SAFETY_CONFIG``); None: the built-in PII rules."""
-    if not _MODEL_NAME_RE.match(model_name):
+    if not _MODEL_NAME_RE.fullmatch(model_name):
         raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {model_name!r}")
     if config_path is not None and not Path(config_path).is_file():
         raise ValueError(f"safety config {config_path} is not a file")

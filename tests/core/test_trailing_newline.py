@@ -1,0 +1,32 @@
+"""Every name validator anchors its pattern at both ends for real: ``re.match`` with ``$`` accepts a
+trailing newline ("acme\\n"), which would then reach keys, logs and SQL as a second name; each refuses it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from sluice.admin_tokens.base import check_token_name, is_admin_token_format
+from sluice.registry.base import InvalidChange, check_model_name, check_replica_id, check_version_name
+from sluice.tenants.base import check_tenant_id
+
+CHECKS: list[tuple[str, Callable[[str], object], str]] = [
+    ("tenant id", check_tenant_id, "acme"),
+    ("admin token name", check_token_name, "release-bot"),
+    ("model name", check_model_name, "sluice-tiny"),
+    ("version", check_version_name, "1"),
+    ("replica id", check_replica_id, "local-1"),
+]
+
+
+@pytest.mark.parametrize(("what", "check", "good"), CHECKS, ids=[c[0] for c in CHECKS])
+def test_a_trailing_newline_is_refused(what: str, check: Callable[[str], object], good: str) -> None:
+    check(good)  # the name itself is fine
+    with pytest.raises((ValueError, InvalidChange)):
+        check(good + "\n")
+
+
+def test_an_admin_token_with_a_trailing_newline_is_not_one() -> None:
+    token = "sladm-" + "a" * 32
+    assert is_admin_token_format(token) and not is_admin_token_format(token + "\n")
