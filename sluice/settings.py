@@ -248,6 +248,9 @@ class Settings(BaseSettings):
     # Uploads a gateway reads at once: each holds a few times its size in memory while it is read; more
     # wait up to 5 s, then get 503 too_many_uploads with Retry-After (gateway.files.upload_slots).
     file_max_concurrent_uploads: int = Field(4, ge=1, le=256)
+    # An upload's whole body must arrive this long after the request starts, else 408 upload_timeout (a
+    # client trickling its body would hold an upload slot).
+    file_upload_timeout_s: float = Field(300.0, gt=0, le=3600)
 
     # Batches (issue 15; gateway/batches, OpenAI's Batch API). Every gateway runs a batch runner unless
     # batch_runner is false (it then only accepts and reports batches; other gateways run them). A runner

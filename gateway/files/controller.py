@@ -46,6 +46,7 @@ _ERRORS = {
     "whose anchor is not `created_at` or whose seconds are not 3600 to 2592000.",
     401: "`invalid_api_key`: no key, or one no tenant has.",
     404: "`file_not_found`: no such file for this tenant.",
+    408: "`upload_timeout`: the upload's body did not arrive within `SLUICE_FILE_UPLOAD_TIMEOUT_S`.",
     413: "`file_too_large`: the upload's body is over the limit for a file (`SLUICE_FILE_MAX_BYTES`).",
     503: "`file_store_unavailable` (the object store holding files), `tenant_store_unavailable`, or "
     "(uploads) `too_many_uploads` (the gateway is reading `SLUICE_FILE_MAX_CONCURRENT_UPLOADS` uploads "
@@ -112,7 +113,7 @@ class FilesController(Controller):
     @post(
         "/",
         status_code=200,
-        responses=_errors(400, 401, 413, 503),
+        responses=_errors(400, 401, 408, 413, 503),
         guards=[take_upload_slot],  # after the controller's require_tenant
         middleware=[upload_slots],
     )

@@ -11,17 +11,22 @@ trickling its uploads' bodies holds at most ``max_per_tenant`` slots, never ever
 ``upload_slots``, the route's middleware, gives the slot back however the request ends. An upload waits
 up to ``SLOT_WAIT_S`` for a slot (its body stays in the client's socket meanwhile), then is refused with
 503 ``too_many_uploads`` and ``Retry-After``; the official SDKs retry it.
+
+A slot is held only while the body arrives in time: the middleware gives the whole body
+``file_upload_timeout_s`` from the request's start (a 100 MiB file at 300 s needs ~350 KB/s), then answers
+408 ``upload_timeout``, so a client trickling its body cannot keep a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from gateway.errors import OpenAIError
 from sluice.domain import Tenant
@@ -105,13 +110,37 @@ async def take_upload_slot(connection: ASGIConnection[Any, Any, Any, Any], _: Ba
     connection.state[_HELD] = tenant_id
 
 
+def upload_timeout(timeout_s: float) -> OpenAIError:
+    return OpenAIError(
+        408,
+        f"The upload's body did not arrive within {timeout_s:g} s (SLUICE_FILE_UPLOAD_TIMEOUT_S).",
+        code="upload_timeout",
+        param="file",
+    )
+
+
+def _body_deadline(receive: Receive, timeout_s: float) -> Receive:
+    """``receive``, raising 408 ``upload_timeout`` once ``timeout_s`` from now passed."""
+    deadline_s = time.monotonic() + timeout_s
+
+    async def receive_in_time() -> ReceiveMessage:
+        try:
+            async with asyncio.timeout(deadline_s - time.monotonic()):
+                return await receive()
+        except TimeoutError:
+            raise upload_timeout(timeout_s) from None
+
+    return receive_in_time
+
+
 def upload_slots(app: ASGIApp) -> ASGIApp:
-    """The upload route's middleware: give back the slot ``take_upload_slot`` took, however the request
-    ends (answered, refused, or its client gone mid-body)."""
+    """The upload route's middleware: the body's deadline, and give back the slot ``take_upload_slot``
+    took, however the request ends (answered, refused, timed out, or its client gone mid-body)."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        timeout_s = scope["litestar_app"].state.gw.settings.file_upload_timeout_s
         try:
-            await app(scope, receive, send)
+            await app(scope, _body_deadline(receive, timeout_s), send)
         finally:
             tenant_id = scope.get("state", {}).pop(_HELD, None)
             if tenant_id is not None:

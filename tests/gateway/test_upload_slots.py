@@ -1,8 +1,9 @@
 """A gateway reads at most ``file_max_concurrent_uploads`` uploads at once (``gateway.files.upload_slots``):
 with one slot held by an upload whose body is still coming, the next upload waits, then is refused with
 503 ``too_many_uploads`` and Retry-After before its body is read; the slot comes back when the first
-client goes away, and the next upload is stored. The gateway runs the scripted fake engine: files reach
-no engine."""
+client goes away, and the next upload is stored. A body that does not arrive within
+``file_upload_timeout_s`` is answered 408 ``upload_timeout`` and its slot comes back. The gateway runs the
+scripted fake engine: files reach no engine."""
 
 from __future__ import annotations
 
@@ -82,3 +83,29 @@ def test_an_upload_past_the_slots_is_refused_before_its_body_is_read(gateway: Ru
     assert stored.bytes == len(LINES)
     # Given back once the response is sent (just after the client has it).
     wait_until(lambda: gateway.gw.upload_limit.num_in_use == 0, 10, "the slot given back again")
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_gives_its_slot_back(
+    dev_checkpoint: Path, tmp_path: Path
+) -> None:
+    gateway = start_gateway(
+        tmp_path,
+        dev_checkpoint,
+        engine=ScriptedFakeEngine(token_id=5, interval_s=0.001),
+        file_max_concurrent_uploads=1,
+        file_upload_timeout_s=0.5,
+    )
+    try:
+        slow = start_slow_upload(gateway.base_url)  # 4096 bytes announced, a few hundred sent
+        try:
+            slow.settimeout(10)
+            answer = slow.recv(65536).decode(errors="replace")
+        finally:
+            slow.close()
+        assert answer.startswith("HTTP/1.1 408"), answer[:200]
+        assert '"code":"upload_timeout"' in answer.replace(" ", ""), answer
+        wait_until(lambda: gateway.gw.upload_limit.num_in_use == 0, 10, "the slot given back")
+        stored = gateway.client().files.create(file=("next.jsonl", LINES), purpose="batch")
+        assert stored.bytes == len(LINES)
+    finally:
+        gateway.stop()
