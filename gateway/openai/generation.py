@@ -167,7 +167,9 @@ async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGene
                 yield TextEvent(rest)
         raise
     except Exception as exc:
-        end.outcome, end.error = Outcome.FAILED, repr(exc)
+        # NOTE: the type only: a repr may carry the request's text (a UnicodeDecodeError's holds the bytes
+        # it failed on), and telemetry never does; the error handler logs the exception with its request id.
+        end.outcome, end.error = Outcome.FAILED, f"internal: {type(exc).__name__}"
         raise
     finally:
         # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the releases
