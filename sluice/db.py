@@ -76,6 +76,22 @@ def check_migrations(migrations: Sequence[Migration]) -> None:
         raise ValueError(f"migration versions must be 1..{len(migrations)} in order, got {versions}")
 
 
+def warn_if_newer(dialect: str, component: str, done: set[int], migrations: Sequence[Migration]) -> None:
+    """A schema with migrations this code does not know: the code was rolled back past them. Every
+    migration is additive (new tables, nullable or defaulted columns, indexes), so the older code runs on
+    it; said once at open, so an operator sees the mix."""
+    unknown = sorted(v for v in done if v > len(migrations))
+    if unknown:
+        log.warning(
+            "%s: the %s schema has migrations %s that this code does not know (it knows 1..%d): running "
+            "on the newer schema, as a rollback does",
+            dialect,
+            component,
+            unknown,
+            len(migrations),
+        )
+
+
 def _utc_now_text() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
@@ -200,6 +216,7 @@ def apply_sqlite_migrations(
         done = {
             v for (v,) in c.execute("SELECT version FROM schema_migrations WHERE component = ?", (component,))
         }
+        warn_if_newer("sqlite", component, done, migrations)
         applied = []
         for m in migrations:
             if m.version in done:
@@ -261,6 +278,7 @@ async def apply_pg_migrations(
         await conn.execute(_SCHEMA_MIGRATIONS_DDL)
         cur = await conn.execute("SELECT version FROM schema_migrations WHERE component = %s", (component,))
         done = {v for (v,) in await cur.fetchall()}
+        warn_if_newer("postgresql", component, done, migrations)
         applied = []
         for m in migrations:
             if m.version in done:

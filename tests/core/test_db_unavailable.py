@@ -4,14 +4,16 @@ check the same through each store; this pins the rule itself."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from sluice.db import MigratedPgPool, SqliteDb
+from sluice.db import MigratedPgPool, Migration, SqliteDb, apply_sqlite_migrations
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +77,21 @@ async def test_an_unreachable_postgresql_fails_the_open_at_once_saying_why() -> 
         await pool.open_or(_down)
     assert time.monotonic() - started_s < 5.0
     assert "incomplete" not in str(caught.value)
+
+
+def test_code_rolled_back_runs_on_the_newer_schema_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Migrations are additive, so the code of before (knowing fewer of them) opens a schema the newer code
+    migrated, applies nothing, and warns once naming the migrations it does not know."""
+    newer = [
+        Migration(version=1, name="t", sqlite="CREATE TABLE t (a INTEGER)", postgres=""),
+        Migration(version=2, name="t b", sqlite="ALTER TABLE t ADD COLUMN b TEXT", postgres=""),
+    ]
+    with closing(sqlite3.connect(tmp_path / "s.db", isolation_level=None)) as conn:
+        assert apply_sqlite_migrations(conn, "test", newer) == [1, 2]
+        with caplog.at_level(logging.WARNING, logger="sluice.db"):
+            assert apply_sqlite_migrations(conn, "test", newer[:1]) == []  # the rolled-back code
+        conn.execute("INSERT INTO t (a) VALUES (1)")  # what it writes still fits
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "migrations [2] that this code does not know (it knows 1..1)" in warning
