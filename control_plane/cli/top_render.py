@@ -45,7 +45,12 @@ def render(snapshot: Snapshot, title: str) -> str:
     rate = _number(snapshot.gateway_output_tokens_per_s, 1)
     num_gateways = sum(1 for s in snapshot.sources if s.kind == "gateway")
     num_read = sum(1 for s in snapshot.sources if s.kind == "gateway" and s.error is None)
-    lines.append(f"gateways: {num_read}/{num_gateways} read, {rate} output tokens/s")
+    lines.append(
+        f"gateways: {num_read}/{num_gateways} read, {rate} output tokens/s, "
+        f"{_number(snapshot.gateway_refused_per_s, 1)} refused/s; batches: "
+        f"{_count(snapshot.gateway_batches_active)} running, "
+        f"{_number(snapshot.gateway_batch_lines_per_s, 1)} lines/s"
+    )
     lines += [f"{s.kind} {s.url}: {s.error}" for s in snapshot.sources if s.error is not None]
     lines += snapshot.notes
     return "\n".join(lines)
@@ -57,6 +62,9 @@ def as_json(snapshot: Snapshot, taken_at: str) -> dict[str, Any]:
         "taken_at": taken_at,
         "window_s": _round(snapshot.window_s),
         "gateway_output_tokens_per_s": _round(snapshot.gateway_output_tokens_per_s),
+        "gateway_refused_per_s": _round(snapshot.gateway_refused_per_s),
+        "gateway_batches_active": snapshot.gateway_batches_active,
+        "gateway_batch_lines_per_s": _round(snapshot.gateway_batch_lines_per_s),
         "rows": [
             {k: _round(v) if isinstance(v, float) else v for k, v in asdict(row).items()}
             for row in snapshot.rows

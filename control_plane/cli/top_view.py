@@ -32,6 +32,9 @@ GATEWAY_TTFT = "sluice_gateway_time_to_first_token_seconds"
 GATEWAY_ITL = "sluice_gateway_inter_token_seconds"
 GATEWAY_QUEUE_DEPTH = "sluice_gateway_queue_depth"
 GATEWAY_OUTPUT_TOKENS = "sluice_gateway_output_tokens_total"
+GATEWAY_REFUSED = "sluice_gateway_refused_total"
+GATEWAY_BATCHES_ACTIVE = "sluice_gateway_batches_active"
+GATEWAY_BATCH_LINES = "sluice_gateway_batch_lines_total"
 REPLICA_REQUESTS = "nv_trt_llm_request_metrics"
 REPLICA_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
 REPLICA_TOKENS = "sluice_engine_generated_tokens_total"
@@ -113,6 +116,11 @@ class Snapshot:
     window_s: float | None  # the widest window a rate covers; None on a first read
     gateway_output_tokens_per_s: float | None  # every model, summed over the gateways
     notes: list[str] = field(default_factory=list)
+    # Summed over the gateways (None: none reported it): requests refused before a replica (quota limits
+    # and shedding), batches their runners hold now, and batch lines committed.
+    gateway_refused_per_s: float | None = None
+    gateway_batches_active: int | None = None
+    gateway_batch_lines_per_s: float | None = None
 
 
 # ------------------------------------------------------------------------------------------ replicas
@@ -241,15 +249,21 @@ def _queued(windows: list[Window], model: str, version: str) -> int | None:
     return _int(_sum(totals))
 
 
-def _output_tokens_per_s(windows: list[Window]) -> float | None:
+def _gateway_rate(windows: list[Window], counter: str) -> float | None:
+    """``counter``'s increase per second over each gateway's window (every label), summed."""
     rates = []
     for window in windows:
         both = window.both()
         if both is not None:
             before, after, span_s = both
-            num_tokens = increase(before.total(GATEWAY_OUTPUT_TOKENS), after.total(GATEWAY_OUTPUT_TOKENS))
-            rates.append(None if num_tokens is None else num_tokens / span_s)
+            num = increase(before.total(counter), after.total(counter))
+            rates.append(None if num is None else num / span_s)
     return _sum(rates)
+
+
+def _gateway_gauge(windows: list[Window], gauge: str) -> int | None:
+    """``gauge`` as each gateway's latest read says, summed."""
+    return _int(_sum(w.after.metrics.total(gauge) for w in windows if w.after.metrics is not None))
 
 
 # ------------------------------------------------------------------------------------------ snapshot
@@ -279,8 +293,11 @@ def build_snapshot(sources: Sources, model: str | None = None) -> Snapshot:
         rows=rows,
         sources=_statuses(sources),
         window_s=max(spans) if spans else None,
-        gateway_output_tokens_per_s=_output_tokens_per_s(gateways),
+        gateway_output_tokens_per_s=_gateway_rate(gateways, GATEWAY_OUTPUT_TOKENS),
         notes=["rates and p95s need a second read: they show from the next refresh"] if read_once else [],
+        gateway_refused_per_s=_gateway_rate(gateways, GATEWAY_REFUSED),
+        gateway_batches_active=_gateway_gauge(gateways, GATEWAY_BATCHES_ACTIVE),
+        gateway_batch_lines_per_s=_gateway_rate(gateways, GATEWAY_BATCH_LINES),
     )
 
 

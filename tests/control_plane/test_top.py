@@ -76,10 +76,19 @@ def test_parsing_and_lenient_label_matching() -> None:
 # ---------------------------------------------------------------------------------- canned sources
 
 
-def _gateway_text(num_slow: int, num_fast: int, num_queued: int, num_output_tokens: int) -> str:
+def _gateway_text(
+    num_slow: int, num_fast: int, num_queued: int, num_output_tokens: int, num_refused: int = 0,
+    num_batch_lines: int = 0, num_batches: int = 0,
+) -> str:  # fmt: skip
     """The gateway's exporter after ``num_slow`` requests with a 5 s TTFT and ``num_fast`` with 30 ms
-    (interactive and batch), each with inter-token gaps of 10 ms."""
+    (interactive and batch), each with inter-token gaps of 10 ms; refusals and batch lines split over two
+    label values each, ``num_batches`` batches held."""
     metrics = GatewayMetrics()
+    metrics.refused.labels(MODEL, "service_overloaded").inc(num_refused // 2)
+    metrics.refused.labels(MODEL, "tokens_per_minute_exceeded").inc(num_refused - num_refused // 2)
+    metrics.batch_lines.labels("completed").inc(num_batch_lines - 1 if num_batch_lines else 0)
+    metrics.batch_lines.labels("failed").inc(1 if num_batch_lines else 0)
+    metrics.batches_active.set(num_batches)
     for i in range(num_slow + num_fast):
         request_class = "interactive" if i % 2 else "batch"
         metrics.ttft_s.labels(MODEL, "1", request_class).observe(5.0 if i < num_slow else 0.03)
@@ -131,8 +140,10 @@ def _sources() -> Sources:
     r1_after = _replica_text(active=5, waiting=2, used_blocks=64, generated_tokens=1500)
     r1 = Window(_scrape("http://r1/metrics", 10.0, r1_before), _scrape("http://r1/metrics", 12.0, r1_after))
     r2 = Window(None, Scrape("http://r2/metrics", 12.0, None, "unreachable (ConnectError: refused)"))
-    gateway_before = _gateway_text(num_slow=100, num_fast=0, num_queued=0, num_output_tokens=400)
-    gateway_after = _gateway_text(num_slow=100, num_fast=40, num_queued=3, num_output_tokens=1000)
+    gateway_before = _gateway_text(num_slow=100, num_fast=0, num_queued=0, num_output_tokens=400,
+                                   num_refused=10, num_batch_lines=20, num_batches=1)  # fmt: skip
+    gateway_after = _gateway_text(num_slow=100, num_fast=40, num_queued=3, num_output_tokens=1000,
+                                  num_refused=30, num_batch_lines=50, num_batches=2)  # fmt: skip
     gateway = Window(_scrape(GATEWAY_URL, 10.5, gateway_before), _scrape(GATEWAY_URL, 12.5, gateway_after))
     down = Window(None, Scrape(DOWN_GATEWAY_URL, 12.5, None, "unreachable (ConnectError: refused)"))
     return Sources(
@@ -176,6 +187,9 @@ def test_rows_per_version_and_replica() -> None:
     assert version.ttft_p95_ms is not None and 20.0 < version.ttft_p95_ms <= 40.0
     assert version.itl_p95_ms is not None and 5.0 < version.itl_p95_ms <= 10.0
     assert snapshot.gateway_output_tokens_per_s == pytest.approx(300.0)  # 600 tokens in 2 s
+    assert snapshot.gateway_refused_per_s == pytest.approx(10.0)  # 20 refusals in 2 s, both reasons
+    assert snapshot.gateway_batch_lines_per_s == pytest.approx(15.0)  # 30 lines in 2 s
+    assert snapshot.gateway_batches_active == 2  # as the latest read says
     assert snapshot.window_s == pytest.approx(2.0)
     assert [(s.kind, s.error is None) for s in snapshot.sources] == [
         ("admin", True), ("gateway", True), ("gateway", False), ("replica", True), ("replica", False),
@@ -223,7 +237,9 @@ def test_the_table_and_the_json() -> None:
     version_line, r1_line = lines[3], lines[4]
     assert version_line.split()[:6] == [MODEL, "1", "(all)", "2/3", "ready", "3"]
     assert r1_line.split()[:7] == ["r1", "ready", "3", "2", "-", "25.0", "-"]
-    assert "gateways: 1/2 read, 300.0 output tokens/s" in text
+    assert (
+        "gateways: 1/2 read, 300.0 output tokens/s, 10.0 refused/s; batches: 2 running, 15.0 lines/s" in text
+    )
     assert f"gateway {DOWN_GATEWAY_URL}: unreachable (ConnectError: refused)" in text
     assert "replica http://r2/metrics: unreachable" in text
 
