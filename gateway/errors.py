@@ -99,12 +99,17 @@ def from_http_exception(exc: HTTPException) -> OpenAIError:
         return invalid_request(message, param=keys[0] if keys else None)
     if status == 413:
         return OpenAIError(413, "Request body too large.", code="request_too_large")
-    if status == 404:
-        return OpenAIError(404, f"Not found: {exc.detail}", code="not_found")
-    if status == 405:
-        return OpenAIError(405, str(exc.detail), code="method_not_allowed")
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return OpenAIError(status, str(exc.detail), type=error_type)
+
+
+def invalid_url(status_code: int, method: str, path: str) -> OpenAIError:
+    """A route this gateway does not serve (404), or not with this method (405), worded as OpenAI's API
+    words it ("Invalid URL (POST /v1/embeddings)")."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    if status_code == 405:
+        return OpenAIError(405, f"Invalid method for URL ({method} {shown})", code="method_not_allowed")
+    return OpenAIError(404, f"Invalid URL ({method} {shown})", code="not_found")
 
 
 def error_response(err: OpenAIError) -> Response[dict[str, Any]]:
@@ -119,6 +124,8 @@ def exception_handlers(metrics: GatewayMetrics) -> dict[Any, Any]:
         return error_response(exc)
 
     def on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
+        if exc.status_code in (404, 405):  # no such route, or not with this method: name what was asked
+            return on_openai(request, invalid_url(exc.status_code, request.method, request.url.path))
         return on_openai(request, from_http_exception(exc))
 
     def on_other(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:

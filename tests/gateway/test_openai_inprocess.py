@@ -143,6 +143,18 @@ def test_a_model_is_retrieved_by_name_and_an_unknown_one_is_404(inprocess_gatewa
     assert err.value.code == "model_not_found" and "no-such-model" in err.value.message
 
 
+def test_an_endpoint_not_served_is_404_naming_it_as_openai_does(inprocess_gateway: RunningGateway) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        inprocess_gateway.client().embeddings.create(model=MODEL, input="hello")
+    body = err.value.body
+    assert isinstance(body, dict) and body["message"] == "Invalid URL (POST /v1/embeddings)", body
+    assert err.value.code == "not_found"
+    with inprocess_gateway.http() as http:
+        wrong = http.delete("/v1/models", headers={"Authorization": "Bearer sk-acme-dev"})
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["message"] == "Invalid method for URL (DELETE /v1/models)"
+
+
 def test_bad_key_is_401_invalid_api_key(inprocess_gateway: RunningGateway) -> None:
     with pytest.raises(openai.AuthenticationError) as err:
         inprocess_gateway.client(api_key="sk-nope").chat.completions.create(model=MODEL, messages=CHAT)
