@@ -6,7 +6,8 @@ one ``finally`` settles the grant with the tokens it really used, which refunds 
 
 Both verbs are keyed by the request's id, so neither is ever applied twice for one request: an acquire
 repeated while its grant is unsettled (a client library's retry after a lost reply, a re-sent script)
-returns that grant again and takes nothing more; a settle repeated does nothing. After its settle, the
+returns that grant again and takes nothing more (its ``remaining_tokens`` as at the first acquire: the
+record of that decision, not a fresh read); a settle repeated does nothing. After its settle, the
 same id acquires anew (a later attempt of a request with an Idempotency-Key is billed, so it is also counted).
 
 A store that cannot answer now (unreachable, too slow, out of memory, a read-only replica, failing over)
@@ -57,6 +58,9 @@ class QuotaGrant:
     reserved_tokens: int  # taken from the bucket; 0 when the tenant has no token budget
     has_lease: bool  # False when the tenant has no concurrency cap
     source: str  # "redis" | "inprocess" | "local-fallback"
+    # What the tenant's bucket held right after this reservation, in whole tokens (>= 0); None when the
+    # tenant has no token budget. Read in the acquire itself, so reporting it costs no store round trip.
+    remaining_tokens: int | None
 
     @property
     def holds_nothing(self) -> bool:
@@ -69,6 +73,8 @@ class QuotaDenied:
     limit: QuotaLimit
     retry_after_s: float  # > 0
     message: str  # which limit, with the numbers
+    # TOKENS_PER_MINUTE only: what the bucket held when it refused, in whole tokens (>= 0); else None.
+    remaining_tokens: int | None = None
 
 
 class QuotaStore(ABC):
@@ -142,11 +148,17 @@ def concurrency_denied(tenant: Tenant, num_in_flight: int, soonest_expiry_in_s: 
     )
 
 
+def whole_tokens(level_tokens: float) -> int:
+    """A bucket's level as a client is told it: whole tokens, and 0 for a bucket in debt."""
+    return max(0, math.floor(level_tokens))
+
+
 def tokens_denied(tenant: Tenant, tokens: int, level_tokens: float, retry_after_s: float) -> QuotaDenied:
-    available = max(0, math.floor(level_tokens))
+    available = whole_tokens(level_tokens)
     return QuotaDenied(
         QuotaLimit.TOKENS_PER_MINUTE,
         max(MIN_RETRY_S, retry_after_s),
         f"token budget for tenant {tenant.tenant_id!r} spent for now: {tokens:,} tokens requested, "
         f"{available:,} available of {tenant.tokens_per_minute or 0:,} per minute",
+        remaining_tokens=available,
     )

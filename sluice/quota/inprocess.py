@@ -25,6 +25,7 @@ from sluice.quota.base import (
     concurrency_denied,
     tokens_denied,
     too_large,
+    whole_tokens,
 )
 from sluice.quota.bucket import BucketState, full, give_back, rate_tokens_per_s, try_take
 
@@ -39,6 +40,7 @@ class _GrantRecord:
     reserved_tokens: int
     has_lease: bool
     capacity_tokens: int | None  # None: no token budget
+    remaining_tokens: int | None  # what the grant reported: a repeat acquire reports it again
     forget_at_s: float  # lease expiry + GRANT_GRACE_S, as the Redis grant key's TTL
 
 
@@ -78,13 +80,16 @@ class InProcessQuotaStore(QuotaStore):
         tenant_id = tenant.tenant_id
         held = self._grants.get((tenant_id, request_id))
         if held is not None:  # a repeat: the grant it already holds, nothing more taken
-            return QuotaGrant(tenant_id, request_id, held.reserved_tokens, held.has_lease, SOURCE)
+            return QuotaGrant(
+                tenant_id, request_id, held.reserved_tokens, held.has_lease, SOURCE, held.remaining_tokens
+            )
         cap = tenant.max_concurrent_requests
         leases = self._live_leases(tenant_id, now_s)
         if cap is not None and len(leases) >= cap:
             soonest_s = min(leases.values(), default=now_s + MAX_CONCURRENCY_RETRY_S)
             return concurrency_denied(tenant, len(leases), soonest_s - now_s)
         capacity = tenant.tokens_per_minute
+        remaining_tokens = None
         if capacity is not None:
             state = self._buckets.get(tenant_id) or full(capacity, now_s)
             rate = rate_tokens_per_s(capacity)
@@ -92,19 +97,23 @@ class InProcessQuotaStore(QuotaStore):
             if not take.granted:
                 return tokens_denied(tenant, tokens, take.state.level_tokens, take.retry_after_s)
             self._buckets[tenant_id] = take.state
+            remaining_tokens = whole_tokens(take.state.level_tokens)
         grant = QuotaGrant(
             tenant_id=tenant_id,
             request_id=request_id,
             reserved_tokens=tokens if capacity is not None else 0,
             has_lease=cap is not None,
             source=SOURCE,
+            remaining_tokens=remaining_tokens,
         )
         if grant.has_lease:
             leases[request_id] = now_s + lease_ttl_s
             self._leases[tenant_id] = leases
         if not grant.holds_nothing:
             forget_at_s = now_s + lease_ttl_s + GRANT_GRACE_S
-            record = _GrantRecord(tenant_id, grant.reserved_tokens, grant.has_lease, capacity, forget_at_s)
+            record = _GrantRecord(
+                tenant_id, grant.reserved_tokens, grant.has_lease, capacity, remaining_tokens, forget_at_s
+            )
             self._grants[(tenant_id, request_id)] = record
             heapq.heappush(self._forget_heap, (forget_at_s, (tenant_id, request_id)))
         return grant

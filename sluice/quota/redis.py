@@ -5,10 +5,11 @@ so every gateway agrees on it.
 Keys per tenant, in one hash slot (``{tenant_id}``) so the scripts also run on Redis Cluster:
   ``<prefix>{t}:bucket``     hash {level, ts}: the token bucket; expires once it would be full again
   ``<prefix>{t}:leases``     sorted set of request ids scored by lease expiry; expires with its last lease
-  ``<prefix>{t}:grant:<id>`` hash {reserved, capacity, rate}: the unsettled grant of request ``<id>``;
-                             settle deletes it, so a missing key means settled already (or expired: lease
-                             TTL + GRANT_GRACE_S). While it exists, an acquire for the same request returns
-                             'ok' and takes nothing: the record of the earlier decision.
+  ``<prefix>{t}:grant:<id>`` hash {reserved, capacity, rate, remaining}: the unsettled grant of request
+                             ``<id>``; settle deletes it, so a missing key means settled already (or
+                             expired: lease TTL + GRANT_GRACE_S). While it exists, an acquire for the same
+                             request returns 'ok' with the ``remaining`` it recorded and takes nothing: the
+                             record of the earlier decision.
 
 Both scripts are therefore safe to run twice for one request, which is what a lost reply makes any client
 do (redis-py's Retry re-sends a command whose connection died after it was sent): the retry cannot debit
@@ -17,6 +18,7 @@ twice. Every failure that means "Redis cannot serve now" is raised as ``QuotaSto
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -40,6 +42,7 @@ from sluice.quota.base import (
     concurrency_denied,
     tokens_denied,
     too_large,
+    whole_tokens,
 )
 from sluice.quota.bucket import rate_tokens_per_s
 
@@ -99,16 +102,23 @@ end
 
 # KEYS: bucket, leases, grant. ARGV: tokens, capacity (-1: none), rate, max_leases (-1: none), lease_ttl_s,
 # request_id, grant_grace_s, max_concurrency_retry_s.
-# Returns {'ok'}, {'concurrent_requests', num_in_flight, soonest_expiry_in_s},
-# or {'tokens_per_minute', level, retry_after_s}. A denial writes nothing (bar dropping expired leases).
-# A request that holds an unsettled grant already gets {'ok'} again, and nothing more is taken.
+# Returns {'ok', level after the take} ({'ok'} without a token budget),
+# {'concurrent_requests', num_in_flight, soonest_expiry_in_s}, or {'tokens_per_minute', level, retry_after_s}.
+# A denial writes nothing (bar dropping expired leases). A request that holds an unsettled grant already
+# gets {'ok', the level its grant recorded} again, and nothing more is taken.
 _ACQUIRE_LUA = (
     _COMMON_LUA
     + """
-if redis.call('EXISTS', KEYS[3]) == 1 then return {'ok'} end
-
 local tokens, capacity, rate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_leases, lease_ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  if capacity < 0 then return {'ok'} end
+  local remaining = redis.call('HGET', KEYS[3], 'remaining')
+  -- A grant written before 'remaining' was recorded: the level now instead (read only).
+  if not remaining then remaining = fmt((refilled(capacity, rate))) end
+  return {'ok', remaining}
+end
 
 if max_leases >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', fmt(now))
@@ -121,12 +131,14 @@ if max_leases >= 0 then
   end
 end
 
+local remaining = nil
 if capacity >= 0 then
   local level, last = refilled(capacity, rate)
   if level < tokens then
     return {'tokens_per_minute', fmt(level), fmt((tokens - level) / rate)}
   end
   store_bucket(level - tokens, last, capacity, rate)
+  remaining = fmt(level - tokens)
 end
 
 if max_leases >= 0 then
@@ -137,7 +149,9 @@ end
 local reserved = 0
 if capacity >= 0 then reserved = tokens end
 redis.call('HSET', KEYS[3], 'reserved', reserved, 'capacity', ARGV[2], 'rate', ARGV[3])
+if remaining then redis.call('HSET', KEYS[3], 'remaining', remaining) end
 redis.call('PEXPIRE', KEYS[3], math.ceil((lease_ttl + tonumber(ARGV[7])) * 1000))
+if remaining then return {'ok', remaining} end
 return {'ok'}
 """
 )
@@ -207,6 +221,7 @@ class RedisQuotaStore(QuotaStore):
             reserved_tokens=tokens if tenant.tokens_per_minute is not None else 0,
             has_lease=tenant.max_concurrent_requests is not None,
             source=SOURCE,
+            remaining_tokens=None,  # set from the script's reply
         )
         if grant.holds_nothing:
             return grant  # an unlimited tenant: nothing to count, no round trip
@@ -231,7 +246,8 @@ class RedisQuotaStore(QuotaStore):
         )
         verdict = reply[0]
         if verdict == "ok":
-            return grant
+            remaining_tokens = whole_tokens(float(reply[1])) if len(reply) > 1 else None
+            return dataclasses.replace(grant, remaining_tokens=remaining_tokens)
         if verdict == QuotaLimit.CONCURRENT_REQUESTS:
             return concurrency_denied(tenant, int(reply[1]), float(reply[2]))
         if verdict == QuotaLimit.TOKENS_PER_MINUTE:

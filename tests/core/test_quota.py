@@ -254,6 +254,60 @@ async def test_an_id_acquires_anew_once_its_grant_is_settled(store: QuotaStore) 
     denied(await store.acquire(tenant, 1, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE)
 
 
+# A budget that refills 0.1 token/s: a whole token takes 10 s, so no test here sees refill in a floor.
+SLOW_TOKENS_PER_MINUTE = 6
+
+
+async def test_a_grant_says_what_the_bucket_holds_after_its_reservation(store: QuotaStore) -> None:
+    tenant = new_tenant(SLOW_TOKENS_PER_MINUTE, 5)
+    assert granted(await store.acquire(tenant, 2, LEASE_TTL_S, request_id=rid())).remaining_tokens == 4
+    assert granted(await store.acquire(tenant, 3, LEASE_TTL_S, request_id=rid())).remaining_tokens == 1
+    refusal = denied(
+        await store.acquire(tenant, 2, LEASE_TTL_S, request_id=rid()), QuotaLimit.TOKENS_PER_MINUTE
+    )
+    assert refusal.remaining_tokens == 1  # what the refusal saw
+
+
+async def test_a_tenant_without_a_token_budget_has_no_remaining(store: QuotaStore) -> None:
+    capped = granted(await store.acquire(new_tenant(None, 2), 10, LEASE_TTL_S, request_id=rid()))
+    unlimited = granted(await store.acquire(new_tenant(None, None), 10, LEASE_TTL_S, request_id=rid()))
+    assert capped.remaining_tokens is None and unlimited.remaining_tokens is None
+    refusal = denied(
+        await store.acquire(new_tenant(None, 0), 10, LEASE_TTL_S, request_id=rid()),
+        QuotaLimit.CONCURRENT_REQUESTS,
+    )
+    assert refusal.remaining_tokens is None  # only a token refusal knows the bucket
+
+
+async def test_a_repeated_acquire_reports_the_remaining_of_its_first(store: QuotaStore) -> None:
+    """As then, not as now: the repeat returns the record of the earlier decision."""
+    tenant = new_tenant(SLOW_TOKENS_PER_MINUTE, 5)
+    request_id = rid()
+    first = granted(await store.acquire(tenant, 2, LEASE_TTL_S, request_id=request_id))
+    granted(await store.acquire(tenant, 3, LEASE_TTL_S, request_id=rid()))
+    again = granted(await store.acquire(tenant, 2, LEASE_TTL_S, request_id=request_id))
+    assert first.remaining_tokens == again.remaining_tokens == 4
+
+
+async def test_a_grant_recorded_without_remaining_reports_the_level_now(redis_up: str | None) -> None:
+    """A grant key an older gateway wrote (no ``remaining`` field), repeated: the bucket as it is now."""
+    need_redis(redis_up)
+    store = RedisQuotaStore(REDIS_URL, key_prefix=KEY_PREFIX)
+    raw = redis.asyncio.Redis.from_url(REDIS_URL)
+    await store.open()
+    try:
+        tenant = new_tenant(SLOW_TOKENS_PER_MINUTE, 5)
+        request_id = rid()
+        granted(await store.acquire(tenant, 2, LEASE_TTL_S, request_id=request_id))
+        granted(await store.acquire(tenant, 3, LEASE_TTL_S, request_id=rid()))
+        assert await raw.hdel(f"{KEY_PREFIX}{{{tenant.tenant_id}}}:grant:{request_id}", "remaining") == 1
+        again = granted(await store.acquire(tenant, 2, LEASE_TTL_S, request_id=request_id))
+        assert (again.reserved_tokens, again.remaining_tokens) == (2, 1)
+    finally:
+        await store.close()
+        await raw.aclose()
+
+
 # --- atomicity across gateways (Redis) -------------------------------------------------------------------
 
 
@@ -368,6 +422,7 @@ async def _run_both(ops: list[tuple]) -> None:
                 )
                 assert type(p) is type(r), (op, p, r)
                 if isinstance(p, QuotaGrant) and isinstance(r, QuotaGrant):
+                    assert p.remaining_tokens == r.remaining_tokens, (op, p, r)
                     pending.append((p, r))
                 elif isinstance(p, QuotaDenied) and isinstance(r, QuotaDenied):
                     assert p.limit is r.limit, (p, r)
@@ -406,6 +461,7 @@ async def test_an_unreachable_redis_fails_open_for_the_window_then_closed() -> N
         tenant = new_tenant(600, 2)
         grants = [granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid())) for _ in range(2)]
         assert {g.source for g in grants} == {"local-fallback"}
+        assert [g.remaining_tokens for g in grants] == [500, 400]  # the fallback's bucket, passed through
         denied(
             await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()), QuotaLimit.CONCURRENT_REQUESTS
         )  # still enforced
@@ -413,7 +469,7 @@ async def test_an_unreachable_redis_fails_open_for_the_window_then_closed() -> N
         granted(await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()))
         assert num_fail_open == 4
         # A Redis grant issued before the outage: settling it must not raise.
-        await store.settle(QuotaGrant(tenant.tenant_id, "g-before", 100, True, "redis"), used_tokens=10)
+        await store.settle(QuotaGrant(tenant.tenant_id, "g-before", 100, True, "redis", 500), used_tokens=10)
         clock.now_s += 30.0
         refusal = denied(
             await store.acquire(tenant, 100, LEASE_TTL_S, request_id=rid()), QuotaLimit.STORE_UNAVAILABLE
