@@ -30,7 +30,7 @@ from gateway.errors import (
 from gateway.openai.admission import admit_chat, admit_completion
 from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
-from gateway.openai.job import Event, FinishEvent, Job, TextEvent, Timing
+from gateway.openai.job import Admitted, Event, FinishEvent, Job, TextEvent, Timing
 from gateway.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -48,6 +48,7 @@ from gateway.openai.schemas import (
     first_unknown_field,
     parameters_doc,
 )
+from gateway.scheduling.quota_gate import rate_limit_headers
 from gateway.state import GatewayState
 from sluice.engine_client import EngineError, EngineErrorKind
 
@@ -180,12 +181,13 @@ async def _respond(
 ) -> Response[Any] | Stream:
     gw: GatewayState = request.app.state.gw
     timing = Timing(job.arrival_s)
-    events = generate_text(job, gw, timing)
+    admitted = Admitted()
+    events = generate_text(job, gw, timing, admitted)
     try:
         if stream:
-            return await _stream(request, events, shape, include_usage, timing)
+            return await _stream(request, events, shape, include_usage, timing, admitted)
         async with aclosing(events):
-            return await _whole(request, events, shape, timing)
+            return await _whole(request, events, shape, timing, admitted)
     except OpenAIError as exc:
         exc.request_id = job.request_id
         raise
@@ -197,6 +199,7 @@ async def _stream(
     shape: Shape,
     include_usage: bool,
     timing: Timing,
+    admitted: Admitted,
 ) -> Response[Any] | Stream:
     first: Event | None = None
 
@@ -242,12 +245,16 @@ async def _stream(
             except EngineError as exc:
                 yield _sse(engine_http_error(exc).body())  # after tokens: an error event, never a bare close
 
-    headers = {**_SSE_HEADERS, **_request_headers(shape.job, timing)}
+    headers = {**_SSE_HEADERS, **_request_headers(shape.job, timing, admitted)}
     return Stream(body(), media_type="text/event-stream", headers=headers)
 
 
 async def _whole(
-    request: Request[Any, Any, Any], events: AsyncGenerator[Event, None], shape: Shape, timing: Timing
+    request: Request[Any, Any, Any],
+    events: AsyncGenerator[Event, None],
+    shape: Shape,
+    timing: Timing,
+    admitted: Admitted,
 ) -> Response[Any]:
     parts: list[str] = []
     finish: FinishEvent | None = None
@@ -268,10 +275,11 @@ async def _whole(
         raise err from None
     if finish is None:  # the client went away; nobody reads this
         return Response(b"", status_code=499)
-    return Response(shape.whole("".join(parts), finish), headers=_request_headers(shape.job, timing))
+    headers = _request_headers(shape.job, timing, admitted)
+    return Response(shape.whole("".join(parts), finish), headers=headers)
 
 
-def _request_headers(job: Job, timing: Timing) -> dict[str, str]:
+def _request_headers(job: Job, timing: Timing, admitted: Admitted) -> dict[str, str]:
     # Server-Timing splits the time to the first token into the gateway's part and the replica's.
     headers = {
         "X-Request-Id": job.request_id,
@@ -280,6 +288,8 @@ def _request_headers(job: Job, timing: Timing) -> dict[str, str]:
     }
     if job.degraded:  # the fallbacks its overloaded model imposed (gateway.degradation)
         headers["Sluice-Degraded"] = job.degraded
+    if admitted.grant is not None:  # the tenant's token bucket as its acquire left it, read in that acquire
+        headers |= rate_limit_headers(job.tenant, admitted.grant.remaining_tokens)
     return headers
 
 

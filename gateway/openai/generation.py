@@ -29,7 +29,7 @@ import anyio
 
 from gateway.errors import OpenAIError
 from gateway.openai.idempotency import begin_attempt, lookup_attempt, settle_attempt
-from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, TextEvent, Timing
+from gateway.openai.job import Admitted, Event, FinishEvent, IdempotentAttempt, Job, TextEvent, Timing
 from gateway.openai.records import Ended, record_request, usage_record
 from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
@@ -85,16 +85,21 @@ class _Ending:
     engine_deltas: AsyncGenerator[Delta, None] | None = None
 
 
-async def generate_text(job: Job, gw: GatewayState, timing: Timing) -> AsyncGenerator[Event, None]:
+async def generate_text(
+    job: Job, gw: GatewayState, timing: Timing, admitted: Admitted | None = None
+) -> AsyncGenerator[Event, None]:
     """Admit the request, then yield its text as it is produced and one ``FinishEvent``.
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
-    ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``)."""
+    ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``); ``admitted``, if given, gets the
+    quota grant before the first event (its figures go into the response's rate-limit headers)."""
     detok = job.target.codec.detokenizer()
     stops = StopMatcher(job.stop)
     end = _Ending()
     try:
         replay = await _admit(job, gw, end)
+        if admitted is not None:
+            admitted.grant = end.grant
         if replay is not None:  # finished before: replay, no generation, no billing
             end.outcome = Outcome.REPLAYED
             for event in replay:

@@ -1,5 +1,5 @@
-"""The request's shapes inside the gateway: the admitted ``Job``, the events a generation yields, and
-its ``Timing``."""
+"""The request's shapes inside the gateway: the admitted ``Job``, the events a generation yields, its
+``Timing`` and what its admission took (``Admitted``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from gateway.routing.router import Target
 from sluice.domain import RequestClass, Tenant
+from sluice.quota.base import QuotaGrant
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,13 @@ class FinishEvent:
 
 
 Event = TextEvent | FinishEvent
+
+
+@dataclass
+class Admitted:
+    """What admission took that the response reports: set by ``generate_text`` before its first event."""
+
+    grant: QuotaGrant | None = None  # None: none taken (a replay found before the quota, or refused)
 
 
 @dataclass
