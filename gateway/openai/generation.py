@@ -92,13 +92,13 @@ async def generate_text(
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``); ``admitted``, if given, gets the
-    quota grant before the first event (its figures go into the response's rate-limit headers)."""
+    quota grant of a request that will generate, before the first event (for the rate-limit headers)."""
     detok = job.target.codec.detokenizer()
     stops = StopMatcher(job.stop)
     end = _Ending()
     try:
         replay = await _admit(job, gw, end)
-        if admitted is not None:
+        if admitted is not None and replay is None:  # a replay's grant (if any) goes back unused
             admitted.grant = end.grant
         if replay is not None:  # finished before: replay, no generation, no billing
             end.outcome = Outcome.REPLAYED

@@ -98,7 +98,7 @@ Event = TextEvent | FinishEvent
 class Admitted:
     """What admission took that the response reports: set by ``generate_text`` before its first event."""
 
-    grant: QuotaGrant | None = None  # None: none taken (a replay found before the quota, or refused)
+    grant: QuotaGrant | None = None  # None: a replay (nothing generated), or refused
 
 
 @dataclass

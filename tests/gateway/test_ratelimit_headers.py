@@ -36,6 +36,7 @@ TENANTS = {
     "completion": Tenant("completion", "Completion", tokens_per_minute=BUDGET_TOKENS_PER_MINUTE),
     "unbudgeted": Tenant("unbudgeted", "Unbudgeted", tokens_per_minute=None, max_concurrent_requests=8),
     "tiny": Tenant("tiny", "Tiny", tokens_per_minute=TINY_TOKENS_PER_MINUTE),
+    "replay": Tenant("replay", "Replay", tokens_per_minute=BUDGET_TOKENS_PER_MINUTE),
 }
 
 
@@ -141,6 +142,20 @@ def test_a_token_refusal_says_what_the_bucket_held(gateway_and_keys) -> None:
     assert_budget_headers(headers, TINY_TOKENS_PER_MINUTE, 1)  # the first used all it reserved: no refund
     assert headers["x-ratelimit-reset-tokens"] == "50s"  # 5 tokens at 0.1 token/s
     assert float(headers["retry-after-ms"]) > 0
+
+
+def test_a_replay_takes_no_quota_and_carries_no_rate_limit_headers(gateway_and_keys) -> None:
+    replay = client(gateway_and_keys, "replay")
+    key = {"Idempotency-Key": "ratelimit-headers-replay"}
+    first = replay.completions.with_raw_response.create(
+        model=MODEL, prompt="x", max_tokens=MAX_TOKENS, extra_headers=key
+    )
+    assert first.headers["x-ratelimit-remaining-tokens"] == str(BUDGET_TOKENS_PER_MINUTE - 1 - MAX_TOKENS)
+    again = replay.completions.with_raw_response.create(
+        model=MODEL, prompt="x", max_tokens=MAX_TOKENS, extra_headers=key
+    )
+    assert again.parse().id == first.parse().id  # the stored result
+    assert not [name for name in again.headers if name.startswith("x-ratelimit-")]
 
 
 @pytest.mark.parametrize(
