@@ -15,7 +15,7 @@ from gateway.state import GatewayState
 from gateway.telemetry import TelemetryRecord
 from sluice.domain import Outcome, UsageRecord
 from sluice.engine_client import EngineClient
-from sluice.ledger.base import p95
+from sluice.ledger.base import ROWLESS_OUTCOMES, p95
 from sluice.metering.pipeline import OpenUsage
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,9 @@ async def record_request(
 
 
 def _billed(ended: Ended) -> bool:
-    """Whether the request writes a usage row: it ran on a replica, and is not a batch line's run that is
-    cut to run again (``Outcome.INTERRUPTED``)."""
-    return ended.reached_replica and ended.outcome is not Outcome.INTERRUPTED
+    """Whether the request writes a usage row: it ran on a replica, and its outcome is one the ledger
+    takes (not ``ROWLESS_OUTCOMES``: e.g. a batch line's run cut to run again, ``Outcome.INTERRUPTED``)."""
+    return ended.reached_replica and ended.outcome not in ROWLESS_OUTCOMES
 
 
 def _wasted_tokens(ended: Ended, attempt: IdempotentAttempt | None) -> int:
