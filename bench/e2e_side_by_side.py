@@ -37,6 +37,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,7 @@ from bench.side_by_side import (
 )
 from cpu_engine.config import EngineConfig, check_dtype_setting
 from cpu_engine.cpu_features import detect_dtype
+from sluice.domain import Tenant
 from sluice.tenants.base import dev_tenant
 from sluice.triton.launcher import port_is_free
 
@@ -94,6 +97,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--seed", type=int, default=None, help="base prompt seed (default: from the clock)")
+    add_server_arguments(ap)
+    ap.add_argument("--no-engine", action="store_true", help="skip the engine-alone runs")
+    ap.add_argument("--write-docs", action="store_true", help="write the result into docs/benchmarks.md")
+    ap.add_argument("--section", default=None, help="docs section name (default: one per kind of CPU)")
+    args = ap.parse_args(argv)
+    resolve_server_arguments(args)
+    if args.seed is None:
+        args.seed = int(time.time()) % 1_000_000 * 10_000
+    return args
+
+
+def add_server_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options that say which servers run and how they are reached (shared with bench/goodput.py)."""
     ap.add_argument("--model", type=Path, default=Path(".sluice/models/sluice-tiny"), help="checkpoint")
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
     ap.add_argument("--api-key", default="sk-acme-dev", help="Sluice (safety default): acme's key")
@@ -108,17 +124,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--vllm-url", default=None, help="reuse a running vLLM (e.g. http://127.0.0.1:8011)")
     ap.add_argument("--vllm-dir", type=Path, default=Path("/tmp/vllm-anchor"))
     ap.add_argument("--vllm-port", type=int, default=None, help="default: a free port")
-    ap.add_argument("--no-engine", action="store_true", help="skip the engine-alone runs")
-    ap.add_argument("--write-docs", action="store_true", help="write the result into docs/benchmarks.md")
-    ap.add_argument("--section", default=None, help="docs section name (default: one per kind of CPU)")
-    args = ap.parse_args(argv)
+
+
+def resolve_server_arguments(args: argparse.Namespace) -> None:
+    """Fill in the server options' defaults that are chosen at run time."""
     if args.vllm_port is None:
         args.vllm_port = StackPorts.free().gateway  # one free port
     if args.sluice_metrics_url is None:
         args.sluice_metrics_url = "http://127.0.0.1:8002/metrics"  # make run's (a started stack: its own)
-    if args.seed is None:
-        args.seed = int(time.time()) % 1_000_000 * 10_000
-    return args
 
 
 def check_ports_free(args: argparse.Namespace) -> None:
@@ -359,14 +372,23 @@ def section_name(args: argparse.Namespace) -> str:
     return "e2e-vs-vllm " + re.sub(r"[^a-z0-9]+", "-", cpu_description().lower()).strip("-")
 
 
-def start_servers(stack: SluiceStack | None, vllm: VllmServer | None) -> None:
+def bench_tenants() -> list[tuple[Tenant, str]]:
+    """The Sluice tenants (with their keys) the bench writes into its stack's store: acme as the dev seed
+    makes it (policy default, whatever an earlier run left), and one like it with policy none."""
+    return [
+        (dev_tenant("acme"), "sk-acme-dev"),
+        (dataclasses.replace(dev_tenant(NONE_TENANT), safety_policy="none"), NONE_API_KEY),
+    ]
+
+
+def start_servers(
+    stack: SluiceStack | None, vllm: VllmServer | None, tenants: Sequence[tuple[Tenant, str]]
+) -> None:
     if vllm is not None:
         vllm.ensure_installed()
     if stack is not None:
-        # Both Sluice tenants written before the stack starts: acme as the dev seed makes it (policy
-        # default, whatever an earlier run left), and one like it with policy none.
-        stack.put_tenant(dev_tenant("acme"), "sk-acme-dev")
-        stack.put_tenant(dataclasses.replace(dev_tenant(NONE_TENANT), safety_policy="none"), NONE_API_KEY)
+        for tenant, api_key in tenants:  # written before the stack starts
+            stack.put_tenant(tenant, api_key)
         stack.start()
     if vllm is not None:
         vllm.start()
@@ -379,11 +401,15 @@ def ports_left_busy(args: argparse.Namespace, ports: StackPorts | None) -> list[
     return [p for p in ours if not port_is_free(p)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = " ".join(
-        [".venv/bin/python -m bench.e2e_side_by_side", *(sys.argv[1:] if argv is None else argv)]
-    )
+@contextmanager
+def serving(
+    args: argparse.Namespace,
+    log_path: Path = BENCH_LOG,
+    state_dir: Path = BENCH_STATE,
+    tenants: Sequence[tuple[Tenant, str]] | None = None,
+) -> Iterator[Setup]:
+    """The servers the options name, started (those not reused by URL) and described; every process it
+    started is stopped on the way out, whatever ends the block (SIGTERM and SIGINT included)."""
     check_ports_free(args)
     # SIGTERM ends us through the finally below, as Ctrl-C does, so the servers are stopped either way;
     # SIGINT too when a shell started us in the background (it starts background jobs with it ignored).
@@ -398,21 +424,17 @@ def main(argv: list[str] | None = None) -> int:
         None
         if args.sluice_url
         else SluiceStack(
-            args.model_repository, sluice_url, BENCH_LOG, state_dir=BENCH_STATE, checkpoint_dir=args.model,
+            args.model_repository, sluice_url, log_path, state_dir=state_dir, checkpoint_dir=args.model,
             ports=ports,
         )
     )
     vllm = None if args.vllm_url else VllmServer(args.vllm_dir, args.model, args.vllm_port)
     try:
-        start_servers(stack, vllm)
+        start_servers(stack, vllm, bench_tenants() if tenants is None else tenants)
         setup = describe_setup(args, sluice_url, stack, vllm, vllm_url)
         for line in setup.descriptions.values():
             log(line)
-        log(f"base seed {args.seed}")
-        results = run_all(setup, args)
-    except KeyboardInterrupt:
-        log("interrupted: no table")
-        return 130
+        yield setup
     finally:
         if vllm is not None:
             vllm.stop()
@@ -420,6 +442,20 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
         busy = ports_left_busy(args, ports)
         log(f"ports still in use after stopping: {busy}" if busy else "every server stopped; ports free")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join(
+        [".venv/bin/python -m bench.e2e_side_by_side", *(sys.argv[1:] if argv is None else argv)]
+    )
+    try:
+        with serving(args) as setup:
+            log(f"base seed {args.seed}")
+            results = run_all(setup, args)
+    except KeyboardInterrupt:
+        log("interrupted: no table")
+        return 130
     print(f"\nCPU: {cpu_description()}; flags: {cpu_flags()}\n")
     print(comparison_table(results, args.concurrency))
     print("\n".join(["", *target_lines(results), *share_bound_lines(results, 32, machine_cores())]))
