@@ -8,7 +8,7 @@ DEV_MODEL := $(STATE)/models/sluice-tiny
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install checkpoint repository run test lint bench bench-engine bench-e2e clean FORCE
+.PHONY: install checkpoint repository run test lint bench bench-engine bench-e2e bench-goodput clean FORCE
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c cpu_engine/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ bench-engine: install checkpoint
 # (~5 the first time on a machine: vLLM installs and compiles). Its servers run on free ports.
 bench-e2e: install checkpoint repository
 	$(PY) -m bench.e2e_side_by_side --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs
+
+# Goodput (issue 22): Sluice (safety policy none) and vLLM on the same checkpoint, a concurrency sweep (1-64
+# streams, closed loop) and a request-rate sweep (Poisson, 4-64 req/s), one server under load at a time;
+# goodput is the most tok/s within TTFT p95 <= 500 ms and ITL p95 <= 40 ms, with the targets met or not
+# (~25 min on 2 cores). GOODPUT_ARGS="--mix seed" etc. adds flags; BENCH_QUICK=1: a smoke run, docs untouched.
+bench-goodput: install checkpoint repository
+	$(PY) -m bench.goodput --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs $(GOODPUT_ARGS)
 
 clean:
 	rm -rf $(VENV) $(STATE) build *.egg-info

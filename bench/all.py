@@ -90,6 +90,9 @@ BENCHES: tuple[Bench, ...] = (
            "16", "32", "--rounds", "2", "--section", "e2e-vs-vllm-sweep", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--concurrency", "1", "8",
            "--rounds", "1", "--requests-per-slot", "1"), 8),
+    Bench("goodput", "bench.goodput",
+          ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--write-docs"),
+          ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--quick"), 25),
     *(Bench(f"sim-{s}", "control_plane.sim.cli", ("--scenario", s, *_SIM), ("--scenario", s, *_SIM_QUICK),
             9 if s == "doubling" else 1.5) for s in SIM_SCENARIOS),
 )  # fmt: skip
