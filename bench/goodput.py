@@ -419,6 +419,11 @@ def sweep_plot(points: Sequence[Point], sweep: str, path: Path, slo: Slo, title:
         if bound is not None:
             ax.axhline(bound, color="black", linestyle="--", linewidth=1, label=f"SLO {bound:g} ms")
             ax.set_yscale("log")
+            ticker = plots.matplotlib.ticker
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            low, high = ax.get_ylim()  # minor ticks labelled only where the axis spans under a decade
+            minor = ticker.FuncFormatter(lambda v, _: f"{v:g}") if high < 10 * low else ticker.NullFormatter()
+            ax.yaxis.set_minor_formatter(minor)
         if sweep == CONCURRENCY:
             ax.set_xscale("log", base=2)
         ax.set_xticks(loads, [f"{v:g}" for v in loads])

@@ -224,3 +224,20 @@ def test_the_bench_tenants_have_no_limits_and_the_measured_one_no_screen() -> No
 def test_the_plot_is_drawn(tmp_path: Path) -> None:
     path = goodput.sweep_plot(headline(2_800), CONCURRENCY, tmp_path / "g.png", SLO, "title")
     assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_docs_section_and_plots_render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    img = tmp_path / "docs" / "img"
+    monkeypatch.setattr(goodput, "PLOTS", {CONCURRENCY: img / "c.png", RATE: img / "r.png"})
+    monkeypatch.setattr(goodput, "REPO_ROOT", tmp_path)
+    args = goodput.parse_args(["--rounds", "2"])
+    setup = goodput.Setup("http://s", "http://v", {SLUICE: "k", VLLM: "k"}, "m", 10, [3], "bfloat16", 512,
+                          {SLUICE: "Sluice x", VLLM: "vLLM y"}, {})  # fmt: skip
+    points = [*headline(2_800), point(SLUICE, 8, 900, sweep=RATE), point(VLLM, 8, 800, sweep=RATE)]
+    goodput.save_plots(points, points, SLO, "cmd")
+    assert (img / "c.png").exists() and (img / "r.json").exists()
+    text = goodput.report(setup, args, points, SLO, ".venv/bin/python -m bench.goodput --rounds 2")
+    assert "- Sluice x." in text and "- vLLM y." in text and "the median over the rounds" in text
+    assert "Concurrency sweep (closed loop):" in text and "Request-rate sweep (open loop, Poisson):" in text
+    assert "goodput at least 2x vLLM's: **met**" in text
+    assert "](img/c.png)" in text and "](img/r.png)" in text
