@@ -66,7 +66,7 @@ bench-e2e: install checkpoint repository
 # Goodput (issue 22): Sluice (safety policy none) and vLLM on the same checkpoint, a concurrency sweep (1-64
 # streams, closed loop) and a request-rate sweep (Poisson, 4-64 req/s), one server under load at a time;
 # goodput is the most tok/s within TTFT p95 <= 500 ms and ITL p95 <= 40 ms, with the targets met or not
-# (~25 min on 2 cores). GOODPUT_ARGS="--mix seed" etc. adds flags; BENCH_QUICK=1: a smoke run, docs untouched.
+# (~15 min on 2 cores). GOODPUT_ARGS="--mix seed" etc. adds flags; BENCH_QUICK=1: a smoke run, docs untouched.
 bench-goodput: install checkpoint repository
 	$(PY) -m bench.goodput --model $(DEV_MODEL) --model-repository $(STATE)/model_repository --write-docs $(GOODPUT_ARGS)
 

@@ -92,7 +92,7 @@ BENCHES: tuple[Bench, ...] = (
            "--rounds", "1", "--requests-per-slot", "1"), 8),
     Bench("goodput", "bench.goodput",
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--write-docs"),
-          ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--quick"), 25),
+          ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--quick"), 15),
     *(Bench(f"sim-{s}", "control_plane.sim.cli", ("--scenario", s, *_SIM), ("--scenario", s, *_SIM_QUICK),
             9 if s == "doubling" else 1.5) for s in SIM_SCENARIOS),
 )  # fmt: skip
