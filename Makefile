@@ -28,7 +28,11 @@ checkpoint: $(DEV_MODEL)/model.safetensors
 $(STATE)/engine_dtype: FORCE
 	@mkdir -p $(STATE) && echo "$${SLUICE_ENGINE_DTYPE:-auto}" | cmp -s - $@ || echo "$${SLUICE_ENGINE_DTYPE:-auto}" > $@
 
-$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(STATE)/engine_dtype $(wildcard model_repository/*/*.template model_repository/*/1/*.py)
+# The same for SLUICE_ITL_TARGET_MS, which the replica's step bound and send budget are rendered from.
+$(STATE)/itl_target: FORCE
+	@mkdir -p $(STATE) && echo "$${SLUICE_ITL_TARGET_MS:-default}" | cmp -s - $@ || echo "$${SLUICE_ITL_TARGET_MS:-default}" > $@
+
+$(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(STATE)/engine_dtype $(STATE)/itl_target $(wildcard model_repository/*/*.template model_repository/*/1/*.py)
 	$(PY) -m sluice.triton.render --out $(STATE)/model_repository --checkpoint-dir $(DEV_MODEL) --model-name sluice-tiny
 
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt

@@ -28,6 +28,8 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 # The default prompt character bound per prompt token: text averages 3-5 characters a token; only long
 # runs of spaces or punctuation (one token of up to ~80 characters) come near 16 on average.
 PROMPT_CHARS_PER_TOKEN = 16
+# The seed's inter-token SLO (p95), SLUICE_ITL_TARGET_MS's default.
+ITL_TARGET_MS = 40.0
 TELEMETRY_SINKS = ("file", "stdout", "redis")  # SLUICE_TELEMETRY_SINKS' choices (gateway/telemetry)
 
 
@@ -116,7 +118,9 @@ class Settings(BaseSettings):
 
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
     batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"
-    itl_target_ms: float = Field(50.0, gt=0, le=10_000)  # a replica above it takes nothing new
+    # The seed's inter-token SLO: a replica whose observed inter-token p95 is above it takes nothing new,
+    # and rendered replicas keep their steps and send budgets inside it (sluice.triton.render).
+    itl_target_ms: float = Field(ITL_TARGET_MS, gt=0, le=10_000)
     prefill_tokens_per_s: float = Field(5_000.0, gt=0)  # estimate, for "can it still meet its deadline"
     max_waiting_per_replica: int = Field(8, ge=1, le=10_000)  # dispatched, no first token yet
     # Batch work and tenants over their fair share yield: they leave this much KV free, and need the

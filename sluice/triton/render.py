@@ -32,7 +32,7 @@ from pathlib import Path
 from string import Template
 from typing import Literal
 
-from sluice.settings import get_settings
+from sluice.settings import ITL_TARGET_MS, get_settings
 from sluice.weights_digest import check_digest, weights_digest
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
@@ -84,7 +84,12 @@ class CpuEngineModelSettings:
     step_token_budget: int = 512
     max_num_running: int = 256
     dtype: DTypeSetting = "auto"
-    target_step_ms: float | None = None
+    # The inter-token target (SLUICE_ITL_TARGET_MS) in two halves: a step's time (the running cap shrinks
+    # while steps take longer; None: no cap) and how long a stream's tokens may wait to leave together.
+    target_step_ms: float | None = ITL_TARGET_MS / 2
+    send_budget_ms: float = ITL_TARGET_MS / 2
+    # A stream's tokens wait at all only while the live streams would make more responses a second than this.
+    max_responses_per_s: float = 1000.0
     # A step with prefill takes at most about this many decode-only steps; None: prefill fills the budget.
     prefill_step_stretch: float | None = 2.0
     stats_interval_ms: float = 100.0
@@ -114,6 +119,8 @@ class CpuEngineModelSettings:
             raise ValueError("cancellation_check_period_ms and yield_send_interval_ms must be >= 0")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise ValueError("target_step_ms must be positive when set")
+        if self.send_budget_ms < 0 or self.max_responses_per_s <= 0:
+            raise ValueError("send_budget_ms must be >= 0 and max_responses_per_s > 0")
         self._check_engine_knobs()
 
     def _check_engine_knobs(self) -> None:
@@ -188,6 +195,10 @@ def _write_model(out_dir: Path, model_name: str, config: str, source_dir: Path, 
     return target
 
 
+# --target-step-ms not given (its value may be None: 'none').
+_UNSET: object = object()
+
+
 def optional_float(text: str) -> float | None:
     """A number, or None for 'none' or '' (how the command line turns an optional knob off)."""
     return None if text.strip().lower() in ("", "none") else float(text)
@@ -210,7 +221,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size-tokens", type=int, default=CpuEngineModelSettings.block_size_tokens)
     parser.add_argument("--step-token-budget", type=int, default=CpuEngineModelSettings.step_token_budget)
     parser.add_argument("--max-num-running", type=int, default=CpuEngineModelSettings.max_num_running)
-    parser.add_argument("--target-step-ms", type=float, default=None)
+    parser.add_argument(
+        "--itl-target-ms",
+        type=float,
+        default=None,
+        help="the inter-token target the replica keeps (default: SLUICE_ITL_TARGET_MS): half of it bounds "
+        "a step (the running cap shrinks above it), half how long a stream's tokens wait to leave together",
+    )
+    parser.add_argument(
+        "--target-step-ms", type=optional_float, default=_UNSET, help="override ('none': no cap)"
+    )
+    parser.add_argument("--send-budget-ms", type=float, default=None, help="override (0: each token at once)")
+    parser.add_argument(
+        "--max-responses-per-s",
+        type=float,
+        default=CpuEngineModelSettings.max_responses_per_s,
+        help="streams wait to leave together only while they would make more responses a second than this",
+    )
     parser.add_argument(
         "--prefill-step-stretch",
         type=optional_float,
@@ -254,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
+    itl_target_ms = args.itl_target_ms if args.itl_target_ms is not None else get_settings().itl_target_ms
+    # NOTE: argparse cannot tell "--target-step-ms none" from no flag: the sentinel below can.
+    target_step_ms = itl_target_ms / 2 if args.target_step_ms is _UNSET else args.target_step_ms
     return CpuEngineModelSettings(
         checkpoint_dir=args.checkpoint_dir,
         model_name=args.model_name,
@@ -262,7 +292,9 @@ def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
         block_size_tokens=args.block_size_tokens,
         step_token_budget=args.step_token_budget,
         max_num_running=args.max_num_running,
-        target_step_ms=args.target_step_ms,
+        target_step_ms=target_step_ms,
+        send_budget_ms=itl_target_ms / 2 if args.send_budget_ms is None else args.send_budget_ms,
+        max_responses_per_s=args.max_responses_per_s,
         prefill_step_stretch=args.prefill_step_stretch,
         dtype=args.dtype or get_settings().engine_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,

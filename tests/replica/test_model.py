@@ -132,6 +132,7 @@ class FakeMetricFamily:
 
 
 YIELD_SEND_INTERVAL_MS = 30
+SEND_BUDGET_MS = 25
 
 
 def fake_pb_utils() -> types.ModuleType:
@@ -154,6 +155,18 @@ def fake_pb_utils() -> types.ModuleType:
 
 @pytest.fixture
 def model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    yield from _loaded_model(dev_checkpoint, monkeypatch)
+
+
+@pytest.fixture
+def budget_model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A model whose streams wait their whole send budget, however few are live (1 response a second)."""
+    yield from _loaded_model(
+        dev_checkpoint, monkeypatch, send_budget_ms=str(SEND_BUDGET_MS), max_responses_per_s="1"
+    )
+
+
+def _loaded_model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, **extra: str) -> Iterator[Any]:
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
     FakeMetricFamily.created = {}
     spec = importlib.util.spec_from_file_location("cpu_engine_triton_model", SOURCE_DIR / "1" / "model.py")
@@ -172,6 +185,7 @@ def model(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
         "cancellation_check_period_ms": "0",
         "dtype": "auto",
         "yield_send_interval_ms": str(YIELD_SEND_INTERVAL_MS),
+        **extra,
     }
     config = {
         "model_transaction_policy": {"decoupled": True},
@@ -216,6 +230,35 @@ def test_a_slow_sender_gets_tokens_coalesced_not_queued(model: Any) -> None:
     chunks = request.sender.token_ids()
     assert sum(len(c) for c in chunks) == 60
     assert len(chunks) < 60 and max(len(c) for c in chunks) > 1
+
+
+def test_a_stream_within_its_send_budget_leaves_once_per_budget_with_what_it_made(budget_model: Any) -> None:
+    """Its first token leaves at once; after it, responses are at least the budget apart, each carrying
+    every token made meanwhile; nothing is lost."""
+    request = FakeRequest(request_tensors([5, 6, 7], 300, ignore_eos=True, cache_scope="acme"))
+    budget_model.execute([request])
+    wait_final(request)
+    chunks = request.sender.token_ids()
+    assert sum(len(c) for c in chunks) == 300 and len(chunks[0]) == 1
+    token_sends = [t for (r, _), t in zip(request.sender.sent, request.sender.sent_at_s, strict=True) if r]
+    held = token_sends[1:-1]  # after the first token, before the one carrying the end
+    gaps_s = [b - a for a, b in itertools.pairwise(token_sends[:-1])]
+    assert held and min(gaps_s) >= SEND_BUDGET_MS / 1000 * 0.99  # the wait's own clock granularity
+    assert max(len(c) for c in chunks) > 1
+
+
+def test_a_stream_that_ends_is_not_held_for_its_budget(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = _loaded_model(dev_checkpoint, monkeypatch, send_budget_ms="60000", max_responses_per_s="0.001")
+    model = next(loaded)
+    try:
+        request = FakeRequest(request_tensors([5, 6, 7], 12, ignore_eos=True, cache_scope="acme"))
+        started_s = time.monotonic()
+        model.execute([request])
+        wait_final(request, timeout_s=30.0)  # its end brings the held tokens, not the 60 s budget
+        assert time.monotonic() - started_s < 30.0
+        assert [len(c) for c in request.sender.token_ids()] == [1, 11]
+    finally:
+        next(loaded, None)  # finalize
 
 
 def test_non_streaming_sends_one_response(model: Any) -> None:

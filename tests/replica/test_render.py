@@ -4,6 +4,7 @@ CPU engine, so its engine defaults and checks are compared here against ``Engine
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tritonclient.grpc import model_config_pb2
 from cpu_engine.config import DTYPE_SETTINGS as ENGINE_DTYPE_SETTINGS
 from cpu_engine.config import EngineConfig
 from sluice.engine_client.wire import INPUT_NAMES, OUTPUT_NAMES
-from sluice.settings import get_settings
+from sluice.settings import ITL_TARGET_MS, get_settings
 from sluice.triton.render import (
     DTYPE_SETTINGS,
     SOURCE_DIR,
@@ -110,11 +111,48 @@ def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
         CpuEngineModelSettings(checkpoint_dir=tmp_path, prefill_step_stretch=0.9)
 
 
-# The knobs the renderer restates from EngineConfig (it must not import the engine).
+# The knobs the renderer restates from EngineConfig (it must not import the engine). Not target_step_ms:
+# a rendered replica bounds its steps by half the inter-token target (below); the engine alone does not.
 ENGINE_KNOBS = (
     "num_kv_blocks", "block_size_tokens", "step_token_budget", "max_num_running", "dtype",
-    "target_step_ms", "prefill_step_stretch",
+    "prefill_step_stretch",
 )  # fmt: skip
+
+
+def test_a_rendered_replica_keeps_the_itl_target_by_default(tmp_path: Path) -> None:
+    """The step bound and the send budget are the ITL target's two halves, unless overridden."""
+    defaults = CpuEngineModelSettings(checkpoint_dir=tmp_path)
+    assert defaults.target_step_ms == defaults.send_budget_ms == ITL_TARGET_MS / 2
+    assert defaults.max_responses_per_s > 0
+    with pytest.raises(ValueError, match="send_budget_ms"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, send_budget_ms=-1.0)
+    with pytest.raises(ValueError, match="max_responses_per_s"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, max_responses_per_s=0.0)
+
+
+def test_the_cli_splits_the_itl_target_and_takes_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint = _checkpoint(tmp_path)
+
+    def parameters(*flags: str) -> dict[str, str]:
+        out = tmp_path / "repo"
+        assert main(["--out", str(out), "--checkpoint-dir", str(checkpoint), "--safety-classifier", "",
+                            *flags]) == 0  # fmt: skip
+        config = (out / "sluice-tiny" / "config.pbtxt").read_text()
+        found = re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', config)
+        return dict(found)
+
+    monkeypatch.setenv("SLUICE_ITL_TARGET_MS", "60")
+    get_settings.cache_clear()
+    try:
+        assert parameters()["target_step_ms"] == "30.0" and parameters()["send_budget_ms"] == "30.0"
+        monkeypatch.delenv("SLUICE_ITL_TARGET_MS")
+        get_settings.cache_clear()
+        split = parameters("--itl-target-ms", "50")
+        assert (split["target_step_ms"], split["send_budget_ms"]) == ("25.0", "25.0")
+        off = parameters("--target-step-ms", "none", "--send-budget-ms", "0", "--max-responses-per-s", "500")
+        assert (off["target_step_ms"], off["send_budget_ms"], off["max_responses_per_s"]) == ("", "0.0", "500.0")
+    finally:
+        get_settings.cache_clear()
 
 
 def test_the_renderers_engine_defaults_are_the_engines() -> None:

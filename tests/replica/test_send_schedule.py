@@ -4,7 +4,7 @@ threads, no clock."""
 from __future__ import annotations
 
 import pytest
-from send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
+from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of_other_tenants
 
 
 def drain(queue: SendQueue) -> list[str]:
@@ -122,3 +122,26 @@ def test_the_top_priority_of_other_tenants() -> None:
     alone = top_of_other_tenants([("acme", 0), ("acme", 1)])
     assert alone("acme") is None  # one tenant's own streams never hold each other
     assert top_of_other_tenants([])("acme") is None
+
+
+def test_the_send_budget_grows_with_the_live_streams_up_to_its_cap() -> None:
+    budget = SendBudget(max_interval_s=0.25, max_responses_per_s=64.0)  # binary fractions: exact sums
+    assert budget.interval_s(1) == 1 / 64  # nearly alone: about one response per token
+    assert budget.interval_s(8) == 0.125  # the replica's responses stay at max_responses_per_s ...
+    assert budget.interval_s(16) == budget.interval_s(1000) == 0.25  # ... until the cap: the ITL target's share
+
+
+def test_the_send_budget_holds_a_stream_only_after_its_first_token() -> None:
+    budget = SendBudget(max_interval_s=0.25, max_responses_per_s=64.0)
+    assert budget.hold_until(last_send_s=None, num_live=1000, now_s=10.0) is None  # the first token goes
+    assert budget.hold_until(last_send_s=10.0, num_live=8, now_s=10.0625) == 10.125
+    assert budget.hold_until(last_send_s=10.0, num_live=8, now_s=10.125) is None  # due: send now
+    assert budget.hold_until(last_send_s=10.0, num_live=1000, now_s=10.125) == 10.25
+
+
+def test_a_send_budget_of_zero_holds_nothing_and_bad_values_are_refused() -> None:
+    assert SendBudget(0.0, 1.0).hold_until(last_send_s=10.0, num_live=1000, now_s=10.0) is None
+    with pytest.raises(ValueError):
+        SendBudget(-0.001, 1000.0)
+    with pytest.raises(ValueError):
+        SendBudget(0.02, 0.0)

@@ -6,9 +6,10 @@ Threads and what they own:
 - Triton's thread calls ``execute``: it converts each request and submits it to the engine, never waits.
 - The engine thread (``EngineThread``) owns the engine; a stream it updates is marked dirty in a queue.
 - A small pool of ``_Sender`` threads, each with its own requests (map, lock, dirty queue), sends for
-  each dirty stream the tokens produced since its last response (so a response carries several tokens
-  when sending falls behind, instead of a growing backlog), higher engine priority first and, within
-  one, streams still owed their first token first (``SendQueue``). Once per engine step it asks Triton
+  each dirty stream the tokens produced since its last response, higher engine priority first and,
+  within one, streams still owed their first token first (``SendQueue``). A stream that has its first
+  token waits up to its send budget (``SendBudget``: one response per inter-token budget at load, each
+  token at once nearly alone) so that a response carries every token its stream made meanwhile. Once per engine step it asks Triton
   whether its requests were cancelled, all of them or a rotating slice (``CancelSweep``), aborting
   those in the engine.
 - One metrics thread copies engine stats into Triton's metrics every ``stats_interval_ms`` (a gauge only
@@ -48,7 +49,7 @@ from replica_converters import (
     request_from_tensors,
     response_tensors,
 )
-from send_schedule import CancelSweep, SendQueue, YieldPacer, top_of_other_tenants
+from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of_other_tenants
 
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
@@ -114,8 +115,9 @@ class TritonPythonModel:
         self._next_id = itertools.count()
         check_period_s = params.cancellation_check_period_ms / 1000.0
         yield_interval_s = params.yield_send_interval_ms / 1000.0
+        budget = SendBudget(params.send_budget_ms / 1000.0, params.max_responses_per_s)
         self._senders = [
-            _Sender(self._engine, f"sender{i}-{instance}", check_period_s, yield_interval_s)
+            _Sender(self._engine, f"sender{i}-{instance}", check_period_s, yield_interval_s, budget)
             for i in range(_NUM_SENDERS)
         ]
         info_labels = self._dtype_choice.metric_labels()
@@ -179,7 +181,12 @@ class _Sender:
     """
 
     def __init__(
-        self, engine: EngineThread, name: str, check_period_s: float, yield_interval_s: float
+        self,
+        engine: EngineThread,
+        name: str,
+        check_period_s: float,
+        yield_interval_s: float,
+        budget: SendBudget,
     ) -> None:
         self._engine = engine
         self._live: dict[str, _Live] = {}
@@ -189,6 +196,7 @@ class _Sender:
         self._send_queue = SendQueue()
         self._cancel_sweep = CancelSweep(check_period_s)
         self._pacer = YieldPacer(yield_interval_s)
+        self._budget = budget
         self._held: list[tuple[float, str]] = []  # (due_s, request_id): a heap of streams the pacer holds
         self._held_ids: set[str] = set()
         self._last_check_step, self._last_check_s = -1, 0.0
@@ -257,7 +265,8 @@ class _Sender:
         with self._lock:
             lives = [(request_id, self._live.get(request_id)) for request_id in request_ids]
         for request_id, live in lives:
-            if live is not None:
+            # NOTE: a held stream's new tokens leave when its hold ends; only its end goes at once.
+            if live is not None and (request_id not in self._held_ids or live.stream.has_ended()):
                 self._send_queue.push(request_id, live.priority, live.first_token_sent)
 
     def _top_of_other_tenants(self) -> Callable[[str], int | None]:
@@ -279,15 +288,16 @@ class _Sender:
             live = self._live.get(request_id)
         if live is None:
             return
-        if live.streaming and request_id not in self._held_ids:
-            top = top_of_others(live.tenant)
-            due_s = self._pacer.hold_until(live.priority, top, live.last_send_s, time.monotonic())
-            if due_s is not None and not live.stream.has_ended():
+        if live.streaming and not live.stream.has_ended():
+            if request_id in self._held_ids:
+                return  # it leaves when its hold ends, with what it makes until then
+            due_s = self._hold_until(live, top_of_others(live.tenant))
+            if due_s is not None:
                 self._held_ids.add(request_id)
                 heapq.heappush(self._held, (due_s, request_id))
                 return
-        elif request_id in self._held_ids:
-            return  # it leaves when its hold ends, with what it makes until then
+        else:
+            self._held_ids.discard(request_id)  # its end leaves now (its heap entry finds it gone)
         delta = live.stream.take_nowait()
         if delta is None:
             return
@@ -308,6 +318,16 @@ class _Sender:
         if done:
             with self._lock:
                 self._live.pop(request_id, None)
+
+    def _hold_until(self, live: _Live, top_other_priority: int | None) -> float | None:
+        """When streaming ``live`` may be sent next, if not now: the later of its send budget and, while
+        another tenant's higher-priority work is live, the yield pacer."""
+        now_s = time.monotonic()
+        dues = (
+            self._budget.hold_until(live.last_send_s, len(self._live), now_s),
+            self._pacer.hold_until(live.priority, top_other_priority, live.last_send_s, now_s),
+        )
+        return max((due for due in dues if due is not None), default=None)
 
     def _send_tokens(self, live: _Live, delta: StreamDelta) -> None:
         if live.cancelled:

@@ -157,6 +157,10 @@ class ModelParameters:
     cancellation_check_period_ms: float
     # While higher-priority work is live, a lower-priority stream is sent at most this often; 0: never held.
     yield_send_interval_ms: float
+    # A stream's tokens wait at most this long to leave in one response (0: each as it is made) ...
+    send_budget_ms: float = 0.0
+    # ... and wait at all only while the live streams would otherwise make more responses a second than this.
+    max_responses_per_s: float = 1000.0
     # What the checkpoint must digest to (sluice.weights_digest) before the model loads; None: not given.
     weights_digest: str | None = None
 
@@ -184,14 +188,22 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
         target_step_ms=_parse(values, "target_step_ms", float) if target else None,
         prefill_step_stretch=stretch,
     )
-    return ModelParameters(
+    params = ModelParameters(
         checkpoint_dir=Path(checkpoint),
         engine=engine,
         stats_interval_ms=_parse(values, "stats_interval_ms", float),
         cancellation_check_period_ms=_parse(values, "cancellation_check_period_ms", float),
         yield_send_interval_ms=_parse(values, "yield_send_interval_ms", float),
+        # NOTE: a repository rendered before these parameters existed lacks them: each token at once.
+        send_budget_ms=_parse(values, "send_budget_ms", float) if "send_budget_ms" in values else 0.0,
+        max_responses_per_s=(
+            _parse(values, "max_responses_per_s", float) if "max_responses_per_s" in values else 1000.0
+        ),
         weights_digest=check_digest(values["weights_digest"]) if values.get("weights_digest") else None,
     )
+    if params.send_budget_ms < 0 or params.max_responses_per_s <= 0:
+        raise ValueError("model parameters 'send_budget_ms' must be >= 0 and 'max_responses_per_s' > 0")
+    return params
 
 
 def _parse(values: Mapping[str, str], key: str, cast: Callable[[str], T]) -> T:

@@ -84,6 +84,40 @@ class CancelSweep:
         return due
 
 
+class SendBudget:
+    """How long a stream's tokens may wait to leave together: one response per inter-token budget, not
+    one per token.
+
+    Every response costs the whole serving path the same whatever it carries (this process's IPC to
+    Triton, Triton's gRPC frame, the gateway's decode, detokenise and SSE write, the client's read), so
+    at load, responses per token is what decides how much of the cores is left to make tokens. A stream
+    that has had its first token is sent at most once per ``interval_s(num_live)``: the live streams
+    over ``max_responses_per_s``, capped at ``max_interval_s``. Nearly alone, that is shorter than a step
+    and every token leaves as it is made; at load the replica's responses stay near
+    ``max_responses_per_s`` however many tokens a step makes, and no token waits longer than
+    ``max_interval_s`` (the ITL target's share left after the step's own time). First tokens and ends
+    are never held (the caller's rule, as for ``YieldPacer``).
+    """
+
+    def __init__(self, max_interval_s: float, max_responses_per_s: float) -> None:
+        if max_interval_s < 0 or max_responses_per_s <= 0:
+            raise ValueError("max_interval_s must be >= 0 and max_responses_per_s > 0")
+        self.max_interval_s = max_interval_s
+        self.max_responses_per_s = max_responses_per_s
+
+    def interval_s(self, num_live: int) -> float:
+        """The least time between two responses of one stream while ``num_live`` streams are live."""
+        return min(self.max_interval_s, num_live / self.max_responses_per_s)
+
+    def hold_until(self, last_send_s: float | None, num_live: int, now_s: float) -> float | None:
+        """When a stream last sent at ``last_send_s`` (None: never) may be sent next, if later than
+        ``now_s``; else None (send now)."""
+        if last_send_s is None:
+            return None
+        due_s = last_send_s + self.interval_s(num_live)
+        return due_s if due_s > now_s else None
+
+
 class YieldPacer:
     """How often a stream of work that yields is sent while higher-priority work shares the replica.
 
