@@ -13,7 +13,9 @@ registry and the routing table drains it.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -21,7 +23,11 @@ from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
-_ITL_EWMA_WEIGHT = 0.1  # of each new inter-token gap in the replica's latency estimate
+# The replica's inter-token latency is the p95 of the last this many gaps between the deltas of its
+# requests, as this gateway reads them (a client sees the same gaps): about 0.1-0.3 s of a busy replica.
+_NUM_RECENT_GAPS = 256
+# ... recomputed after this many new gaps (a sort of _NUM_RECENT_GAPS floats), not on every dispatch.
+_GAPS_PER_ESTIMATE = 16
 _UNKNOWN_KV_TOKENS = 2**62
 _READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer: suspended again
 
@@ -52,8 +58,10 @@ class ReplicaView:
     num_waiting: int = 0
     read_at_s: float = -1.0
     dispatched_kv_tokens_since_read: int = 0
-    itl_ms: float | None = None
+    itl_ms: float | None = None  # the p95 of the recent gaps (``observe_gap``); None: none yet
     slots: dict[str, Slot] = field(default_factory=dict)
+    _recent_gaps_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_NUM_RECENT_GAPS))
+    _num_gaps_unestimated: int = 0
 
     # ----- taking work -----
     @property
@@ -108,10 +116,16 @@ class ReplicaView:
         )
 
     def observe_gap(self, gap_s: float, num_tokens: int) -> None:
-        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests."""
-        itl_ms = gap_s * 1000 / num_tokens
-        previous = self.itl_ms
-        self.itl_ms = itl_ms if previous is None else previous + _ITL_EWMA_WEIGHT * (itl_ms - previous)
+        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests.
+
+        NOTE: the gap itself, not the gap per token: a replica that sends a stream's tokens together once
+        per send budget is as smooth as its gaps, and the target is the gap a client waits."""
+        del num_tokens  # what the gap carried does not shorten the wait
+        self._recent_gaps_ms.append(gap_s * 1000)
+        self._num_gaps_unestimated += 1
+        if self.itl_ms is None or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
+            self.itl_ms = p95(self._recent_gaps_ms)
+            self._num_gaps_unestimated = 0
 
     def apply_stats(self, stats: ReplicaStats, now_s: float) -> None:
         self.total_kv_tokens = stats.num_kv_tokens_total
@@ -130,3 +144,9 @@ def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:
         count[1] += not slot.has_first_token
         count[2] += slot.kv_tokens
     return tuple(PriorityLoad(*count) for count in counts)
+
+
+def p95(values_ms: Iterable[float]) -> float:
+    """The 95th percentile (nearest rank) of a non-empty collection."""
+    ordered = sorted(values_ms)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]

@@ -13,6 +13,7 @@ from fakes import ScriptedFakeEngine
 
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
+from gateway.scheduling.replicas import ReplicaView, p95
 from gateway.scheduling.scheduler import Admission, ModelScheduler
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient
@@ -97,3 +98,25 @@ async def test_the_oldest_wait_counts_requests_waiting_to_be_dispatched_again(tm
     assert scheduler.oldest_wait_s(now) == pytest.approx(5.0)
     await scheduler.close()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+def test_a_replicas_inter_token_latency_is_the_p95_of_the_gaps_clients_wait() -> None:
+    """Not the gap per token: a delta of 4 tokens after 30 ms is a 30 ms wait (a replica sending a
+    stream's tokens together once per budget is judged by the gaps it leaves)."""
+    view = ReplicaView(_engine("a"))
+    view.observe_gap(0.030, 4)
+    assert view.itl_ms == pytest.approx(30.0)  # the first gap is the estimate at once
+    for _ in range(228):
+        view.observe_gap(0.010, 1)
+    for _ in range(12):
+        view.observe_gap(0.200, 1)  # 12 of 241: the tail above the p95 (re-estimated every 16 gaps)
+    assert view.itl_ms == pytest.approx(30.0)  # nearest rank: the 229th of 241 sorted gaps
+    for _ in range(256):
+        view.observe_gap(0.050, 1)  # the window moves on: only the recent gaps count
+    assert view.itl_ms == pytest.approx(50.0)
+
+
+def test_p95_is_the_nearest_rank() -> None:
+    assert p95([5.0]) == 5.0
+    assert p95(range(1, 101)) == 95
+    assert p95([3.0, 1.0, 2.0]) == 3.0
