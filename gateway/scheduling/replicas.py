@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
+from sluice.policy.batch_bound import BatchBound, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
-# The replica's inter-token latency is the p95 of the last this many gaps between the deltas of its
-# requests, as this gateway reads them (a client sees the same gaps): about 0.1-0.3 s of a busy replica.
-_NUM_RECENT_GAPS = 256
-# ... recomputed after this many new gaps (a sort of _NUM_RECENT_GAPS floats), not on every dispatch.
+# The replica's inter-token latency is the p95 of its last BatchBound.num_gaps_between_moves gaps between
+# the deltas of its requests, as this gateway reads them (a client sees the same gaps), recomputed after
+# this many new gaps (a sort of the window), not on every dispatch.
 _GAPS_PER_ESTIMATE = 16
 _UNKNOWN_KV_TOKENS = 2**62
 _READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer: suspended again
@@ -59,9 +59,16 @@ class ReplicaView:
     read_at_s: float = -1.0
     dispatched_kv_tokens_since_read: int = 0
     itl_ms: float | None = None  # the p95 of the recent gaps (``observe_gap``); None: none yet
+    # The batch bounded by the inter-token target (sluice.policy.batch_bound); None: not bounded yet.
+    bound: BatchBound = field(default_factory=BatchBound)
+    running_cap: int | None = None
     slots: dict[str, Slot] = field(default_factory=dict)
-    _recent_gaps_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_NUM_RECENT_GAPS))
+    _recent_gaps_ms: deque[float] = field(init=False)
     _num_gaps_unestimated: int = 0
+    _num_gaps_unjudged: int = 0  # since the cap was last judged: a window of them judges it again
+
+    def __post_init__(self) -> None:
+        self._recent_gaps_ms = deque(maxlen=self.bound.num_gaps_between_moves)
 
     # ----- taking work -----
     @property
@@ -113,19 +120,32 @@ class ReplicaView:
             num_running=len(self.slots),
             itl_ms=self.itl_ms if self.slots else None,
             by_priority=_by_priority(slots),
+            running_cap=self.running_cap,
         )
 
-    def observe_gap(self, gap_s: float, num_tokens: int) -> None:
-        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests.
+    def observe_gap(self, gap_s: float, num_tokens: int) -> bool:
+        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests. True when
+        the running cap grew (the caller may dispatch more).
 
         NOTE: the gap itself, not the gap per token: a replica that sends a stream's tokens together once
         per send budget is as smooth as its gaps, and the target is the gap a client waits."""
         del num_tokens  # what the gap carried does not shorten the wait
         self._recent_gaps_ms.append(gap_s * 1000)
         self._num_gaps_unestimated += 1
-        if self.itl_ms is None or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
+        self._num_gaps_unjudged += 1
+        judge = self._num_gaps_unjudged >= self.bound.num_gaps_between_moves
+        if self.itl_ms is None or judge or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
             self.itl_ms = p95(self._recent_gaps_ms)
             self._num_gaps_unestimated = 0
+        if not judge:
+            return False
+        # NOTE: judged on a window of gaps all left since the last judgement, so one slow window is not
+        # cut twice, and a cut is seen to work (or not) before the next.
+        self._num_gaps_unjudged = 0
+        cap = next_running_cap(self.running_cap, len(self.slots), self.itl_ms, self.bound)
+        grew = self.running_cap is not None and cap is not None and cap > self.running_cap
+        self.running_cap = cap
+        return grew
 
     def apply_stats(self, stats: ReplicaStats, now_s: float) -> None:
         self.total_kv_tokens = stats.num_kv_tokens_total

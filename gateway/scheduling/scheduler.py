@@ -38,6 +38,7 @@ from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
 from sluice.policy.affinity import AffinityMemory
+from sluice.policy.batch_bound import BatchBound
 from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
@@ -113,7 +114,8 @@ class ModelScheduler:
         self._drain = RateMeter(window_s=10.0)
         self._task: asyncio.Task[None] | None = None
         self._on_drained = on_drained
-        self._replicas: dict[str, ReplicaView] = {e.replica: ReplicaView(e) for e in engines}
+        self._bound = BatchBound(itl_target_ms=settings.itl_target_ms)
+        self._replicas = {e.replica: ReplicaView(e, bound=self._bound) for e in engines}
         self._num_in_flight = InFlight()  # dispatched, not yet released
         self._weights: dict[str, float] = {}
 
@@ -152,7 +154,7 @@ class ModelScheduler:
         key = key or engine.replica
         view = self._replicas.get(key)
         if view is None:
-            view = self._replicas[key] = ReplicaView(engine, draining=True)
+            view = self._replicas[key] = ReplicaView(engine, draining=True, bound=self._bound)
             await self._read_replica(key, view)
         elif view.engine is not engine:
             raise ValueError(f"replica key {key!r} is held by another engine client")
@@ -283,11 +285,14 @@ class ModelScheduler:
         now = time.monotonic()
         self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
         view = self._replicas.get(slot.replica_key)
+        grew = False
         if view is not None and gap_s is not None and num_tokens > 0:
-            view.observe_gap(gap_s, num_tokens)
+            grew = view.observe_gap(gap_s, num_tokens)
         if not slot.has_first_token:
             slot.has_first_token = True
             self._dispatch_pass(now)  # one fewer request waiting inside the replica
+        elif grew:
+            self._dispatch_pass(now)  # its running cap grew: room for one more
 
     def release(self, slot: Slot) -> None:
         """The request ended (however): its claim on the replica goes."""

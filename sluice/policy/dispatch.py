@@ -7,13 +7,16 @@ the same fields).
   the engine's own admission needs).
 - Waiting: a replica with ``max_waiting_per_replica`` requests already waiting inside takes no more;
   they wait in the gateway's fair queue, where the order is decided.
-- Latency: a replica whose recent inter-token latency is above the target takes nothing new until it
-  drops (more sequences make every step longer).
+- Latency: a replica runs at most its ``running_cap``, the batch bounded by the inter-token target
+  (``batch_bound``: it shrinks while the p95 of its streams' gaps is over the target and grows while it
+  is under); more sequences make every step longer. A replica without a cap (the simulator's) whose
+  recent inter-token latency is above the target takes nothing new until it drops.
 - Work that yields meets softer limits, so the headroom above stays for interactive work of tenants
-  under their share (``Standing``): batch needs the inter-token latency under ``batch_itl_fraction``
-  of the target; a tenant over its fair share (``share.over_fair_share``), under the stricter
-  ``over_share_itl_fraction``; both leave ``yield_kv_reserve_fraction`` of the KV free and may fill
-  only ``1 - yield_waiting_reserve_fraction`` of the waiting places (at least one).
+  under their share (``Standing``): batch fills ``batch_itl_fraction`` of the running cap (without a
+  cap: needs the inter-token latency under that share of the target); a tenant over its fair share
+  (``share.over_fair_share``), the stricter ``over_share_itl_fraction``; both leave
+  ``yield_kv_reserve_fraction`` of the KV free and may fill only ``1 - yield_waiting_reserve_fraction``
+  of the waiting places (at least one).
 - Engine priority (``EnginePriority``, the wire type of ``sluice.engine_client.wire``, sent with the
   request): the engine admits a request ahead of work of a lower priority and preempts it to make room.
   So a request finds a replica that runs lower-priority work open to it: that work's KV counts as
@@ -26,6 +29,7 @@ and tenant-scoped prefix affinity, weighted; ties to the smallest replica id), u
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -142,9 +146,18 @@ def accepts(
     # the lower-priority rest: one tenant's flood, however it got there, cannot hold out a newcomer.
     num_above = sum(p.num_in_flight for p in load.by_priority[: priority + 1])
     minority = lower.num_in_flight > num_above
-    slow = load.num_running > 0 and load.itl_ms is not None and load.itl_ms > config.itl_limit_ms(standing)
-    if slow and not minority:
-        return False
+    if load.running_cap is not None:
+        # The batch bounded by the target (``batch_bound``): work that yields fills only its share of it,
+        # and lower-priority work, which the engine preempts for this request, does not count.
+        num_counted = num_above if load.by_priority else load.num_running
+        share = config.itl_limit_ms(standing) / config.itl_target_ms
+        if num_counted >= max(1, math.floor(load.running_cap * share)):
+            return False
+    else:
+        limit_ms = config.itl_limit_ms(standing)
+        slow = load.num_running > 0 and load.itl_ms is not None and load.itl_ms > limit_ms
+        if slow and not minority:
+            return False
     yields = standing is not Standing.UNDER_SHARE
     reserve = config.yield_kv_reserve_fraction * load.total_kv_tokens if yields else 0.0
     # NOTE: lower-priority work's KV does not count as free: the engine would preempt it to make room,

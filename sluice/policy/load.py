@@ -28,6 +28,9 @@ class ReplicaLoad:
     itl_ms: float | None  # recent inter-token latency (step time); None if not measured yet
     # Indexed by EnginePriority; empty: not known (nothing counts as preemptible).
     by_priority: tuple[PriorityLoad, ...] = ()
+    # How many may run at once for the inter-token target (``batch_bound``); None: not bounded, and then
+    # an ``itl_ms`` over the target alone holds new work back.
+    running_cap: int | None = None
 
     def below(self, priority: EnginePriority) -> PriorityLoad:
         """The work of strictly lower priority than ``priority`` (which the engine preempts for it)."""

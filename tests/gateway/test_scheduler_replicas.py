@@ -17,6 +17,7 @@ from gateway.scheduling.replicas import ReplicaView, p95
 from gateway.scheduling.scheduler import Admission, ModelScheduler
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient
+from sluice.policy.batch_bound import BatchBound
 from sluice.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +121,18 @@ def test_p95_is_the_nearest_rank() -> None:
     assert p95([5.0]) == 5.0
     assert p95(range(1, 101)) == 95
     assert p95([3.0, 1.0, 2.0]) == 3.0
+
+
+def test_a_replicas_running_cap_follows_its_gaps() -> None:
+    """Slow gaps with 64 running: the cap drops to what would have met the target; fast gaps while the cap
+    holds the batch back: it grows by one, once per window of new gaps (not on every estimate)."""
+    view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
+    view.slots = {str(i): object() for i in range(64)}  # type: ignore[misc]
+    for _ in range(127):
+        assert not view.observe_gap(0.080, 1)
+    assert view.running_cap is None  # the first window is not full yet
+    view.observe_gap(0.080, 1)
+    assert view.running_cap == 32  # 64 x 40 / 80
+    view.slots = {str(i): object() for i in range(40)}  # type: ignore[misc]  # more than the cap (a race)
+    grew = [view.observe_gap(0.010, 1) for _ in range(256)]
+    assert view.running_cap == 34 and sum(grew) == 2  # one step per window of fast gaps
