@@ -27,10 +27,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from control_plane.sim.calibration import Calibration
 from control_plane.sim.workload import SimRequest
+from sluice.policy.batch_bound import BatchBound, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
 
@@ -38,6 +39,9 @@ from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 class ReplicaConfig:
     step_token_budget: int = 512
     step_time_cap_s: float | None = 0.038  # 5 % under the 40 ms ITL target, so the p95 lands under it
+    # The gateway's batch bound, judged on the gaps the replica's decoding sequences leave (each decode
+    # token one gap of its step's length), as the gateway judges the gaps it reads.
+    batch_bound: BatchBound = field(default_factory=BatchBound)
 
 
 @dataclass
@@ -65,6 +69,9 @@ class Replica:
         self.num_steps = 0
         self.busy = False
         self.last_step_s: float | None = None
+        self.running_cap: int | None = None  # the batch bound (sluice.policy.batch_bound)
+        self._unjudged_gaps: list[tuple[float, int]] = []  # (gap ms, how many) since the cap was judged
+        self._num_unjudged_gaps = 0
         self.busy_s = 0.0
         self._step: tuple[int, list[tuple[SimRequest, int]], float] | None = None
         self._load: ReplicaLoad | None = None
@@ -88,6 +95,7 @@ class Replica:
                 num_running=self.num_decoding + num_partial,
                 itl_ms=None if self.last_step_s is None else self.last_step_s * 1000.0,  # the last step's
                 by_priority=tuple(PriorityLoad(*counts) for counts in self._by_priority),
+                running_cap=self.running_cap,
             )
         return self._load
 
@@ -190,6 +198,20 @@ class Replica:
         self._load = None
         return duration_s
 
+    def _judge_cap(self, gap_ms: float, num_gaps: int) -> None:
+        """The batch bound, as the gateway keeps it: judged once per window of new gaps, on those gaps."""
+        if num_gaps == 0:
+            return
+        self._unjudged_gaps.append((gap_ms, num_gaps))
+        self._num_unjudged_gaps += num_gaps
+        bound = self.config.batch_bound
+        if self._num_unjudged_gaps < bound.num_gaps_between_moves:
+            return
+        num_running = sum(counts[0] for counts in self._by_priority)
+        p95_ms = _weighted_p95(self._unjudged_gaps, self._num_unjudged_gaps)
+        self.running_cap = next_running_cap(self.running_cap, num_running, p95_ms, bound)
+        self._unjudged_gaps, self._num_unjudged_gaps = [], 0
+
     def end_step(self) -> StepResult:
         assert self._step is not None
         num_decode, chunks, duration_s = self._step
@@ -236,6 +258,17 @@ class Replica:
         self.num_steps += 1
         self.last_step_s = duration_s
         self.busy_s += duration_s
+        self._judge_cap(duration_s * 1000.0, num_decode)
         self._admit()
         self._load = None
         return StepResult(duration_s, num_decode, first_tokens, finished)
+
+
+def _weighted_p95(values: list[tuple[float, int]], num_values: int) -> float:
+    """The p95 (nearest rank) of ``num_values`` values given as (value, how many) pairs."""
+    rank, seen = math.ceil(0.95 * num_values), 0
+    for value, count in sorted(values):
+        seen += count
+        if seen >= rank:
+            return value
+    raise ValueError("num_values is more than the pairs hold")

@@ -21,6 +21,7 @@ from control_plane.sim.targets import judge
 from control_plane.sim.workload import Outcome, SimRequest
 from sluice.domain import RequestClass
 from sluice.policy.autoscale import AutoscaleConfig, Reason
+from sluice.policy.batch_bound import BatchBound
 
 # 20 requests/s on 4 replicas: the seed's load scaled down 14x, over 30 simulated seconds.
 SMALL = Options(replicas=4, duration_s=30.0, rate_per_s=20.0, num_noisy_requests=300)
@@ -83,6 +84,26 @@ def test_the_step_time_cap_shrinks_prefill_chunks_while_sequences_decode() -> No
             longest_s = max(longest_s, duration_s)
         replica.end_step()
     assert 0 < longest_s <= 0.038 + 1e-9
+
+
+def test_a_simulated_replica_keeps_the_gateways_batch_bound_from_its_own_gaps() -> None:
+    """Without the step cap, decode steps beside 512-token prefill chunks run over the 40 ms target: the
+    replica's running cap drops as the gateway's would (the same ``batch_bound`` rule, judged on the gaps
+    its decoding sequences leave), and its load carries the cap to the dispatch gate."""
+    cal = seed_calibration()
+    config = ReplicaConfig(
+        step_token_budget=512, step_time_cap_s=None, batch_bound=BatchBound(num_gaps_between_moves=32)
+    )
+    replica = Replica("r0", cal, config)
+    for i in range(40):
+        request = _request(1_000, 200)
+        request.request_id = f"r{i}"
+        replica.submit(request)
+    while replica.running_cap is None and (duration_s := replica.start_step()) is not None:
+        del duration_s
+        replica.end_step()
+    assert replica.running_cap is not None and 1 <= replica.running_cap < 40
+    assert replica.load().running_cap == replica.running_cap
 
 
 def _summary(tmp_path: Path, scenario: str, options: Options = SMALL) -> dict:
