@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
 from sluice.engine_client.dialects import TRTLLM_OUTPUTS, Dialect, TrtllmDecoder, build_tensors
 from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
-from sluice.triton.client import GenerateStream, grpc_target
+from sluice.triton.client import GenerateStream, chunk_from_response, grpc_target
 from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger(__name__)
@@ -123,11 +123,26 @@ class TritonEngineClient(EngineClient):
                                 yield delta
                     yield decoder.on_end()
                     return
-                async for chunk in stream:
-                    reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
-                    yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
-                    if reason is not None:
-                        return
+                raw_responses = stream.responses()
+                if raw_responses is None:  # a client whose stream hides its gRPC call: through its results
+                    async for chunk in stream:
+                        reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
+                        yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
+                        if reason is not None:
+                            return
+                else:
+                    # NOTE: the call's protobufs decoded here rather than through the stream's iterator:
+                    # one async generator fewer between the gRPC call and the gateway, per response.
+                    async for response in raw_responses:
+                        chunk = chunk_from_response(response)
+                        if chunk.finish_reason is None:
+                            yield Delta(chunk.token_ids)
+                            continue
+                        stream.finished()
+                        reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
+                        yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
+                        if reason is not None:
+                            return
             except InferenceServerException as exc:  # EngineError from the model's own response passes
                 raise _engine_error(exc) from None
             except grpc.RpcError as exc:  # the aio stream raises gRPC's own errors for transport failures

@@ -16,6 +16,11 @@ model's empty final response is still on its way. Cancelling then races that fin
 2.51 was seen to crash on it (SIGSEGV in tritonserver under load). So after a finished request the
 exit waits, briefly, for the stream to end by itself, and cancels only if it does not.
 
+Decoding: each response of the stream is read straight from its ``ModelStreamInferResponse`` protobuf
+(``chunk_from_response``: the raw little-endian contents Triton sends, without an ``InferResult`` or a
+numpy array per response); a response in any other form (contents not raw, an unexpected datatype or a
+missing output) goes through ``chunk_from_result`` as before, so both give the same chunk or error.
+
 Errors: a response that carries ``error_kind`` (the CPU engine's model sends one for a request it
 refused or failed) is raised as ``EngineError`` of that kind. Everything else that goes wrong (Triton's
 own errors, another backend's errors, transport failures) is raised as tritonclient and gRPC raise it;
@@ -32,7 +37,8 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.grpc import InferResult
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from sluice.engine_client.wire import EngineError, EngineErrorKind
 
@@ -135,6 +141,75 @@ def chunk_from_result(result: Any) -> TokenChunk:
     )
 
 
+# The outputs the fast decoder reads, and the datatype each must have for it (else: chunk_from_result).
+_FAST_DATATYPES = {
+    "output_ids": "INT32",
+    "finish_reason": "BYTES",
+    "num_prompt_tokens": "INT32",
+    "num_cached_tokens": "INT32",
+    "error_kind": "BYTES",
+    "error_message": "BYTES",
+}
+
+
+def chunk_from_response(response: Any) -> TokenChunk:
+    """Decode one ``ModelStreamInferResponse`` of the model's stream: what ``chunk_from_result`` gives for
+    ``InferResult(response.infer_response)``, read from the protobuf's raw contents directly. Raises
+    ``InferenceServerException`` for a response carrying Triton's ``error_message`` (as tritonclient's
+    stream does), ``EngineError`` for one carrying ``error_kind``."""
+    if response.error_message:
+        raise InferenceServerException(msg=response.error_message)
+    infer = response.infer_response
+    outputs, contents = infer.outputs, infer.raw_output_contents
+    if len(outputs) == len(contents):
+        found: dict[str, bytes] = {}
+        for output, data in zip(outputs, contents, strict=True):
+            name = output.name
+            datatype = _FAST_DATATYPES.get(name)
+            if datatype is None or name in found:  # not read (sequence_length), or a repeat: the first counts
+                continue
+            if output.datatype != datatype or not _whole(output.shape, datatype, data):
+                break
+            found[name] = data
+        else:
+            chunk = _fast_chunk(found)
+            if chunk is not None:
+                return chunk
+    return chunk_from_result(InferResult(infer))
+
+
+def _whole(shape: Sequence[int], datatype: str, data: bytes) -> bool:
+    """Whether ``data`` holds exactly the elements ``shape`` says: INT32, 4 bytes each; BYTES, read here
+    only as one element (its 4-byte length, then that many bytes)."""
+    num_elements = 1
+    for dim in shape:
+        num_elements *= dim
+    if datatype == "INT32":
+        return len(data) == 4 * num_elements
+    return num_elements == 1 and len(data) >= 4 and 4 + int.from_bytes(data[:4], "little") == len(data)
+
+
+def _fast_chunk(found: dict[str, bytes]) -> TokenChunk | None:
+    """The chunk of a response's raw contents by output name; None for a form left to ``chunk_from_result``
+    (an error, a missing or empty output)."""
+    ids = found.get("output_ids")
+    if ids is None or "error_kind" in found:
+        return None
+    token_ids = memoryview(ids).cast("i").tolist()
+    reason = found.get("finish_reason")
+    if reason is None:
+        return TokenChunk(token_ids)
+    num_prompt, num_cached = found.get("num_prompt_tokens"), found.get("num_cached_tokens")
+    if not num_prompt or not num_cached:
+        return None
+    return TokenChunk(
+        token_ids=token_ids,
+        finish_reason=reason[4:].decode(),
+        num_prompt_tokens=int.from_bytes(num_prompt[:4], "little", signed=True),
+        num_cached_tokens=int.from_bytes(num_cached[:4], "little", signed=True),
+    )
+
+
 def _replica_error(kind_tensor: np.ndarray, message_tensor: np.ndarray | None) -> EngineError:
     text = _text(kind_tensor)
     message = "" if message_tensor is None else _text(message_tensor)
@@ -192,12 +267,33 @@ class GenerateStream:
     async def _chunks(self) -> AsyncIterator[TokenChunk]:
         if self._call is None:
             raise RuntimeError("use GenerateStream inside `async with`")
+        responses = self.responses()
+        if responses is not None:
+            async for response in responses:
+                chunk = chunk_from_response(response)
+                self._finished = self._finished or chunk.finish_reason is not None
+                yield chunk
+            return
         async for result, error in self._call:
             if error is not None:
                 raise error
             chunk = chunk_from_result(result)
             self._finished = self._finished or chunk.finish_reason is not None
             yield chunk
+
+    def responses(self) -> AsyncIterator[Any] | None:
+        """The gRPC call's own stream of ``ModelStreamInferResponse`` protobufs (decode each with
+        ``chunk_from_response`` and report a finishing chunk with ``finished``), or None where the client's
+        stream does not expose it (then iterate the stream itself). NOTE: tritonclient's aio stream keeps
+        the call as ``_grpc_call``; reading it directly skips an ``InferResult`` per response."""
+        if self._call is None:
+            raise RuntimeError("use GenerateStream inside `async with`")
+        call = getattr(self._call, "_grpc_call", None)
+        return call if call is not None and hasattr(call, "__aiter__") else None
+
+    def finished(self) -> None:
+        """A chunk with a finish reason was read (by a caller iterating ``responses``)."""
+        self._finished = True
 
     def cancel(self) -> None:
         """Cancel the gRPC call (a no-op once the stream has ended)."""
