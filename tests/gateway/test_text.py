@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 
 from sluice.text import ChatTemplateError, TextCodec
 
@@ -128,3 +129,40 @@ def test_the_end_of_sequence_ids_come_from_config_json_when_there_is_no_generati
     expected = json.loads((dev_checkpoint / "config.json").read_text())["eos_token_id"]
     assert TextCodec.from_checkpoint(tmp_path).eos_token_ids == tuple(expected)
     assert TextCodec.from_checkpoint(dev_checkpoint).eos_token_ids  # generation_config.json's
+
+
+@pytest.fixture(scope="module")
+def reference(dev_checkpoint: Path) -> Tokenizer:
+    """The checkpoint's tokenizer as ``tokenizers`` loads it: its full decode is the reference."""
+    return Tokenizer.from_file(str(dev_checkpoint / "tokenizer.json"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(min_value=0, max_value=8191), max_size=40), data=st.data())
+def test_streamed_text_is_the_tokenizers_full_decode(
+    codec: TextCodec, reference: Tokenizer, ids: list[int], data: st.DataObject
+) -> None:
+    """Random ids, special ones included, pushed one at a time and in random runs: the pieces join to
+    what ``tokenizers`` decodes from the whole sequence (a byte split inside a character included)."""
+    whole = reference.decode(ids, skip_special_tokens=True)
+    one_by_one = codec.detokenizer()
+    assert "".join(one_by_one.push([i]) for i in ids) + one_by_one.finish() == whole
+    cuts = data.draw(st.lists(st.integers(0), max_size=8))
+    in_runs = codec.detokenizer()
+    assert "".join(in_runs.push(run) for run in _split(ids, cuts)) + in_runs.finish() == whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(
+        alphabet=st.characters(min_codepoint=0x80, max_codepoint=0x1FAFF, exclude_categories=("Cs",)),
+        max_size=12,
+    )
+)
+def test_multibyte_text_one_token_at_a_time_is_the_tokenizers_full_decode(
+    codec: TextCodec, reference: Tokenizer, text: str
+) -> None:
+    ids = codec.encode(text)
+    detok = codec.detokenizer()
+    pieces = [detok.push([i]) for i in ids] + [detok.finish()]
+    assert "".join(pieces) == reference.decode(ids, skip_special_tokens=True) == text
