@@ -75,6 +75,20 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + _ENCODER.encode(obj) + b"\n\n"
 
 
+# A text that stands for a chunk's text while its framing is cut out (``_text_frame``): encoded, it is
+# itself (no character JSON escapes), and no id, model or fingerprint holds it.
+_MARK = "\ue000sluice-chunk-text\ue001"
+
+
+def _text_frame(chunk: Any) -> tuple[bytes, bytes]:
+    """The SSE bytes of ``chunk`` (whose text is ``_MARK``) before and after its encoded text: a stream's
+    text chunks differ only there, so each is framing + the text's JSON string + framing, without a
+    chunk object per token."""
+    before, mark, after = _sse(chunk).partition(_ENCODER.encode(_MARK))
+    assert mark and _ENCODER.encode(_MARK) not in after, "the chunk's text must appear in it exactly once"
+    return before, after
+
+
 def _usage(finish: FinishEvent) -> Usage:
     return Usage(finish.prompt_tokens, finish.output_tokens, finish.prompt_tokens + finish.output_tokens)
 
@@ -83,6 +97,7 @@ def _usage(finish: FinishEvent) -> Usage:
 class ChatShape:
     def __init__(self, job: Job) -> None:
         self.job = job
+        self._frame: tuple[bytes, bytes] | None = None
 
     def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
         job = self.job
@@ -99,6 +114,12 @@ class ChatShape:
 
     def text(self, text: str) -> Any:
         return self._chunk(ChoiceDelta(content=text))
+
+    def text_sse(self, text: str) -> bytes:
+        """``_sse(self.text(text))``, byte for byte, from this stream's framing around the text."""
+        if self._frame is None:
+            self._frame = _text_frame(self.text(_MARK))
+        return self._frame[0] + _ENCODER.encode(text) + self._frame[1]
 
     def finish(self, finish: FinishEvent) -> Any:
         return self._chunk(ChoiceDelta(), finish.finish_reason)
@@ -130,6 +151,7 @@ class ChatShape:
 class CompletionShape:
     def __init__(self, job: Job) -> None:
         self.job = job
+        self._frame: tuple[bytes, bytes] | None = None
 
     def _chunk(self, text: str, finish_reason: str | None = None) -> Completion:
         job = self.job
@@ -146,6 +168,12 @@ class CompletionShape:
 
     def text(self, text: str) -> Any:
         return self._chunk(text)
+
+    def text_sse(self, text: str) -> bytes:
+        """``_sse(self.text(text))``, byte for byte, from this stream's framing around the text."""
+        if self._frame is None:
+            self._frame = _text_frame(self.text(_MARK))
+        return self._frame[0] + _ENCODER.encode(text) + self._frame[1]
 
     def finish(self, finish: FinishEvent) -> Any:
         return self._chunk("", finish.finish_reason)
@@ -222,28 +250,36 @@ async def _stream(
         raise
 
     async def body() -> AsyncIterator[bytes]:
+        # NOTE: one write per batch of chunks ready together: the opening with the first event, and the
+        # finish, usage and [DONE] (or the filter's error event) as one.
         async with aclosing(events):
             opening = shape.opening()
-            if opening is not None:
-                yield _sse(opening)
+            ready = [] if opening is None else [_sse(opening)]
             assert first is not None
             event: Event = first
             try:
                 while True:
                     if isinstance(event, TextEvent):
-                        yield _sse(shape.text(event.text))
+                        chunk = shape.text_sse(event.text)
+                        if ready:
+                            ready.append(chunk)
+                            chunk = b"".join(ready)
+                            ready.clear()
+                        yield chunk
                     else:
-                        yield _sse(shape.finish(event))
+                        ready.append(_sse(shape.finish(event)))
                         if include_usage:
-                            yield _sse(shape.usage(event))
+                            ready.append(_sse(shape.usage(event)))
                         if event.filter_message is not None:  # the terminal event of a filtered stream
-                            yield _sse(content_filtered(event.filter_message).body())
-                            return
-                        yield b"data: [DONE]\n\n"
+                            ready.append(_sse(content_filtered(event.filter_message).body()))
+                        else:
+                            ready.append(b"data: [DONE]\n\n")
+                        yield b"".join(ready)
                         return
                     event = await anext(events)
             except EngineError as exc:
-                yield _sse(engine_http_error(exc).body())  # after tokens: an error event, never a bare close
+                ready.append(_sse(engine_http_error(exc).body()))  # after tokens: an error event, not a close
+                yield b"".join(ready)
 
     headers = {**_SSE_HEADERS, **_request_headers(shape.job, timing, admitted)}
     return Stream(body(), media_type="text/event-stream", headers=headers)

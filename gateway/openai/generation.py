@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -96,6 +96,7 @@ async def generate_text(
     detok = job.target.codec.detokenizer()
     stops = StopMatcher(job.stop)
     end = _Ending()
+    deadline: _Deadline | None = None
     try:
         replay = await _admit(job, gw, end)
         if admitted is not None and replay is None:  # a replay's grant (if any) goes back unused
@@ -109,11 +110,11 @@ async def generate_text(
         end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))
         gw.metrics.in_flight.inc()
         timing.engine_start_s = time.monotonic()
+        deadline = _Deadline(job.deadline_s)
         while end.finish_reason is None:
             ended = False
             try:
-                async with asyncio.timeout(job.deadline_s - time.monotonic()):
-                    delta = await _next_delta(job, gw, end, timing)
+                delta = await deadline.wait(_next_delta(job, gw, end, timing))
             except TimeoutError:
                 end.outcome, end.finish_reason = Outcome.DEADLINE, "length"
                 emit, ended = stops.flush() + detok.finish(), True
@@ -177,6 +178,8 @@ async def generate_text(
         end.outcome, end.error = Outcome.FAILED, f"internal: {type(exc).__name__}"
         raise
     finally:
+        if deadline is not None:
+            deadline.close()
         # NOTE: shielded, so a client disconnect (a cancelled scope) cannot skip the cancel, the releases
         # or the records.
         with anyio.CancelScope(shield=True):
@@ -271,6 +274,51 @@ async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> N
         end.num_unread_tokens,
     )
     await record_request(job, gw, ended_as, timing, end.attempt, end.usage)
+
+
+class _Deadline:
+    """The request's deadline, one timer for the whole generation: while the generation waits for the
+    engine's next delta (``wait``), the deadline cancels that wait and ``wait`` raises ``TimeoutError``;
+    past it, ``wait`` raises ``TimeoutError`` at once. What ``asyncio.timeout`` around each wait would do,
+    without arming and cancelling a timer for every delta.
+
+    NOTE: the task is the one waiting now (the first event is awaited in the request's handler, the rest
+    in the response's streaming task). Like ``asyncio.timeout``, a cancellation of the task from elsewhere
+    at the same moment stays a cancellation (``uncancel`` counts it)."""
+
+    def __init__(self, deadline_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.expired = False
+        self._waiting: asyncio.Task[object] | None = None
+        self._cancelled_wait = False
+        # NOTE: on the loop's clock (the deadline is time.monotonic()'s, which asyncio's default loop uses).
+        self._timer = loop.call_at(loop.time() + (deadline_s - time.monotonic()), self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self.expired = True
+        if self._waiting is not None and not self._cancelled_wait:
+            self._cancelled_wait = True
+            self._waiting.cancel()
+
+    async def wait(self, delta: Coroutine[object, object, Delta]) -> Delta:
+        if self.expired:
+            delta.close()
+            raise TimeoutError
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        self._waiting, self._cancelled_wait = task, False
+        try:
+            return await delta
+        except asyncio.CancelledError:
+            if self._cancelled_wait and task.uncancel() <= cancelling:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiting = None
+
+    def close(self) -> None:
+        self._timer.cancel()
 
 
 async def _next_delta(job: Job, gw: GatewayState, end: _Ending, timing: Timing) -> Delta:
