@@ -44,14 +44,15 @@ DEFAULT_TOKEN_IDS = tuple(range(1000, 1064))
 
 class FakeStats:
     """Counters in shared memory, written by the fake's one thread, read by the bench process:
-    tokens and messages sent, streams begun and ended, and the histogram of the timer's lateness."""
+    tokens and messages sent, streams begun and ended, and the histogram of the timer's lateness. One
+    slot the bench writes: ``TOKENS_PER_MESSAGE`` (0: the config's), taken by each stream that starts."""
 
-    TOKENS, MESSAGES, STREAMS, ENDED, CANCELLED = range(5)
+    TOKENS, MESSAGES, STREAMS, ENDED, CANCELLED, TOKENS_PER_MESSAGE = range(6)
 
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
         # NOTE: Any: ctypes arrays of int64 (typeshed's SynchronizedArray is not what lock=False returns).
-        self.counters: Any = ctx.Array("q", 5, lock=False)
+        self.counters: Any = ctx.Array("q", 6, lock=False)
         self.late: Any = ctx.Array("q", LATE_BUCKETS, lock=False)
 
     def snapshot(self) -> tuple[list[int], list[int]]:
@@ -126,11 +127,16 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, config: FakeConfig, stats: FakeStats | None = None) -> None:
         self.config = config
         self.stats = stats
-        ids, k = config.token_ids, config.tokens_per_message
-        # Every message a stream can send, by its position in the id cycle (responses are shared).
-        self._messages = [
-            token_response([ids[(i + j) % len(ids)] for j in range(k)]) for i in range(len(ids))
-        ]
+        self._by_size: dict[int, list[Any]] = {}
+
+    def _messages(self, k: int) -> list[Any]:
+        """Every message of ``k`` tokens a stream can send, by its position in the id cycle (shared)."""
+        messages = self._by_size.get(k)
+        if messages is None:
+            ids = self.config.token_ids
+            messages = [token_response([ids[(i + j) % len(ids)] for j in range(k)]) for i in range(len(ids))]
+            self._by_size[k] = messages
+        return messages
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -152,8 +158,11 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
             return
         num_tokens = max(1, _input_int(request, "request_output_len", 16))
         num_prompt = _input_int(request, "input_lengths", 0)
-        k, period_s = self.config.tokens_per_message, self.config.interval_s * self.config.tokens_per_message
         counters = self.stats.counters if self.stats is not None else None
+        k = (
+            counters[FakeStats.TOKENS_PER_MESSAGE] if counters is not None else 0
+        ) or self.config.tokens_per_message
+        period_s, messages = self.config.interval_s * k, self._messages(k)
         late = self.stats.late if self.stats is not None else None
         if counters is not None:
             counters[FakeStats.STREAMS] += 1
@@ -173,7 +182,7 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
                     last = [ids[(sent + j) % len(ids)] for j in range(n)]
                     message = token_response(last, ("length", num_prompt, 0))
                 elif n == k:
-                    message = self._messages[sent % len(self._messages)]
+                    message = messages[sent % len(messages)]
                 else:  # pragma: no cover - only the last message is short
                     message = token_response(self.config.token_ids[:n])
                 if counters is not None and late is not None:

@@ -178,6 +178,7 @@ class LevelResult:
     period_ms: float
     fake_late_p99_ms: float
     errors: int
+    tokens_per_message: int = 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -239,6 +240,7 @@ async def run_level(
     window_s: float,
     settle_s: float,
     profile: Path | None = None,
+    tokens_per_message: int = 1,
 ) -> LevelResult:
     loop = asyncio.get_running_loop()
     stats, gaps = LoadStats(), list[float]()
@@ -299,6 +301,7 @@ async def run_level(
         period_ms=period_s * 1000,
         fake_late_p99_ms=fake_replica.late_percentile_us(late0, late1, 99) / 1000,
         errors=errors,
+        tokens_per_message=tokens_per_message,
     )
 
 
@@ -417,9 +420,10 @@ def word_token_ids(checkpoint_dir: Path) -> list[int]:
 
 
 # ----- the sweep -----
-def sweep_counts(start: int, passes: dict[int, bool], max_streams: int) -> int | None:
-    """The next stream count to try: doubling from ``start`` while every count passes, then two
-    bisections between the largest pass and the smallest failure; None when done."""
+def sweep_counts(start: int, passes: dict[int, bool], max_streams: int, bisections: int = 2) -> int | None:
+    """The next stream count to try: doubling from ``start`` while every count passes, then
+    ``bisections`` bisections between the largest pass and the smallest failure; None when done."""
+    doubling = {min(start * 2**i, max_streams) for i in range(32)}
     if not passes:
         return start
     passed = [n for n, ok in passes.items() if ok]
@@ -428,20 +432,24 @@ def sweep_counts(start: int, passes: dict[int, bool], max_streams: int) -> int |
         top = max(passed)
         return min(top * 2, max_streams) if top < max_streams else None
     low, high = max(passed, default=0), min(failed)
-    num_bisections = sum(1 for n in passes if low < n < max(failed))
     mid = (low + high) // 2
-    if num_bisections >= 2 or high - low <= max(10, high // 20) or mid in passes:
+    if sum(1 for n in passes if n not in doubling) >= bisections or high - low <= max(10, high // 20):
         return None
     return mid
 
 
-def docs_section(args: argparse.Namespace, results: list[LevelResult], command: str) -> str:
+def docs_section(
+    args: argparse.Namespace,
+    results: list[LevelResult],
+    split: tuple[LevelResult, LevelResult] | None,
+    command: str,
+) -> str:
     best = max((r for r in results if r.passes(args.max_added_p99_ms)), key=lambda r: r.streams, default=None)
     lines = [
         f"```\n{command}\n```",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {cpu_description()} (flags: {cpu_flags()}); "
-        f"{load_average()} before the run. One gateway process (`python -m gateway`, static routing, a "
+        f"{args.load_before} before the run. One gateway process (`python -m gateway`, static routing, a "
         f"tenant with safety policy none) pinned to CPU {args.gateway_cpu}; a FAKE replica "
         f"(bench/fake_replica.py: Triton's gRPC protocol, no engine, one token per {args.interval_ms:g} ms "
         f"per request, {args.tokens_per_message} token(s) per message) and the load client (closed loop, "
@@ -455,14 +463,29 @@ def docs_section(args: argparse.Namespace, results: list[LevelResult], command: 
         "| added p99 ms | fake late p99 ms | load side cores | pass |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
-    for r in sorted(results, key=lambda r: r.streams):
-        lines.append(
-            f"| {r.streams} | {r.tokens_per_s:.0f} | {r.delivered_share:.0%} | {r.gateway_cores:.2f} | "
+
+    def row(r: LevelResult, streams: str) -> str:
+        return (
+            f"| {streams} | {r.tokens_per_s:.0f} | {r.delivered_share:.0%} | {r.gateway_cores:.2f} | "
             f"{r.us_per_token:.1f} | {r.us_per_message:.1f} | {r.gap_p50_ms:.1f} | {r.gap_p99_ms:.1f} | "
             f"{r.added_p99_ms:+.1f} | {r.fake_late_p99_ms:.1f} | {r.load_side_cores:.2f} | "
             f"{'yes' if r.passes(args.max_added_p99_ms) else 'no'} |"
         )
+
+    lines.extend(row(r, str(r.streams)) for r in sorted(results, key=lambda r: r.streams))
+    if split is not None:
+        lines.append(row(split[1], f"{split[1].streams} ({split[1].tokens_per_message} tokens a message)"))
     lines.append("")
+    if split is not None:
+        per_message, per_token = per_message_and_token_us(*split)
+        lines.append(
+            f"Per message and per token (the last two rows: the same streams and tokens/s, 1 and "
+            f"{split[1].tokens_per_message} tokens a message): about **{per_message:.0f} µs of gateway CPU "
+            f"per message** (the gRPC receive, the engine client, the per-delta work, one SSE write) and "
+            f"**{per_token:.0f} µs per token** beyond it, so a replica that coalesces k tokens a message "
+            f"costs the gateway about {per_message:.0f} / k + {per_token:.0f} µs a token."
+        )
+        lines.append("")
     if best is None:
         lines.append("No stream count passed.")
     else:
@@ -483,14 +506,17 @@ def docs_section(args: argparse.Namespace, results: list[LevelResult], command: 
 
 async def sweep(
     args: argparse.Namespace, servers: Servers, port: int, stats_shm: fake_replica.FakeStats
-) -> list[LevelResult]:
+) -> tuple[list[LevelResult], tuple[LevelResult, LevelResult] | None]:
+    """The stream counts' results, and the pair (1 token a message, ``--split-tokens-per-message``) at the
+    largest passing count that splits the gateway's CPU into per-message and per-token parts."""
     request = completion_request(port, args.prompt_ids, args.max_tokens)
-    period_s = args.interval_ms / 1000 * args.tokens_per_message
     results: dict[int, LevelResult] = {}
     explicit = list(args.streams or [])
 
-    async def one(n: int, profile: Path | None = None) -> LevelResult:
+    async def one(n: int, profile: Path | None = None, tokens_per_message: int = 0) -> LevelResult:
         await wait_streams_ended(stats_shm)
+        stats_shm.counters[fake_replica.FakeStats.TOKENS_PER_MESSAGE] = tokens_per_message
+        k = tokens_per_message or args.tokens_per_message
         result = await run_level(
             n,
             port=port,
@@ -498,12 +524,14 @@ async def sweep(
             fake_pid=servers.fake_pid,
             stats_shm=stats_shm,
             request=request,
-            period_s=period_s,
+            period_s=args.interval_ms / 1000 * k,
             interval_s=args.interval_ms / 1000,
             window_s=args.window_s,
             settle_s=args.settle_s,
             profile=profile,
+            tokens_per_message=k,
         )
+        stats_shm.counters[fake_replica.FakeStats.TOKENS_PER_MESSAGE] = 0
         log(result.line())
         return result
 
@@ -512,12 +540,28 @@ async def sweep(
     if explicit:
         for i, n in enumerate(explicit):
             results[n] = await one(n, args.profile if i == len(explicit) - 1 else None)
-        return list(results.values())
-    passes: dict[int, bool] = {}
-    while (n := sweep_counts(args.start, passes, args.max_streams)) is not None:
-        results[n] = await one(n)
-        passes[n] = results[n].passes(args.max_added_p99_ms)
-    return list(results.values())
+    else:
+        passes: dict[int, bool] = {}
+        while (n := sweep_counts(args.start, passes, args.max_streams)) is not None:
+            results[n] = await one(n)
+            passes[n] = results[n].passes(args.max_added_p99_ms)
+    passing = [r for r in results.values() if r.passes(args.max_added_p99_ms)] or list(results.values())
+    split = None
+    if args.split_tokens_per_message > 1 and passing:
+        base = max(passing, key=lambda r: r.streams)
+        split = (base, await one(base.streams, tokens_per_message=args.split_tokens_per_message))
+    return list(results.values()), split
+
+
+def per_message_and_token_us(one: LevelResult, several: LevelResult) -> tuple[float, float]:
+    """(µs per message, µs per token) solving cpu = a x messages + b x tokens for two runs at the same
+    streams and tokens/s, one token a message and several."""
+    m1, t1, c1 = one.messages, one.tokens, one.gateway_cpu_s * 1e6
+    m2, t2, c2 = several.messages, several.tokens, several.gateway_cpu_s * 1e6
+    det = m1 * t2 - m2 * t1
+    if det == 0:
+        return float("nan"), float("nan")
+    return (c1 * t2 - c2 * t1) / det, (m1 * c2 - m2 * c1) / det
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,6 +576,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, default=12.0)
     ap.add_argument("--settle-s", type=float, default=3.0)
     ap.add_argument("--max-added-p99-ms", type=float, default=5.0)
+    ap.add_argument(
+        "--split-tokens-per-message",
+        type=int,
+        default=4,
+        help="after the sweep, the largest passing count again at this many tokens a message (0: not)",
+    )
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpus", type=int, nargs="+", default=[1])
     ap.add_argument("--checkpoint-dir", type=Path, default=REPO_ROOT / ".sluice" / "models" / MODEL)
@@ -552,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     args.token_ids = word_token_ids(args.checkpoint_dir)
     args.prompt_ids = (args.token_ids * (args.prompt_tokens // len(args.token_ids) + 1))[: args.prompt_tokens]
     os.sched_setaffinity(0, set(args.load_cpus))
+    args.load_before = load_average()
     prepare_state(args.checkpoint_dir)
     port, fake_port = StackPorts.free().gateway, StackPorts.free().triton_grpc
     stats_shm = fake_replica.FakeStats()
@@ -561,14 +612,14 @@ def main(argv: list[str] | None = None) -> int:
     servers = start_servers(args, port, fake_port, stats_shm)
     log(f"gateway on CPU {args.gateway_cpu} (pid {servers.gateway.pid}), fake replica pid {servers.fake_pid}")
     try:
-        results = asyncio.run(sweep(args, servers, port, stats_shm))
+        results, split = asyncio.run(sweep(args, servers, port, stats_shm))
     finally:
         stop_servers(servers)
     if args.write_docs:
-        write_section("gateway-capacity", docs_section(args, results, command.rstrip()))
+        write_section("gateway-capacity", docs_section(args, results, split, command.rstrip()))
         log("wrote the gateway-capacity section of docs/benchmarks.md")
     else:
-        print(docs_section(args, results, command.rstrip()))
+        print(docs_section(args, results, split, command.rstrip()))
     return 0
 
 
