@@ -45,7 +45,8 @@ DEFAULT_TOKEN_IDS = tuple(range(1000, 1064))
 class FakeStats:
     """Counters in shared memory, written by the fake's one thread, read by the bench process:
     tokens and messages sent, streams begun and ended, and the histogram of the timer's lateness. One
-    slot the bench writes: ``TOKENS_PER_MESSAGE`` (0: the config's), taken by each stream that starts."""
+    slot the bench writes: ``TOKENS_PER_MESSAGE`` (0: the config's), taken by each stream that starts, at
+    the config's message period."""
 
     TOKENS, MESSAGES, STREAMS, ENDED, CANCELLED, TOKENS_PER_MESSAGE = range(6)
 
@@ -159,10 +160,13 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
         num_tokens = max(1, _input_int(request, "request_output_len", 16))
         num_prompt = _input_int(request, "input_lengths", 0)
         counters = self.stats.counters if self.stats is not None else None
+        # NOTE: the message period stays the config's when the bench sets the tokens a message: more
+        # tokens at the same message rate (what separates a message's cost from a token's).
+        period_s = self.config.interval_s * self.config.tokens_per_message
         k = (
             counters[FakeStats.TOKENS_PER_MESSAGE] if counters is not None else 0
         ) or self.config.tokens_per_message
-        period_s, messages = self.config.interval_s * k, self._messages(k)
+        messages = self._messages(k)
         late = self.stats.late if self.stats is not None else None
         if counters is not None:
             counters[FakeStats.STREAMS] += 1

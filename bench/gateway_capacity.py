@@ -352,6 +352,7 @@ def gateway_env(port: int, fake_port: int, checkpoint_dir: Path) -> dict[str, st
         "SLUICE_ITL_TARGET_MS": "10000",
         "SLUICE_MAX_WAITING_PER_REPLICA": "10000",
         "SLUICE_REQUEST_DEADLINE_S": "600",
+        "SLUICE_MAX_OUTPUT_TOKENS": "100000",  # the split's longer requests
         "SLUICE_BATCH_RUNNER": "false",
     }
 
@@ -479,11 +480,11 @@ def docs_section(
     if split is not None:
         per_message, per_token = per_message_and_token_us(*split)
         lines.append(
-            f"Per message and per token (the last two rows: the same streams and tokens/s, 1 and "
-            f"{split[1].tokens_per_message} tokens a message): about **{per_message:.0f} µs of gateway CPU "
-            f"per message** (the gRPC receive, the engine client, the per-delta work, one SSE write) and "
-            f"**{per_token:.0f} µs per token** beyond it, so a replica that coalesces k tokens a message "
-            f"costs the gateway about {per_message:.0f} / k + {per_token:.0f} µs a token."
+            f"Per message and per token (the last two rows: the same streams, messages/s and requests/s, "
+            f"1 and {split[1].tokens_per_message} tokens a message): about **{per_message:.0f} µs of "
+            f"gateway CPU per message** (the gRPC receive, the engine client, the per-delta work, one SSE "
+            f"write) and **{per_token:.0f} µs per token** beyond it, so a replica that coalesces k tokens "
+            f"a message costs the gateway about {per_message:.0f} / k + {per_token:.0f} µs a token."
         )
         lines.append("")
     if best is None:
@@ -509,11 +510,17 @@ async def sweep(
 ) -> tuple[list[LevelResult], tuple[LevelResult, LevelResult] | None]:
     """The stream counts' results, and the pair (1 token a message, ``--split-tokens-per-message``) at the
     largest passing count that splits the gateway's CPU into per-message and per-token parts."""
-    request = completion_request(port, args.prompt_ids, args.max_tokens)
+    requests = {
+        k: completion_request(port, args.prompt_ids, args.max_tokens * k)
+        for k in {1, max(1, args.split_tokens_per_message)}
+    }
+    period_s = args.interval_ms / 1000 * args.tokens_per_message
     results: dict[int, LevelResult] = {}
     explicit = list(args.streams or [])
 
     async def one(n: int, profile: Path | None = None, tokens_per_message: int = 0) -> LevelResult:
+        """``n`` streams; ``tokens_per_message``: that many tokens in each of the fake's messages, at the
+        same message period (and requests as many times longer, so requests/s stay the same too)."""
         await wait_streams_ended(stats_shm)
         stats_shm.counters[fake_replica.FakeStats.TOKENS_PER_MESSAGE] = tokens_per_message
         k = tokens_per_message or args.tokens_per_message
@@ -523,9 +530,9 @@ async def sweep(
             gateway_pid=servers.gateway.pid,
             fake_pid=servers.fake_pid,
             stats_shm=stats_shm,
-            request=request,
-            period_s=args.interval_ms / 1000 * k,
-            interval_s=args.interval_ms / 1000,
+            request=requests[tokens_per_message or 1],
+            period_s=period_s,
+            interval_s=period_s / k,
             window_s=args.window_s,
             settle_s=args.settle_s,
             profile=profile,
@@ -555,7 +562,7 @@ async def sweep(
 
 def per_message_and_token_us(one: LevelResult, several: LevelResult) -> tuple[float, float]:
     """(µs per message, µs per token) solving cpu = a x messages + b x tokens for two runs at the same
-    streams and tokens/s, one token a message and several."""
+    streams, messages/s and requests/s, one token a message and several."""
     m1, t1, c1 = one.messages, one.tokens, one.gateway_cpu_s * 1e6
     m2, t2, c2 = several.messages, several.tokens, several.gateway_cpu_s * 1e6
     det = m1 * t2 - m2 * t1
