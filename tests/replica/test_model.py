@@ -133,6 +133,8 @@ class FakeMetricFamily:
 
 YIELD_SEND_INTERVAL_MS = 30
 SEND_BUDGET_MS = 25
+# A hold is let go up to one engine step early (a step of one or two sequences takes a few ms).
+MAX_STEP_S = 0.010
 
 
 def fake_pb_utils() -> types.ModuleType:
@@ -243,11 +245,13 @@ def test_a_stream_within_its_send_budget_leaves_once_per_budget_with_what_it_mad
     token_sends = [t for (r, _), t in zip(request.sender.sent, request.sender.sent_at_s, strict=True) if r]
     held = token_sends[1:-1]  # after the first token, before the one carrying the end
     gaps_s = [b - a for a, b in itertools.pairwise(token_sends[:-1])]
-    assert held and min(gaps_s) >= SEND_BUDGET_MS / 1000 * 0.99  # the wait's own clock granularity
+    assert held and min(gaps_s) >= SEND_BUDGET_MS / 1000 - MAX_STEP_S  # let go up to a step early
     assert max(len(c) for c in chunks) > 1
 
 
-def test_a_stream_that_ends_is_not_held_for_its_budget(dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stream_that_ends_is_not_held_for_its_budget(
+    dev_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loaded = _loaded_model(dev_checkpoint, monkeypatch, send_budget_ms="60000", max_responses_per_s="0.001")
     model = next(loaded)
     try:
@@ -341,7 +345,8 @@ def test_a_flood_next_to_a_quiet_stream_is_sent_in_fuller_responses_at_most_once
     token_sends = [t for (r, _), t in zip(flood.sender.sent, flood.sender.sent_at_s, strict=True) if r]
     held = token_sends[:-1]  # the last one carries the end: sent at once
     gaps_s = [b - a for a, b in itertools.pairwise(held)]
-    assert gaps_s and min(gaps_s) >= YIELD_SEND_INTERVAL_MS / 1000  # each held since the one before
+    # Each held since the one before, but let go up to a step early: it would carry nothing more by waiting.
+    assert gaps_s and min(gaps_s) >= YIELD_SEND_INTERVAL_MS / 1000 - MAX_STEP_S
     assert max(len(c) for c in chunks) > 1
     assert len(chunks[0]) == 1  # the first token left at once
     quiet.cancelled = True

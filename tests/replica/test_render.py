@@ -130,7 +130,9 @@ def test_a_rendered_replica_keeps_the_itl_target_by_default(tmp_path: Path) -> N
         CpuEngineModelSettings(checkpoint_dir=tmp_path, max_responses_per_s=0.0)
 
 
-def test_the_cli_splits_the_itl_target_and_takes_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_splits_the_itl_target_and_takes_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     checkpoint = _checkpoint(tmp_path)
 
     def parameters(*flags: str) -> dict[str, str]:
@@ -150,7 +152,8 @@ def test_the_cli_splits_the_itl_target_and_takes_overrides(tmp_path: Path, monke
         split = parameters("--itl-target-ms", "50")
         assert (split["target_step_ms"], split["send_budget_ms"]) == ("25.0", "25.0")
         off = parameters("--target-step-ms", "none", "--send-budget-ms", "0", "--max-responses-per-s", "500")
-        assert (off["target_step_ms"], off["send_budget_ms"], off["max_responses_per_s"]) == ("", "0.0", "500.0")
+        found = (off["target_step_ms"], off["send_budget_ms"], off["max_responses_per_s"])
+        assert found == ("", "0.0", "500.0")
     finally:
         get_settings.cache_clear()
 

@@ -128,7 +128,7 @@ def test_the_send_budget_grows_with_the_live_streams_up_to_its_cap() -> None:
     budget = SendBudget(max_interval_s=0.25, max_responses_per_s=64.0)  # binary fractions: exact sums
     assert budget.interval_s(1) == 1 / 64  # nearly alone: about one response per token
     assert budget.interval_s(8) == 0.125  # the replica's responses stay at max_responses_per_s ...
-    assert budget.interval_s(16) == budget.interval_s(1000) == 0.25  # ... until the cap: the ITL target's share
+    assert budget.interval_s(16) == budget.interval_s(1000) == 0.25  # ... until the cap (the ITL target's)
 
 
 def test_the_send_budget_holds_a_stream_only_after_its_first_token() -> None:

@@ -9,7 +9,10 @@ Threads and what they own:
   each dirty stream the tokens produced since its last response, higher engine priority first and,
   within one, streams still owed their first token first (``SendQueue``). A stream that has its first
   token waits up to its send budget (``SendBudget``: one response per inter-token budget at load, each
-  token at once nearly alone) so that a response carries every token its stream made meanwhile. Once per engine step it asks Triton
+  token at once nearly alone) so that a response carries every token its stream made meanwhile. Tokens
+  are made at step ends only, so a held stream due before the next step ends leaves with this step's
+  sends: it would carry nothing more by waiting, and the responses of a step leave together (each hop
+  then reads and writes them in fewer wake-ups). Once per engine step it asks Triton
   whether its requests were cancelled, all of them or a rotating slice (``CancelSweep``), aborting
   those in the engine.
 - One metrics thread copies engine stats into Triton's metrics every ``stats_interval_ms`` (a gauge only
@@ -199,6 +202,9 @@ class _Sender:
         self._budget = budget
         self._held: list[tuple[float, str]] = []  # (due_s, request_id): a heap of streams the pacer holds
         self._held_ids: set[str] = set()
+        self._released_ids: set[str] = set()  # let go of before their due time: sent as they are
+        self._step_s = 0.0  # the engine's recent step time: how far ahead a hold is let go
+        self._seen_steps, self._seen_step_ms_sum = 0, 0.0
         self._last_check_step, self._last_check_s = -1, 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -275,13 +281,24 @@ class _Sender:
         return top_of_other_tenants(live)
 
     def _release_held(self) -> list[str]:
-        """The held streams whose time has come, no longer held."""
-        now_s, released = time.monotonic(), []
-        while self._held and self._held[0][0] <= now_s:
+        """The held streams due before the engine's next step would end, no longer held."""
+        horizon_s, released = time.monotonic() + self._recent_step_s(), []
+        while self._held and self._held[0][0] <= horizon_s:
             request_id = heapq.heappop(self._held)[1]
-            self._held_ids.discard(request_id)
-            released.append(request_id)
+            if request_id in self._held_ids:
+                self._held_ids.discard(request_id)
+                self._released_ids.add(request_id)
+                released.append(request_id)
         return released
+
+    def _recent_step_s(self) -> float:
+        """The engine's mean step time over the steps since the last look (kept while none ran)."""
+        stats = self._engine.stats()
+        num_steps = stats.num_steps_total - self._seen_steps
+        if num_steps > 0:
+            self._step_s = (stats.step_ms_sum - self._seen_step_ms_sum) / num_steps / 1000.0
+            self._seen_steps, self._seen_step_ms_sum = stats.num_steps_total, stats.step_ms_sum
+        return self._step_s
 
     def _flush(self, request_id: str, top_of_others: Callable[[str], int | None]) -> None:
         with self._lock:
@@ -291,13 +308,16 @@ class _Sender:
         if live.streaming and not live.stream.has_ended():
             if request_id in self._held_ids:
                 return  # it leaves when its hold ends, with what it makes until then
-            due_s = self._hold_until(live, top_of_others(live.tenant))
+            released = request_id in self._released_ids
+            self._released_ids.discard(request_id)
+            due_s = None if released else self._hold_until(live, top_of_others(live.tenant))
             if due_s is not None:
                 self._held_ids.add(request_id)
                 heapq.heappush(self._held, (due_s, request_id))
                 return
         else:
             self._held_ids.discard(request_id)  # its end leaves now (its heap entry finds it gone)
+            self._released_ids.discard(request_id)
         delta = live.stream.take_nowait()
         if delta is None:
             return
