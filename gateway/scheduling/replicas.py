@@ -13,6 +13,7 @@ registry and the routing table drains it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -28,6 +29,8 @@ from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 # the deltas of its requests, as this gateway reads them (a client sees the same gaps), recomputed after
 # this many new gaps (a sort of the window), not on every dispatch.
 _GAPS_PER_ESTIMATE = 16
+
+log = logging.getLogger(__name__)
 _UNKNOWN_KV_TOKENS = 2**62
 _READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer: suspended again
 
@@ -144,6 +147,11 @@ class ReplicaView:
         self._num_gaps_unjudged = 0
         cap = next_running_cap(self.running_cap, len(self.slots), self.itl_ms, self.bound)
         grew = self.running_cap is not None and cap is not None and cap > self.running_cap
+        if cap != self.running_cap:
+            log.debug(
+                "replica %s: running cap %s -> %s (%d running, inter-token p95 %.1f ms)",
+                self.engine.replica, self.running_cap, cap, len(self.slots), self.itl_ms,
+            )  # fmt: skip
         self.running_cap = cap
         return grew
 

@@ -4,11 +4,15 @@ adaptive batch size bounded by a target inter-token latency").
 More sequences make every step, and every stream's gaps, longer; on shared cores they also make more
 responses for the serving path to carry. So a replica's running cap follows the p95 of the gaps its
 streams leave (``ReplicaLoad.itl_ms``): when it is over the target, the cap drops at once to the running
-count scaled by target / p95 (the batch that would have met it, were gaps proportional to the batch);
-while it is under ``grow_below_fraction`` of the target and the cap is what holds the batch back, the
-cap grows by one. What does not fit waits in the fair queue, where the order is decided, instead of every
-stream slowing together. Both moves wait until the gaps they are judged on were left after the previous
-move (``BatchBound.num_gaps_between_moves``), so one slow window is not cut twice.
+count scaled by target / p95 (the batch that would have met it, were gaps proportional to the batch), but
+by at most ``max_cut_fraction`` at a time (a window's p95 is noisy on shared cores: one bad window must
+not halve the batch); while it is under ``grow_below_fraction`` of the target and the cap is what holds
+the batch back, the cap grows towards the batch that would just meet that fraction, by at most
+``max_growth_factor`` and at least one (a cut made on a burst of long gaps, a batch of prefills say, is
+won back in a few windows, not one request at a time). What does not fit waits in the fair queue, where
+the order is decided, instead of every stream slowing together. Both moves wait until the gaps they are
+judged on were left after the previous move (``BatchBound.num_gaps_between_moves``), so one slow window
+is not cut twice.
 
 Pure: the owner of a replica's view keeps the cap (``None``: not bounded yet) and feeds it each new p95.
 """
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 class BatchBound:
     itl_target_ms: float = 40.0
     grow_below_fraction: float = 0.9  # the cap grows only while the p95 is under this share of the target
+    max_growth_factor: float = 1.25  # per judgement
+    max_cut_fraction: float = 0.25  # per judgement
     # The cap is judged once per this many gaps, on those gaps alone: about 0.1-0.3 s of a busy replica.
     num_gaps_between_moves: int = 256
 
@@ -31,14 +37,18 @@ class BatchBound:
             raise ValueError("itl_target_ms must be > 0 and grow_below_fraction in (0, 1]")
         if self.num_gaps_between_moves < 1:
             raise ValueError("num_gaps_between_moves must be >= 1")
+        if self.max_growth_factor < 1 or not 0 < self.max_cut_fraction < 1:
+            raise ValueError("max_growth_factor must be >= 1 and max_cut_fraction in (0, 1)")
 
 
 def next_running_cap(cap: int | None, num_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
     """The replica's running cap after a p95 of ``itl_p95_ms`` with ``num_running`` requests running."""
     if itl_p95_ms > bound.itl_target_ms:
-        scaled = max(1, math.floor(num_running * bound.itl_target_ms / itl_p95_ms))
+        factor = max(1 - bound.max_cut_fraction, bound.itl_target_ms / itl_p95_ms)
+        scaled = max(1, math.floor(num_running * factor))
         return scaled if cap is None else min(cap, scaled)
-    under = itl_p95_ms < bound.grow_below_fraction * bound.itl_target_ms
-    if cap is not None and num_running >= cap and under:
-        return cap + 1
+    grow_below_ms = bound.grow_below_fraction * bound.itl_target_ms
+    if cap is not None and num_running >= cap and itl_p95_ms < grow_below_ms:
+        scaled = math.floor(cap * min(bound.max_growth_factor, grow_below_ms / max(itl_p95_ms, 1e-9)))
+        return max(cap + 1, scaled)
     return cap

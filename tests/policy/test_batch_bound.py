@@ -17,16 +17,18 @@ from sluice.policy.dispatch import (
 BOUND = BatchBound(itl_target_ms=40.0, grow_below_fraction=0.9)
 
 
-def test_over_the_target_the_cap_drops_at_once_to_the_batch_that_would_have_met_it() -> None:
-    assert next_running_cap(None, 64, 80.0, BOUND) == 32  # 64 x 40 / 80
-    assert next_running_cap(50, 64, 80.0, BOUND) == 32
-    assert next_running_cap(20, 64, 80.0, BOUND) == 20  # never up while over the target
+def test_over_the_target_the_cap_drops_at_once_towards_the_batch_that_would_have_met_it() -> None:
+    assert next_running_cap(None, 64, 50.0, BOUND) == 51  # 64 x 40 / 50
+    assert next_running_cap(None, 64, 80.0, BOUND) == 48  # 64 x 40 / 80 = 32, but at most a quarter off
+    assert next_running_cap(50, 64, 45.0, BOUND) == 50  # 64 x 40 / 45 = 56: never up while over
     assert next_running_cap(None, 1, 4000.0, BOUND) == 1  # at least one
 
 
-def test_under_the_target_the_cap_grows_by_one_only_while_it_holds_the_batch_back() -> None:
-    assert next_running_cap(32, 32, 30.0, BOUND) == 33
-    assert next_running_cap(32, 20, 30.0, BOUND) == 32  # not what holds the batch back
+def test_under_the_target_the_cap_grows_only_while_it_holds_the_batch_back() -> None:
+    assert next_running_cap(32, 32, 18.0, BOUND) == 40  # far under: by the growth factor (x1.25) at most
+    assert next_running_cap(32, 32, 34.0, BOUND) == 33  # just under 90 %: 32 x 36 / 34 = 33.9
+    assert next_running_cap(3, 3, 35.9, BOUND) == 4  # at least one
+    assert next_running_cap(32, 20, 18.0, BOUND) == 32  # not what holds the batch back
     assert next_running_cap(32, 32, 37.0, BOUND) == 32  # between 90 % of the target and the target: hold
     assert next_running_cap(None, 64, 10.0, BOUND) is None  # never bounded: nothing to grow
 
@@ -38,6 +40,10 @@ def test_bad_bounds_are_refused() -> None:
         BatchBound(grow_below_fraction=1.5)
     with pytest.raises(ValueError):
         BatchBound(num_gaps_between_moves=0)
+    with pytest.raises(ValueError):
+        BatchBound(max_growth_factor=0.5)
+    with pytest.raises(ValueError):
+        BatchBound(max_cut_fraction=1.0)
 
 
 def _load(num_running: int, cap: int | None, itl_ms: float | None = 80.0, **kw: object) -> ReplicaLoad:
