@@ -247,6 +247,28 @@ async def test_checkpoints_of_many_streams_share_fsyncs(tmp_path: Path) -> None:
     assert sorted(r.output_tokens for _, r in left if r.status is Outcome.GATEWAY_LOST) == [640] * 50
 
 
+async def test_checkpoints_arriving_one_at_a_time_wait_for_company(tmp_path: Path) -> None:
+    """Unawaited lines trickling in (streams' checkpoints, one every few ms, each alone in the queue) share
+    a write each lazy_flush_s rather than each paying a thread hand-off and an fsync; they reach the disk
+    within about lazy_flush_s without anything awaited, and an awaited line takes them along at once."""
+    fsync = CountingFsync()
+    box, _ = await opened(tmp_path, fsync=fsync, lazy_flush_s=0.05)
+    seqs = [await box.append_open(rec(i, output_tokens=0)) for i in range(3)]
+    before = fsync.num_calls
+    for n in range(1, 41):  # 40 checkpoints over ~0.2 s
+        box.checkpoint(seqs[n % 3], n, T0)
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+    assert 1 <= fsync.num_calls - before <= 10, fsync.num_calls - before
+    assert sum(b'"ckpt"' in line for line in (tmp_path / FILE_NAME).read_bytes().splitlines()) == 40
+    box.checkpoint(seqs[0], 100, T0)
+    await box.append(rec(0, output_tokens=100), seqs[0])  # durable now, the checkpoint before it too
+    assert b'"output_tokens":100,"at"' in (tmp_path / FILE_NAME).read_bytes()
+    box.mark_done(seqs[0])
+    await box.close()  # a line still waiting for company is written at close
+    assert (tmp_path / FILE_NAME).read_bytes().endswith(b'{"seq":%d,"done":true}\n' % seqs[0])
+
+
 def test_open_requests_and_their_checkpoints_survive_kill_9(tmp_path: Path) -> None:
     """A process opens a request, checkpoints it and is SIGKILLed: a new one bills it as gateway_lost."""
     script = textwrap.dedent(
