@@ -23,6 +23,10 @@ At each stream count the run ramps up, settles, then measures over ``--window-s`
 
 A stream count passes when added p99 < ``--max-added-p99-ms`` (5), at least 97% of the offered tokens
 arrive and no request failed. The sweep doubles from ``--start`` while it passes, then bisects twice.
+Then the largest passing count runs twice more, to split the gateway's CPU into per message, per token
+and per request (``per_message_token_request_us``): with ``--split-tokens-per-message`` tokens in each of
+the fake's messages at the same message rate (requests as many times longer), and with requests a
+quarter as long.
 
     flock /tmp/sluice-bench.lock .venv/bin/python -m bench.gateway_capacity            # sweep, ~3 min
     flock /tmp/sluice-bench.lock .venv/bin/python -m bench.gateway_capacity --streams 200 --window-s 10
@@ -42,9 +46,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+
+import numpy as np
 
 from bench import fake_replica
 from bench.cpu_split import CLOCK_TICKS_PER_S, process_cpu_s
@@ -168,6 +175,7 @@ class LevelResult:
     wall_s: float
     tokens: int
     messages: int
+    requests: int  # streams the fake began in the window
     offered_tokens_per_s: float
     gateway_cpu_s: float
     gateway_system_s: float
@@ -291,6 +299,7 @@ async def run_level(
         wall_s=wall_s,
         tokens=counters1[fake_replica.FakeStats.TOKENS] - counters0[fake_replica.FakeStats.TOKENS],
         messages=counters1[fake_replica.FakeStats.MESSAGES] - counters0[fake_replica.FakeStats.MESSAGES],
+        requests=counters1[fake_replica.FakeStats.STREAMS] - counters0[fake_replica.FakeStats.STREAMS],
         offered_tokens_per_s=streams / interval_s,
         gateway_cpu_s=gw1 - gw0,
         gateway_system_s=sys1 - sys0,
@@ -442,7 +451,7 @@ def sweep_counts(start: int, passes: dict[int, bool], max_streams: int, bisectio
 def docs_section(
     args: argparse.Namespace,
     results: list[LevelResult],
-    split: tuple[LevelResult, LevelResult] | None,
+    split: tuple[LevelResult, LevelResult, LevelResult] | None,
     command: str,
 ) -> str:
     best = max((r for r in results if r.passes(args.max_added_p99_ms)), key=lambda r: r.streams, default=None)
@@ -475,16 +484,21 @@ def docs_section(
 
     lines.extend(row(r, str(r.streams)) for r in sorted(results, key=lambda r: r.streams))
     if split is not None:
-        lines.append(row(split[1], f"{split[1].streams} ({split[1].tokens_per_message} tokens a message)"))
+        k = split[1].tokens_per_message
+        lines.append(row(split[1], f"{split[1].streams}, {k} tokens a message"))
+        lines.append(row(split[2], f"{split[2].streams}, requests 1/4 as long"))
     lines.append("")
     if split is not None:
-        per_message, per_token = per_message_and_token_us(*split)
+        per_message, per_token, per_request = per_message_token_request_us(split)
         lines.append(
-            f"Per message and per token (the last two rows: the same streams, messages/s and requests/s, "
-            f"1 and {split[1].tokens_per_message} tokens a message): about **{per_message:.0f} µs of "
-            f"gateway CPU per message** (the gRPC receive, the engine client, the per-delta work, one SSE "
-            f"write) and **{per_token:.0f} µs per token** beyond it, so a replica that coalesces k tokens "
-            f"a message costs the gateway about {per_message:.0f} / k + {per_token:.0f} µs a token."
+            f"Per message, token and request (the largest passing count three ways: as swept; {k} tokens in "
+            f"each message at the same message rate and requests {k}x as long; requests "
+            f"{max(1, args.max_tokens // 4)} tokens long): about **{per_message:.0f} µs of gateway CPU per "
+            f"message** (the gRPC receive, the engine client, the per-delta work, one SSE write), "
+            f"**{per_token:.1f} µs per token** beyond it, and **{per_request / 1000:.1f} ms per request** "
+            f"(admission, dispatch, usage and telemetry records, the HTTP exchange). So a stream of n tokens "
+            f"sent k to a message costs the gateway about {per_message:.0f} n / k + {per_token:.1f} n + "
+            f"{per_request:.0f} µs."
         )
         lines.append("")
     if best is None:
@@ -507,18 +521,21 @@ def docs_section(
 
 async def sweep(
     args: argparse.Namespace, servers: Servers, port: int, stats_shm: fake_replica.FakeStats
-) -> tuple[list[LevelResult], tuple[LevelResult, LevelResult] | None]:
+) -> tuple[list[LevelResult], tuple[LevelResult, LevelResult, LevelResult] | None]:
     """The stream counts' results, and the pair (1 token a message, ``--split-tokens-per-message``) at the
     largest passing count that splits the gateway's CPU into per-message and per-token parts."""
     requests = {
         k: completion_request(port, args.prompt_ids, args.max_tokens * k)
         for k in {1, max(1, args.split_tokens_per_message)}
     }
+    shorter = completion_request(port, args.prompt_ids, max(1, args.max_tokens // 4))
     period_s = args.interval_ms / 1000 * args.tokens_per_message
     results: dict[int, LevelResult] = {}
     explicit = list(args.streams or [])
 
-    async def one(n: int, profile: Path | None = None, tokens_per_message: int = 0) -> LevelResult:
+    async def one(
+        n: int, profile: Path | None = None, tokens_per_message: int = 0, short: bool = False
+    ) -> LevelResult:
         """``n`` streams; ``tokens_per_message``: that many tokens in each of the fake's messages, at the
         same message period (and requests as many times longer, so requests/s stay the same too)."""
         await wait_streams_ended(stats_shm)
@@ -530,7 +547,7 @@ async def sweep(
             gateway_pid=servers.gateway.pid,
             fake_pid=servers.fake_pid,
             stats_shm=stats_shm,
-            request=requests[tokens_per_message or 1],
+            request=shorter if short else requests[tokens_per_message or 1],
             period_s=period_s,
             interval_s=period_s / k,
             window_s=args.window_s,
@@ -556,19 +573,22 @@ async def sweep(
     split = None
     if args.split_tokens_per_message > 1 and passing:
         base = max(passing, key=lambda r: r.streams)
-        split = (base, await one(base.streams, tokens_per_message=args.split_tokens_per_message))
+        several = await one(base.streams, tokens_per_message=args.split_tokens_per_message)
+        split = (base, several, await one(base.streams, short=True))
     return list(results.values()), split
 
 
-def per_message_and_token_us(one: LevelResult, several: LevelResult) -> tuple[float, float]:
-    """(µs per message, µs per token) solving cpu = a x messages + b x tokens for two runs at the same
-    streams, messages/s and requests/s, one token a message and several."""
-    m1, t1, c1 = one.messages, one.tokens, one.gateway_cpu_s * 1e6
-    m2, t2, c2 = several.messages, several.tokens, several.gateway_cpu_s * 1e6
-    det = m1 * t2 - m2 * t1
-    if det == 0:
-        return float("nan"), float("nan")
-    return (c1 * t2 - c2 * t1) / det, (m1 * c2 - m2 * c1) / det
+def per_message_token_request_us(runs: Sequence[LevelResult]) -> tuple[float, float, float]:
+    """(µs per message, per token, per request) solving cpu = a x messages + b x tokens + r x requests
+    over three runs at the same streams: one token a message, several at the same message rate, and one
+    token a message in requests a quarter as long (the same messages, four times the requests)."""
+    matrix = np.array([[r.messages, r.tokens, r.requests] for r in runs], dtype=float)
+    cpu_us = np.array([r.gateway_cpu_s * 1e6 for r in runs])
+    try:
+        a, b, r = np.linalg.solve(matrix, cpu_us)
+    except np.linalg.LinAlgError:
+        return float("nan"), float("nan"), float("nan")
+    return float(a), float(b), float(r)
 
 
 def main(argv: list[str] | None = None) -> int:
