@@ -46,6 +46,7 @@ import httpx
 
 from bench import plots
 from bench.report import cpu_description, cpu_flags, load_average, pct, write_measured
+from sluice.settings import ITL_TARGET_MS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLOT = REPO_ROOT / "docs" / "img" / "noisy-tenant.png"
@@ -285,7 +286,7 @@ async def run(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         await asyncio.gather(*flooders)
         flood_s = time.perf_counter() - began
         flood_cpu_s = _cpu_s(resource.RUSAGE_SELF) - cpu_began
-    itl_target_ms = float(os.environ.get("SLUICE_ITL_TARGET_MS", "50"))
+    itl_target_ms = float(os.environ.get("SLUICE_ITL_TARGET_MS", ITL_TARGET_MS))
     ttft_bound_ms = max(3 * pct(unloaded.ttft_ms, 95), 250.0)
     met = pct(flooded.ttft_ms, 95) < ttft_bound_ms and pct(flooded.gaps_ms, 95) < itl_target_ms
     views = [read_gateway_view(args.telemetry, t.request_ids) for t in (unloaded, flooded)]
