@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from math import prod
 from types import TracebackType
 from typing import Any
 
@@ -168,7 +169,18 @@ def chunk_from_response(response: Any) -> TokenChunk:
             datatype = _FAST_DATATYPES.get(name)
             if datatype is None or name in found:  # not read (sequence_length), or a repeat: the first counts
                 continue
-            if output.datatype != datatype or not _whole(output.shape, datatype, data):
+            if output.datatype != datatype:
+                break
+            # Exactly the elements the shape says (else the generic decoder's reshape decides): INT32, 4
+            # bytes each; BYTES, read here only as one element (a 4-byte length, then that many bytes).
+            if datatype == "INT32":
+                if len(data) != 4 * prod(output.shape):
+                    break
+            elif (
+                prod(output.shape) != 1
+                or len(data) < 4
+                or 4 + int.from_bytes(data[:4], "little") != len(data)
+            ):
                 break
             found[name] = data
         else:
@@ -176,17 +188,6 @@ def chunk_from_response(response: Any) -> TokenChunk:
             if chunk is not None:
                 return chunk
     return chunk_from_result(InferResult(infer))
-
-
-def _whole(shape: Sequence[int], datatype: str, data: bytes) -> bool:
-    """Whether ``data`` holds exactly the elements ``shape`` says: INT32, 4 bytes each; BYTES, read here
-    only as one element (its 4-byte length, then that many bytes)."""
-    num_elements = 1
-    for dim in shape:
-        num_elements *= dim
-    if datatype == "INT32":
-        return len(data) == 4 * num_elements
-    return num_elements == 1 and len(data) >= 4 and 4 + int.from_bytes(data[:4], "little") == len(data)
 
 
 def _fast_chunk(found: dict[str, bytes]) -> TokenChunk | None:
