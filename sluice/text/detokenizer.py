@@ -7,10 +7,10 @@ completes it. Bytes that can never be valid UTF-8 become U+FFFD, as ``bytes.deco
 would; ``finish`` flushes a tail left incomplete at the end the same way. So the concatenation of every
 piece equals ``b"".join(token bytes).decode("utf-8", "replace")``, however the ids are split.
 
-NOTE: ``tokenizers.decoders.DecodeStream`` (tokenizers 0.21+) was measured against this (docs/benchmarks.md,
-"gateway-capacity"): about 0.5 µs a token against this one's 0.4, and it drops an incomplete UTF-8 tail
-at the end of a sequence where this one sends U+FFFD (4 of 300 random id sequences differed), so this one
-stays.
+NOTE: ``tokenizers.decoders.DecodeStream`` (tokenizers 0.21+) was measured against this one
+(bench/gateway_hot_path.py): no faster a token (0.5-0.9 µs against this one's 0.4-0.8 on the shared EPYC),
+and it drops an incomplete UTF-8 tail at the end of a sequence where this one sends U+FFFD (4 of 300
+random id sequences differed), so this one stays.
 """
 
 from __future__ import annotations
