@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import itertools
 import json
+import statistics
 import sys
 import threading
 import time
@@ -348,7 +349,9 @@ def test_a_flood_next_to_a_quiet_stream_is_sent_in_fuller_responses_at_most_once
     # Each held since the one before, but let go up to a step early: it would carry nothing more by waiting.
     assert gaps_s and min(gaps_s) >= YIELD_SEND_INTERVAL_MS / 1000 - MAX_STEP_S
     assert max(len(c) for c in chunks) > 1
-    assert len(chunks[0]) == 1  # the first token left at once
+    # The first token left at once: fewer tokens than a held response carries (not exactly one: on a
+    # loaded machine the engine can make a second token before the sender thread runs).
+    assert len(chunks[0]) < statistics.median(len(c) for c in chunks[1:-1])
     quiet.cancelled = True
     wait_final(quiet)
 
