@@ -90,6 +90,9 @@ BENCHES: tuple[Bench, ...] = (
            "16", "32", "--rounds", "2", "--section", "e2e-vs-vllm-sweep", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--concurrency", "1", "8",
            "--rounds", "1", "--requests-per-slot", "1"), 8),
+    Bench("gateway-capacity", "bench.gateway_capacity", ("--write-docs",),
+          ("--streams", "50", "--window-s", "5"), 6),
+    Bench("gateway-hot-path", "bench.gateway_hot_path", ("--write-docs",), ("--repeat", "1"), 1),
     Bench("goodput", "bench.goodput",
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--quick"), 15),
@@ -101,7 +104,8 @@ BENCHES: tuple[Bench, ...] = (
 def unlisted(bench_dir: Path = REPO_ROOT / "bench", benches: Sequence[Bench] = BENCHES) -> list[str]:
     """The modules in ``bench_dir`` with a ``main`` that no entry runs (this runner excepted): a new
     benchmark must be added to ``BENCHES``."""
-    listed = {b.module for b in benches} | {__name__, "bench.all"}
+    # NOTE: bench.fake_replica is a server the capacity benchmark starts, not a benchmark.
+    listed = {b.module for b in benches} | {__name__, "bench.all", "bench.fake_replica"}
     with_main = [f"bench.{path.stem}" for path in sorted(bench_dir.glob("*.py"))
                  if re.search(r"^def main\(", path.read_text(), re.M)]  # fmt: skip
     return [module for module in with_main if module not in listed]
