@@ -3,9 +3,9 @@ a gateway routing by a PostgreSQL registry (its usage ledger in the same databas
 health checker over that registry, and 30 streams from the official openai client in flight when one
 replica's whole process group (tritonserver and its Python backend stub) is killed with SIGKILL.
 
-The replicas run at most 4 sequences each and the gateway leaves at most 4 more waiting in each, so at the
-kill some requests are producing on the dead replica, some wait inside it without a token, and the rest
-wait in the gateway. Then:
+The replicas run at most 4 sequences each and the gateway leaves at most 4 more waiting in each. The replica
+is frozen (SIGSTOP) mid-generation first, so at the kill some requests are producing on it, some wait inside
+it without a token, and the rest wait in the gateway. Then:
 
 - every request ends within a bound: it completes, or (it had tokens from the dead replica) its stream
   ends with an error event the SDK raises; none that had no token fails, as those are re-dispatched;
@@ -178,13 +178,51 @@ def _ledger(database: str) -> list[tuple[str, int, str]]:
         return conn.execute("SELECT request_id, output_tokens, status FROM usage").fetchall()
 
 
-def _producing_with_requests_waiting(server: TritonServer) -> bool:
-    """Producing (3 sequences or more of its 4) with requests waiting inside it, as its engine reports
-    them (every 20 ms)."""
+def _producing(server: TritonServer) -> bool:
+    """Running 3 sequences or more of its 4, as its engine reports them (every 20 ms)."""
     metric = "nv_trt_llm_request_metrics"
     active = read_metric(server.metrics_url, metric, model=MODEL, request_type="active")  # waiting included
     waiting = read_metric(server.metrics_url, metric, model=MODEL, request_type="waiting")
-    return active - waiting >= 3 and waiting >= 1
+    return active - waiting >= 3
+
+
+def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
+    """Stop (SIGSTOP) a replica mid-generation and return its id, once the gateway holds on it, frozen,
+    both a stream with tokens and a request with none: at the kill the first fails after its text and the
+    second is re-dispatched.
+
+    NOTE: a replica cannot simply be killed when its engine reports requests running and waiting: on a fast
+    CPU the engine makes a stream's 256 tokens in a fraction of a second, well before the gateway has read
+    them, so a kill "mid-generation" found every stream on it already whole in the gateway's buffers (and
+    its waiting requests live for milliseconds). Frozen, what it has sent is read and released within a
+    moment; what stays in flight on it did not get all its tokens and never will.
+    """
+    scheduler = fleet.gateway.gw.router.pools.scheduler(MODEL, "1")
+    assert scheduler is not None
+    while time.monotonic() < deadline_s:
+        producing = [rid for rid, server in fleet.servers.items() if _producing(server)]
+        if not producing:
+            time.sleep(0.01)
+            continue
+        replica_id = producing[0]
+        server = fleet.servers[replica_id]
+        assert server.pid is not None
+        os.killpg(server.pid, signal.SIGSTOP)  # tritonserver and its Python backend stub
+        # Settled: what the gateway holds on it unchanged for 0.3 s (its buffered tokens read).
+        held, settled_s, frozen_until_s = (
+            scheduler.in_flight_at(server.grpc_url),
+            time.monotonic(),
+            time.monotonic() + 2,
+        )
+        while time.monotonic() < frozen_until_s:
+            time.sleep(0.02)
+            now = scheduler.in_flight_at(server.grpc_url)
+            if now != held:
+                held, settled_s = now, time.monotonic()
+            elif time.monotonic() - settled_s >= 0.3 and held[0] >= 1 and held[1] >= 1:
+                return replica_id
+        os.killpg(server.pid, signal.SIGCONT)  # its streams ended or none waits on it: look again
+    raise AssertionError("no replica could be frozen with a stream producing and a request waiting on it")
 
 
 def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> None:
@@ -195,21 +233,11 @@ def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> 
     for t in threads:
         t.start()
 
-    # The replica to kill is the first seen producing with requests waiting inside it.
-    # NOTE: either may be: the 30 identical prompts follow the prefix affinity of whichever replica took
-    # the first, and the other may hold no more than it runs (it failed ~1 run in 6 when it had to be r1).
-    busy: list[str] = []
-
-    def a_replica_busy() -> bool:
-        busy[:] = [rid for rid, server in fleet.servers.items() if _producing_with_requests_waiting(server)]
-        return bool(busy)
-
-    wait_until(a_replica_busy, 30, "a replica to kill busy", poll_s=0.01)
-    dead_id = busy[0]
+    dead_id = _freeze_a_busy_replica(fleet, deadline_s=time.monotonic() + 30)
     (survivor_id,) = set(fleet.servers) - {dead_id}
     dead, survivor = fleet.servers[dead_id], fleet.servers[survivor_id]
     assert dead.pid is not None
-    os.killpg(dead.pid, signal.SIGKILL)  # tritonserver and its Python backend stub
+    os.killpg(dead.pid, signal.SIGKILL)  # tritonserver and its Python backend stub, frozen as they were
     killed_s = time.monotonic()
     for t in threads:
         t.join(timeout=max(1.0, killed_s + 45 - time.monotonic()))
