@@ -1,6 +1,10 @@
 # syntax=docker/dockerfile:1
 # The control plane: the admin API (python -m control_plane.service) on :8090, with the sluice CLI and the
-# weight store client (the replicas' init containers and registrar use this image too). Context: repo root.
+# weight store client (the replicas' init containers and registrar use this image too). It carries the
+# llmapi Triton model (model.py + helpers.py) of the pinned TensorRT-LLM release for the render init
+# container (TRTLLM_GIT_TAG: build_engines/trtllm_release.py's, tests/deploy/test_trtllm_release.py).
+# Context: repo root.
+ARG TRTLLM_GIT_TAG=v1.2.0
 FROM python:3.11-slim-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \
@@ -22,6 +26,7 @@ RUN pip install "numpy>=1.24,<2" "setuptools>=68" wheel \
  && pip install --no-build-isolation -e .
 
 FROM python:3.11-slim-bookworm
+ARG TRTLLM_GIT_TAG
 # libgomp: the CPU engine's OpenMP kernels.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libgomp1 \
@@ -30,6 +35,7 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid sluice --no-create-home --home-dir /nonexistent sluice
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/sluice /opt/sluice
+ADD https://github.com/NVIDIA/TensorRT-LLM.git#${TRTLLM_GIT_TAG}:triton_backend/all_models/llmapi /opt/tensorrt_llm/llmapi
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_STATE_DIR=/var/lib/sluice
 WORKDIR /opt/sluice
 USER 10001:10001
