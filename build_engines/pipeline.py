@@ -4,6 +4,9 @@ it step by step, each step logging one progress line.
 
     result = run_build(spec, store=WeightStore.from_settings(settings), registrar=..., work_dir=tmp)
 
+A dry run of a local checkpoint (``--source DIR``) takes no store (``store=None``) and calls nothing: a
+platform team previews a build offline.
+
 Idempotent: the artifact's manifest records the source checkpoint's digest (its manifest's artifact
 digest), the requested build config and the tool versions; a re-run with the same three finds it and
 does nothing (it registers the version if a first run stopped between upload and registration). An
@@ -15,12 +18,13 @@ this package imports only ``sluice``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,14 +36,16 @@ from build_engines.repository import (
     write_repository,
 )
 from build_engines.spec import BuildSpec
+from build_engines.trtllm_release import EXAMPLES_DIR, TRTLLM_VERSION, version_problem
 from sluice import artifacts
+from sluice.engine_limits import BUILD_CONFIG_KEY, EngineLimits, read_engine_limits
 from sluice.triton.render import CpuEngineModelSettings, render_model_repository
 from sluice.weight_store import Manifest, ManifestNotFoundError, WeightStore
 from sluice.weights_digest import weights_digest
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRTLLM_EXAMPLES = Path("/app/tensorrt_llm/examples")  # where the NGC TensorRT-LLM images keep them
+DEFAULT_TRTLLM_EXAMPLES = EXAMPLES_DIR  # where the build-engine image keeps the release's examples/
 
 
 class BuildRefused(Exception):
@@ -88,15 +94,39 @@ def gpu_problem() -> str | None:
         return f"no GPU: nvidia-smi -L failed ({exc})"
     if listed.returncode != 0 or "GPU" not in listed.stdout:
         return f"no GPU: nvidia-smi -L lists none ({(listed.stderr or listed.stdout).strip()[:200]})"
+    return version_problem(_installed_trtllm())
+
+
+def _installed_trtllm() -> str | None:
     if importlib.util.find_spec("tensorrt_llm") is None:
-        return "tensorrt_llm is not importable (pip install tensorrt-llm==1.2.*, or run in its NGC image)"
+        return None
+    try:
+        return importlib.metadata.version("tensorrt_llm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def examples_problem(spec: BuildSpec, examples: Path) -> str | None:
+    """Why the trtllm target's convert or quantize script is not where the plan runs it, or None."""
+    if spec.target != "trtllm":
+        return None
+    script = (
+        examples / "quantization" / "quantize.py"
+        if spec.quantization
+        else examples / "models" / "core" / "llama" / "convert_checkpoint.py"
+    )
+    if not script.is_file():
+        return (
+            f"{script} does not exist: --trtllm-examples must name TensorRT-LLM's examples/ folder of the "
+            f"release this Sluice pins (the build-engine image has it at {EXAMPLES_DIR})"
+        )
     return None
 
 
 def run_build(
     spec: BuildSpec,
     *,
-    store: WeightStore,
+    store: WeightStore | None,
     registrar: Registrar,
     work_dir: Path,
     dry_run: bool = False,
@@ -105,12 +135,20 @@ def run_build(
 ) -> BuildResult:
     """Build ``spec`` (module docstring). Raises BuildInputError/BuildRefused before doing anything,
     BuildConflict, CheckpointError, the weight store's errors and ``subprocess.CalledProcessError``."""
+    if spec.is_local_source or store is None:
+        if not dry_run:
+            raise BuildRefused(
+                "a build reads its checkpoint from the weight store (the artifact records the source's "
+                "digest): a local --source is for --dry-run only"
+            )
+        return _dry_run_local(spec, work_dir, trtllm_examples, say)
     if spec.target != "cpu" and not dry_run:
-        problem = gpu_problem()
+        problem = gpu_problem() or examples_problem(spec, trtllm_examples)
         if problem is not None:
             raise BuildRefused(
-                f"the {spec.target} target needs an NVIDIA GPU and TensorRT-LLM 1.2: {problem}. "
-                "Nothing was done; --dry-run prints the commands and configurations without them."
+                f"the {spec.target} target needs an NVIDIA GPU and TensorRT-LLM {TRTLLM_VERSION}: "
+                f"{problem}. Nothing was done; --dry-run prints the commands and configurations "
+                "without them."
             )
     if not dry_run:
         registrar.require_model(spec.model)
@@ -143,12 +181,15 @@ def run_build(
         source_weights_digest=weights_digest(source_dir),
         versions=versions,
         trtllm_examples=trtllm_examples,
+        calib_dir=_calib_dir(spec, store, dry_run),
     )
     if dry_run:
         say(plan.describe())
         say("Dry run: nothing was built, uploaded or registered.")
         return BuildResult(plan, str(spec.dest), None, built=False, registered=False)
-    digest = _execute(plan, say)
+    digest, limits = _execute(plan, say)
+    if limits is not None:
+        plan = replace(plan, build_config={**plan.build_config, BUILD_CONFIG_KEY: limits.to_dict()})
     metadata = {
         **key,
         "build_config": plan.build_config,
@@ -160,6 +201,42 @@ def run_build(
     say(f"       uploaded {len(manifest.files)} files, artifact digest {manifest.artifact_digest}")
     registered = _register(spec, registrar, digest, _registry_config(plan.build_config, key), say, plan)
     return BuildResult(plan, str(spec.dest), digest, built=True, registered=registered)
+
+
+def _dry_run_local(spec: BuildSpec, work_dir: Path, examples: Path, say: Say) -> BuildResult:
+    """The plan of a build from a local checkpoint folder: no store, no registry, nothing written."""
+    source_dir = spec.local_source
+    if not source_dir.is_dir():
+        raise BuildRefused(f"--source {spec.source_uri}: no such folder")
+    plan = plan_build(
+        spec,
+        source_dir=source_dir,
+        info=check_checkpoint(source_dir),
+        work_dir=work_dir,
+        source_weights_digest=weights_digest(source_dir),
+        versions=tool_versions(spec.target),
+        trtllm_examples=examples,
+        calib_dir=_calib_dir(spec, None, dry_run=True),
+    )
+    say(plan.describe())
+    say("Dry run of a local checkpoint: no weight store or registry was contacted; nothing was written.")
+    return BuildResult(plan, str(spec.dest), None, built=False, registered=False)
+
+
+def _calib_dir(spec: BuildSpec, store: WeightStore | None, dry_run: bool) -> str | None:
+    """The local folder quantize.py reads its calibration set from (fetched from the store when the
+    spec names an s3:// prefix; a dry run fetches nothing and shows where it would come from)."""
+    uri = spec.calib_dataset
+    if uri is None:
+        return None
+    if uri.startswith("s3://"):
+        if dry_run or store is None:
+            return f"<{uri}, fetched into the weight cache>"
+        return str(store.fetch(uri))
+    folder = Path(uri).expanduser().resolve()
+    if not dry_run and not folder.is_dir():
+        raise BuildRefused(f"--calib-dataset {uri}: no such folder")
+    return str(folder)
 
 
 def _build_key(spec: BuildSpec, source: Manifest, versions: dict[str, str]) -> dict[str, Any]:
@@ -222,8 +299,10 @@ def _step(plan: BuildPlan, name: str, say: Say) -> Step:
     return step
 
 
-def _execute(plan: BuildPlan, say: Say) -> str:
-    """Run the plan's steps up to the upload; returns the weights digest the artifact carries."""
+def _execute(plan: BuildPlan, say: Say) -> tuple[str, EngineLimits | None]:
+    """Run the plan's steps up to the upload; returns the weights digest the artifact carries and the
+    engine's limits (what the gateway enforces: the built engine's own for trtllm, LLM()'s arguments
+    for trtllm-llmapi, none for the CPU engine)."""
     _step(plan, "check", say)
     spec = plan.spec
     if spec.target == "trtllm":
@@ -232,6 +311,8 @@ def _execute(plan: BuildPlan, say: Say) -> str:
             subprocess.run(step.command, check=True)
         _step(plan, "stage", say)
         _stage_tokenizer(plan.source_dir, plan.artifact_dir)
+        limits = read_engine_limits(plan.artifact_dir / ENGINE_SUBDIR)
+        say(f"       engine limits {limits.to_dict()}")
         digest = weights_digest(plan.artifact_dir / ENGINE_SUBDIR)
         _step(plan, "render", say)
         files = render_trtllm(
@@ -242,7 +323,7 @@ def _execute(plan: BuildPlan, say: Say) -> str:
             max_batch_size=spec.max_batch_size,
         )
         write_repository(plan.repository_dir, files, spec.model, spec.triton_version)
-        return digest
+        return digest, limits
     digest = plan.source_weights_digest
     _step(plan, "render", say)
     if spec.target == "cpu":
@@ -254,9 +335,9 @@ def _execute(plan: BuildPlan, say: Say) -> str:
             dtype=plan.build_config["dtype"],
         )
         render_model_repository(plan.repository_dir, settings)
-    else:
-        write_repository(plan.repository_dir, plan.rendered, spec.model, spec.triton_version)
-    return digest
+        return digest, None
+    write_repository(plan.repository_dir, plan.rendered, spec.model, spec.triton_version)
+    return digest, EngineLimits.from_mapping(plan.build_config, "the llmapi build config")
 
 
 def _stage_tokenizer(source_dir: Path, out_dir: Path) -> None:

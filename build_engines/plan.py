@@ -70,7 +70,7 @@ class BuildPlan:
         spec = self.spec
         lines = [
             f"Build plan: {spec.model}@{spec.version}, target {spec.target}",
-            f"  source   {spec.source}  (fetched to {self.source_dir})",
+            f"  source   {spec.source_uri}  (read from {self.source_dir})",
             f"  artifact {spec.dest}  (uploaded from {self.artifact_dir})",
             f"  build config {_json(self.build_config)}",
             f"  tools {_json(self.tool_versions)}",
@@ -102,11 +102,13 @@ def _version(package: str) -> str:
 
 def resolved_dtype(spec: BuildSpec, info: CheckpointInfo) -> str:
     """The dtype the build uses: the CPU engine resolves "auto" itself at load; the TensorRT-LLM
-    targets take the checkpoint's own (float16 when it names none, or names float32 under FP8)."""
+    targets take the checkpoint's own, float32 made float16 (convert_checkpoint.py's and quantize.py's
+    own rule for --dtype auto: "if the source dtype is float32, it is converted to float16"), and
+    float16 when it names none. Resolved here so the registry records what was built."""
     if spec.target == "cpu" or spec.dtype != "auto":
         return spec.dtype
-    own = info.torch_dtype if info.torch_dtype in ("float16", "bfloat16", "float32") else "float16"
-    return "float16" if own == "float32" and spec.quantization else own
+    own = info.torch_dtype if info.torch_dtype in ("float16", "bfloat16") else "float16"
+    return own
 
 
 def plan_build(
@@ -118,11 +120,17 @@ def plan_build(
     source_weights_digest: str,
     versions: dict[str, str],
     trtllm_examples: Path,
+    calib_dir: str | None = None,
 ) -> BuildPlan:
     """The plan for ``spec`` from the fetched, checked checkpoint (pure: see the module docstring)."""
     config = {**spec.build_config(), "dtype": resolved_dtype(spec, info)}
     digest = source_weights_digest
-    fetch = Step("fetch", f"fetch {spec.source} into {source_dir} (every file checked against its manifest)")
+    if spec.is_local_source:
+        fetch = Step("fetch", f"read the local checkpoint {source_dir} (dry run: no weight store)")
+    else:
+        fetch = Step(
+            "fetch", f"fetch {spec.source} into {source_dir} (every file checked against its manifest)"
+        )
     check = Step(
         "check",
         f"check {info.model_type} checkpoint: {info.num_hidden_layers} layers, hidden {info.hidden_size}, "
@@ -158,7 +166,9 @@ def plan_build(
         steps = (fetch, check, render, upload, register)
         assert len(steps) == STEP_COUNTS["trtllm-llmapi"]
         return BuildPlan(spec, source_dir, work_dir, source_dir, config, versions, steps, digest, rendered)
-    plan = _plan_trtllm(spec, config, source_dir, work_dir, info, versions, trtllm_examples, (fetch, check))
+    plan = _plan_trtllm(
+        spec, config, source_dir, work_dir, info, versions, trtllm_examples, calib_dir, (fetch, check)
+    )
     return replace(plan, source_weights_digest=digest)
 
 
@@ -170,15 +180,18 @@ def _plan_trtllm(
     info: CheckpointInfo,
     versions: dict[str, str],
     examples: Path,
+    calib_dir: str | None,
     steps: tuple[Step, ...],
 ) -> BuildPlan:
     checkpoint, artifact = work_dir / "trtllm_checkpoint", work_dir / "artifact"
     engine = artifact / ENGINE_SUBDIR
-    dtype, tp = config["dtype"], str(spec.tp_size)
+    dtype, tp, pp = config["dtype"], str(spec.tp_size), str(spec.pp_size)
     if spec.quantization == "fp8":
+        assert calib_dir is not None  # BuildSpec refuses fp8 without --calib-dataset
         convert = Step(
             "quantize",
-            f"quantize to FP8 with ModelOpt ({FP8_CALIB_SIZE} calibration samples): TensorRT-LLM checkpoint",
+            f"quantize to FP8 with ModelOpt ({FP8_CALIB_SIZE} samples of {spec.calib_dataset}): "
+            "TensorRT-LLM checkpoint",
             (
                 sys.executable,
                 str(examples / "quantization" / "quantize.py"),
@@ -186,15 +199,18 @@ def _plan_trtllm(
                 "--dtype", dtype,
                 "--qformat", "fp8",
                 "--kv_cache_dtype", "fp8",
+                "--calib_dataset", calib_dir,
                 "--calib_size", str(FP8_CALIB_SIZE),
                 "--tp_size", tp,
+                "--pp_size", pp,
                 "--output_dir", str(checkpoint),
             ),
         )  # fmt: skip
     else:
         convert = Step(
             "convert",
-            f"convert the {info.model_type} checkpoint to a TensorRT-LLM checkpoint ({dtype}, tp {tp})",
+            f"convert the {info.model_type} checkpoint to a TensorRT-LLM checkpoint ({dtype}, tp {tp}, "
+            f"pp {pp})",
             (
                 sys.executable,
                 str(examples / _FAMILY_SCRIPT[info.model_type] / "convert_checkpoint.py"),
@@ -202,6 +218,7 @@ def _plan_trtllm(
                 "--output_dir", str(checkpoint),
                 "--dtype", dtype,
                 "--tp_size", tp,
+                "--pp_size", pp,
             ),
         )  # fmt: skip
     build = Step(
@@ -218,10 +235,14 @@ def _plan_trtllm(
             "--max_num_tokens", str(spec.max_num_tokens),
             "--max_input_len", str(spec.max_input_len),
             "--max_seq_len", str(spec.max_seq_len),
-            "--workers", tp,
+            "--workers", str(spec.world_size),
         ),
     )  # fmt: skip
-    stage = Step("stage", f"copy the tokenizer beside the engine in {artifact}; digest the engine")
+    stage = Step(
+        "stage",
+        f"copy the tokenizer beside the engine in {artifact}; read the engine's limits from its "
+        "config.json; digest the engine",
+    )
     render = Step(
         "render", f"render the inflight_batcher_llm tensorrt_llm model into {work_dir / 'repository'}"
     )

@@ -6,7 +6,8 @@
   takes token ids and streams token ids back, and the ensemble with its ``preprocessing`` /
   ``postprocessing`` Python models (tokenizer on the replica) would only add a hop;
 - ``trtllm-llmapi``: TensorRT-LLM's PyTorch-backend ``llmapi`` model (``model_repository/trtllm/llmapi/``):
-  ``config.pbtxt`` and ``model.yaml`` (arguments of ``tensorrt_llm.LLM()``), no engine.
+  ``config.pbtxt`` and ``model.yaml`` (arguments of ``tensorrt_llm.LLM()``), no engine; the release's
+  ``model.py`` and the ``helpers.py`` it imports are copied in beside ``model.yaml``.
 
 Every render goes through ``sluice.triton.render.fill_template``: a placeholder left unfilled or a value
 for a placeholder the template lacks is a ValueError. ``render_for_replica`` is what a replica calls at
@@ -21,6 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from build_engines.replica_launch import world_size
+from build_engines.trtllm_release import LLMAPI_MODEL_FILES
+from sluice.engine_limits import read_engine_config
 from sluice.triton.render import (
     SOURCE_DIR as CPU_SOURCE_DIR,
 )
@@ -63,6 +67,10 @@ class TrtllmServing:
     exclude_input_in_output: bool = True  # the gateway streams new tokens only
     max_beam_width: int = 1
     logits_datatype: str = "TYPE_FP32"
+    # Guided decoding off: the backend reads these three without a fallback; "" means unset.
+    tokenizer_dir: str = ""
+    guided_decoding_backend: str = ""
+    xgrammar_tokenizer_info_path: str = ""
 
     def __post_init__(self) -> None:
         if self.batching_strategy not in ("inflight_fused_batching", "V1"):
@@ -128,6 +136,7 @@ def render_llmapi(
         "checkpoint_dir": checkpoint_dir,
         "dtype": str(build_config["dtype"]),
         "tp_size": str(build_config["tp_size"]),
+        "pp_size": str(build_config.get("pp_size", 1)),
         "max_batch_size": str(build_config["max_batch_size"]),
         "max_num_tokens": str(build_config["max_num_tokens"]),
         "max_seq_len": str(build_config["max_seq_len"]),
@@ -175,15 +184,16 @@ def render_for_replica(
     build_config: Mapping[str, Any] | None = None,
     *,
     expected_digest: str | None = None,
-    llmapi_model_py: Path | None = None,
+    llmapi_model_dir: Path | None = None,
 ) -> Path:
     """Render the repository a replica serves from its cached artifact and return the model's folder.
 
     ``build_config``: the registry version's, whose ``target`` picks the model (None: a cpu artifact,
     dtype "auto"). ``expected_digest``: the registry's weights digest, checked against the artifact's
-    before anything is written. ``llmapi_model_py``: TensorRT-LLM's
-    ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`` (the trtllm-llmapi target needs it; it
-    ships with TensorRT-LLM, not with Sluice)."""
+    before anything is written. ``llmapi_model_dir``: TensorRT-LLM's
+    ``triton_backend/all_models/llmapi/tensorrt_llm/1/`` with ``model.py`` and ``helpers.py`` (the
+    trtllm-llmapi target needs both; they ship with TensorRT-LLM, not with Sluice). A trtllm engine built
+    for another tp x pp than the version records is refused."""
     build_config = build_config or {"target": "cpu"}
     target = build_config.get("target", "cpu")
     triton_version = int(version)
@@ -203,6 +213,7 @@ def render_for_replica(
         )
         return render_model_repository(out_dir, settings)
     if target == "trtllm":
+        _check_engine_world_size(weights_dir, build_config)
         files = render_trtllm(
             model_name=model_name,
             triton_version=triton_version,
@@ -212,8 +223,17 @@ def render_for_replica(
         )
         return write_repository(out_dir, files, model_name, triton_version)
     if target == "trtllm-llmapi":
-        if llmapi_model_py is None or not llmapi_model_py.is_file():
-            raise ValueError(f"the llmapi model needs TensorRT-LLM's llmapi model.py; got {llmapi_model_py}")
+        missing = [
+            name
+            for name in LLMAPI_MODEL_FILES
+            if llmapi_model_dir is None or not (llmapi_model_dir / name).is_file()
+        ]
+        if missing:
+            raise ValueError(
+                f"the llmapi model needs TensorRT-LLM's llmapi {' and '.join(LLMAPI_MODEL_FILES)} "
+                f"(model.py imports helpers.py from beside it); {llmapi_model_dir} lacks {', '.join(missing)}"
+            )
+        assert llmapi_model_dir is not None
         files = render_llmapi(
             model_name=model_name,
             triton_version=triton_version,
@@ -222,6 +242,19 @@ def render_for_replica(
             build_config=build_config,
         )
         model_dir = write_repository(out_dir, files, model_name, triton_version)
-        shutil.copy2(llmapi_model_py, model_dir / str(triton_version) / "model.py")
+        for name in LLMAPI_MODEL_FILES:
+            shutil.copy2(llmapi_model_dir / name, model_dir / str(triton_version) / name)
         return model_dir
     raise ValueError(f"unknown build target {target!r} in the version's build config")
+
+
+def _check_engine_world_size(engine_dir: Path, build_config: Mapping[str, Any]) -> None:
+    """The engine's own mapping (trtllm-build's config.json) must be the tp x pp the version records:
+    the replica requests that many GPUs and the backend loads one rank per GPU."""
+    mapping = read_engine_config(engine_dir).get("pretrained_config", {}).get("mapping", {})
+    engine_world = mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1))
+    if engine_world != world_size(build_config):
+        raise ValueError(
+            f"{engine_dir} was built for {engine_world} GPU ranks, the version's build config says "
+            f"tp_size x pp_size = {world_size(build_config)}"
+        )

@@ -1,16 +1,17 @@
 """What ``sluice build-engine`` is asked to build: one ``BuildSpec``, checked when made.
 
-A spec names the source checkpoint in the weight store (``s3://BUCKET/PREFIX``), the registry's model and
-version, the target (``cpu``, ``trtllm``, ``trtllm-llmapi``) and its knobs, and where the artifact goes
-(default ``s3://BUCKET/engines/MODEL/VERSION``, the source's bucket). ``build_config()`` is the JSON the
-registry's version carries and the artifact's manifest records: with the source checkpoint's digest and
-the tool versions it is what makes two builds the same build.
+A spec names the source checkpoint in the weight store (``s3://BUCKET/PREFIX``; for a dry run also a local
+folder), the registry's model and version, the target (``cpu``, ``trtllm``, ``trtllm-llmapi``) and its
+knobs, and where the artifact goes (default ``s3://BUCKET/engines/MODEL/VERSION``, the source's bucket).
+``build_config()`` is the JSON the registry's version carries and the artifact's manifest records: with
+the source checkpoint's digest and the tool versions it is what makes two builds the same build.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from sluice.weight_store.uri import S3Uri, parse_s3_uri
@@ -18,10 +19,13 @@ from sluice.weight_store.uri import S3Uri, parse_s3_uri
 Target = Literal["cpu", "trtllm", "trtllm-llmapi"]
 TARGETS: tuple[Target, ...] = ("cpu", "trtllm", "trtllm-llmapi")
 # Number formats each target accepts; "auto": the CPU engine picks at load (bfloat16 where the CPU has
-# it), the TensorRT-LLM targets take the checkpoint's own torch_dtype (float16 when it names none).
+# it), the TensorRT-LLM targets take the checkpoint's own torch_dtype, float32 made float16 as
+# convert_checkpoint.py's own auto does (float16 when it names none). The trtllm engine is built with
+# paged context FMHA and served with chunked context, whose kernels are half precision (or FP8): no
+# float32 engine.
 DTYPES: dict[Target, tuple[str, ...]] = {
     "cpu": ("auto", "float32", "bfloat16"),
-    "trtllm": ("auto", "float16", "bfloat16", "float32"),
+    "trtllm": ("auto", "float16", "bfloat16"),
     "trtllm-llmapi": ("auto", "float16", "bfloat16", "float32"),
 }
 QUANTIZATIONS = ("fp8",)  # ModelOpt FP8 (weights, activations and KV cache), the trtllm target only
@@ -36,7 +40,7 @@ class BuildInputError(ValueError):
 
 @dataclass(frozen=True)
 class BuildSpec:
-    source_uri: str
+    source_uri: str  # s3://BUCKET/PREFIX, or (dry run only) a local checkpoint folder
     model: str
     version: str
     target: Target
@@ -44,15 +48,25 @@ class BuildSpec:
     dtype: str = "auto"
     quantization: str | None = None
     tp_size: int = 1
+    pp_size: int = 1
     max_batch_size: int = 64
     max_num_tokens: int = 8192
     max_input_len: int = 4096
     max_seq_len: int = 8192
+    # FP8 calibration data: a local folder or s3:// prefix holding a Hugging Face dataset (quantize.py
+    # downloads cnn_dailymail from the hub without one; a build job has no outbound internet).
+    calib_dataset: str | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise BuildInputError(f"target must be one of {', '.join(TARGETS)}; got {self.target!r}")
-        _uri(self.source_uri, "--source")
+        if self.is_local_source:
+            if self.dest_uri is None:
+                raise BuildInputError(
+                    "--source is a local folder: give --dest (there is no source bucket to default it to)"
+                )
+        else:
+            _uri(self.source_uri, "--source")
         if self.dest_uri is not None:
             _uri(self.dest_uri, "--dest")
         if not _MODEL_NAME.match(self.model):
@@ -80,22 +94,49 @@ class BuildSpec:
             )
         if self.dtype == "float32":
             raise BuildInputError("--quantization fp8 needs --dtype float16, bfloat16 or auto")
+        if self.calib_dataset is None:
+            raise BuildInputError(
+                "--quantization fp8 needs --calib-dataset (a local folder or s3:// prefix with the "
+                "calibration set): without one ModelOpt's quantize.py downloads cnn_dailymail from the hub"
+            )
 
     def _check_limits(self) -> None:
-        for name in ("tp_size", "max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len"):
+        if self.calib_dataset is not None and self.quantization is None:
+            raise BuildInputError("--calib-dataset is for --quantization fp8 only")
+        for name in (
+            "tp_size",
+            "pp_size",
+            "max_batch_size",
+            "max_num_tokens",
+            "max_input_len",
+            "max_seq_len",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BuildInputError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.target == "cpu" and self.tp_size != 1:
-            raise BuildInputError("the cpu target runs on one process: --tp must be 1")
+        if self.target == "cpu" and self.world_size != 1:
+            raise BuildInputError("the cpu target runs on one process: --tp and --pp must be 1")
         if self.max_input_len > self.max_seq_len:
             raise BuildInputError(
                 f"--max-input-len ({self.max_input_len}) must not exceed --max-seq-len ({self.max_seq_len})"
             )
 
     @property
+    def is_local_source(self) -> bool:
+        return "://" not in self.source_uri  # any URL goes through the store's URI check
+
+    @property
+    def local_source(self) -> Path:
+        return Path(self.source_uri).expanduser().resolve()
+
+    @property
     def source(self) -> S3Uri:
         return parse_s3_uri(self.source_uri)
+
+    @property
+    def world_size(self) -> int:
+        """GPUs one replica of this build runs on: tensor x pipeline parallel ranks."""
+        return self.tp_size * self.pp_size
 
     @property
     def dest(self) -> S3Uri:
@@ -117,11 +158,14 @@ class BuildSpec:
         config.update(
             quantization=self.quantization,
             tp_size=self.tp_size,
+            pp_size=self.pp_size,
             max_batch_size=self.max_batch_size,
             max_num_tokens=self.max_num_tokens,
             max_input_len=self.max_input_len,
             max_seq_len=self.max_seq_len,
         )
+        if self.calib_dataset is not None:
+            config["calib_dataset"] = self.calib_dataset
         return config
 
 

@@ -6,7 +6,9 @@
 fetches and checks the checkpoint, builds what the target needs (``build_engines``), uploads the artifact
 with its manifest to ``s3://BUCKET/engines/MODEL/VERSION`` (``--dest`` to choose) and registers the
 version ``staged`` through the admin API (release-manager), with its weights digest and build config.
-``--dry-run`` prints the plan (steps, exact commands, rendered configurations) and changes nothing.
+``--dry-run`` prints the plan (steps, exact commands, rendered configurations) and changes nothing; with a
+local checkpoint folder as ``--source`` (and ``--offline`` to insist on it) it contacts no weight store
+and no registry.
 
 Exit codes: 0 done (or nothing to do); 1 the build failed or was refused by the store or the registry;
 2 a usage error, or a target this machine cannot run (the TensorRT-LLM targets without a GPU).
@@ -30,15 +32,26 @@ from build_engines.pipeline import (
     run_build,
 )
 from build_engines.spec import DTYPES, QUANTIZATIONS, TARGETS, BuildInputError, BuildSpec
+from build_engines.trtllm_release import TRITON_IMAGE_REF, TRTLLM_VERSION
 from control_plane.cli.admin_client import AdminApi, AdminApiError, add_connection_options
 from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, model_path
 from sluice.settings import SettingsError, load_settings
 from sluice.weight_store import WeightStore, WeightStoreError
 
 # Options only the TensorRT-LLM targets take (the CPU engine's limits are its model config's).
-_TRTLLM_ONLY = ("quantization", "tp", "max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len")
+_TRTLLM_ONLY = (
+    "quantization",
+    "calib_dataset",
+    "tp",
+    "pp",
+    "max_batch_size",
+    "max_num_tokens",
+    "max_input_len",
+    "max_seq_len",
+)
 _DEFAULTS = {
     "tp": 1,
+    "pp": 1,
     "max_batch_size": 64,
     "max_num_tokens": 8192,
     "max_input_len": 4096,
@@ -97,7 +110,9 @@ def _spec(args: argparse.Namespace, engine_dtype: str) -> BuildSpec:
         dest_uri=args.dest,
         dtype=args.dtype or (engine_dtype if args.target == "cpu" else "auto"),
         quantization=args.quantization,
+        calib_dataset=args.calib_dataset,
         tp_size=limits["tp"],
+        pp_size=limits["pp"],
         max_batch_size=limits["max_batch_size"],
         max_num_tokens=limits["max_num_tokens"],
         max_input_len=limits["max_input_len"],
@@ -105,17 +120,26 @@ def _spec(args: argparse.Namespace, engine_dtype: str) -> BuildSpec:
     )
 
 
+def _check_offline(args: argparse.Namespace, spec: BuildSpec) -> None:
+    if args.offline and not (args.dry_run and spec.is_local_source):
+        raise BuildInputError(
+            "--offline previews a build without any store or registry: it needs --dry-run and a local "
+            "checkpoint folder as --source"
+        )
+
+
 def _build(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
         spec = _spec(args, settings.engine_dtype)
+        _check_offline(args, spec)
     except (SettingsError, BuildInputError) as exc:
         return fail(str(exc), EXIT_USAGE)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sluice-build-"))
     try:
         result = run_build(
             spec,
-            store=WeightStore.from_settings(settings),
+            store=None if spec.is_local_source else WeightStore.from_settings(settings),
             registrar=AdminRegistrar(AdminApi.from_args(args, settings)),
             work_dir=work_dir,
             dry_run=args.dry_run,
@@ -147,7 +171,9 @@ def _positive(text: str) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     """The options of ``sluice build-engine`` (one command, no subcommands)."""
     parser.add_argument(
-        "--source", required=True, help="the checkpoint in the weight store: s3://BUCKET/PREFIX"
+        "--source",
+        required=True,
+        help="the checkpoint in the weight store: s3://BUCKET/PREFIX (for --dry-run also a local folder)",
     )
     parser.add_argument("--model", required=True, help="the registry's model (create it first)")
     parser.add_argument("--version", required=True, help="the version to register: a positive integer")
@@ -155,7 +181,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--target",
         required=True,
         choices=TARGETS,
-        help="cpu: the CPU engine; trtllm: a TensorRT-LLM 1.2 engine; trtllm-llmapi: its PyTorch backend",
+        help=f"cpu: the CPU engine; trtllm: a TensorRT-LLM {TRTLLM_VERSION} engine ({TRITON_IMAGE_REF}); "
+        "trtllm-llmapi: its PyTorch backend",
     )
     parser.add_argument(
         "--dest",
@@ -167,13 +194,20 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=dtypes,
         default=None,
-        help="cpu: auto|float32|bfloat16 (default SLUICE_ENGINE_DTYPE, else auto); trtllm targets: "
-        "auto (the checkpoint's own)|float16|bfloat16|float32",
+        help="cpu: auto|float32|bfloat16 (default SLUICE_ENGINE_DTYPE, else auto); trtllm: "
+        "auto (the checkpoint's own, float32 made float16)|float16|bfloat16; trtllm-llmapi: also float32",
     )
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None, help="trtllm: ModelOpt FP8")
+    parser.add_argument(
+        "--calib-dataset",
+        default=None,
+        help="--quantization fp8: the calibration set, a local folder or s3:// prefix (required: "
+        "quantize.py would otherwise download cnn_dailymail from the hub)",
+    )
     parser.add_argument("--tp", type=_positive, default=None, help="tensor-parallel GPUs (default 1)")
+    parser.add_argument("--pp", type=_positive, default=None, help="pipeline-parallel stages (default 1)")
     for name, default in _DEFAULTS.items():
-        if name != "tp":
+        if name not in ("tp", "pp"):
             flag = f"--{name.replace('_', '-')}"
             parser.add_argument(
                 flag, type=_positive, default=None, help=f"trtllm targets (default {default})"
@@ -182,13 +216,19 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="print the plan; build, upload, register nothing"
     )
     parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="with --dry-run and a local --source: contact no weight store and no registry",
+    )
+    parser.add_argument(
         "--work-dir", type=Path, default=None, help="scratch folder, kept (default: a temporary one)"
     )
     parser.add_argument(
         "--trtllm-examples",
         type=Path,
         default=DEFAULT_TRTLLM_EXAMPLES,
-        help="TensorRT-LLM 1.2's examples/ folder (convert_checkpoint.py, quantization/quantize.py)",
+        help=f"TensorRT-LLM {TRTLLM_VERSION}'s examples/ folder (convert_checkpoint.py, "
+        f"quantization/quantize.py; default {DEFAULT_TRTLLM_EXAMPLES}, the build-engine image's)",
     )
     add_connection_options(parser)
     parser.set_defaults(handler=_build)

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from build_engines.repository import TRTLLM_DIR, render_llmapi, render_trtllm
+from build_engines.trtllm_release import TRTLLM_VERSION
 from control_plane.cli.main import main
 from sluice.settings import get_settings
 from sluice.triton.render import fill_template
@@ -78,7 +79,8 @@ def test_trtllm_dry_run_prints_the_engine_build_commands_and_a_filled_config(
         sys.executable,
         f"{EXAMPLES}/models/core/llama/convert_checkpoint.py",
         *("--model_dir", source_dir, "--output_dir", f"{work}/trtllm_checkpoint"),
-        *("--dtype", "float32", "--tp_size", "2"),  # auto: the dev checkpoint's torch_dtype
+        # auto: the dev checkpoint is float32, made float16 as convert_checkpoint.py's own auto does
+        *("--dtype", "float16", "--tp_size", "2", "--pp_size", "1"),
     ]
     assert build_cmd == [
         "trtllm-build",
@@ -112,10 +114,12 @@ def test_trtllm_dry_run_prints_the_engine_build_commands_and_a_filled_config(
 def test_trtllm_fp8_dry_run_quantizes_with_modelopt_instead_of_converting(
     capsys: pytest.CaptureFixture[str], source_uri: str, tmp_path: Path
 ) -> None:
+    calib = tmp_path / "cnn_dailymail"  # a local copy: quantize.py must not reach the hub
     code, out, err = build(
         capsys,
         *("--source", source_uri, "--model", "tiny", "--version", "4", "--target", "trtllm"),
-        *("--quantization", "fp8", "--work-dir", str(tmp_path / "w"), "--dry-run"),
+        *("--quantization", "fp8", "--calib-dataset", str(calib)),
+        *("--work-dir", str(tmp_path / "w"), "--dry-run"),
     )
     assert code == 0 and err == "", (out, err)
     quantize, build_cmd = commands(out)
@@ -126,8 +130,10 @@ def test_trtllm_fp8_dry_run_quantizes_with_modelopt_instead_of_converting(
         "--dtype": "float16",  # the checkpoint is float32: FP8 calibrates from half precision
         "--qformat": "fp8",
         "--kv_cache_dtype": "fp8",
+        "--calib_dataset": str(calib),
         "--calib_size": "512",
         "--tp_size": "1",
+        "--pp_size": "1",
         "--output_dir": f"{tmp_path / 'w'}/trtllm_checkpoint",
     }
     assert build_cmd[0] == "trtllm-build" and build_cmd[build_cmd.index("--max_batch_size") + 1] == "64"
@@ -176,8 +182,8 @@ def test_without_a_gpu_the_trtllm_targets_stop_before_doing_anything(
     )
     assert code == 2 and out == ""
     assert (
-        f"the {target} target needs an NVIDIA GPU and TensorRT-LLM 1.2: no GPU: nvidia-smi is not on PATH"
-        in err
+        f"the {target} target needs an NVIDIA GPU and TensorRT-LLM {TRTLLM_VERSION}: no GPU: "
+        "nvidia-smi is not on PATH" in err
     )
     assert "Nothing was done" in err and "Traceback" not in err
     cache = get_settings().weight_cache_dir
@@ -264,3 +270,65 @@ def test_the_rendered_configs_parse_as_tritons_model_config_and_yaml() -> None:
         "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": False},
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
+
+
+def test_fp8_without_a_local_calibration_set_is_refused(
+    capsys: pytest.CaptureFixture[str], source_uri: str
+) -> None:
+    code, out, err = build(
+        capsys,
+        *("--source", source_uri, "--model", "tiny", "--version", "4", "--target", "trtllm"),
+        *("--quantization", "fp8", "--dry-run"),
+    )
+    assert code == 2 and out == ""
+    assert "--quantization fp8 needs --calib-dataset" in err and "cnn_dailymail from the hub" in err
+
+
+def test_a_float32_trtllm_engine_is_refused(capsys: pytest.CaptureFixture[str], source_uri: str) -> None:
+    code, _, err = build(
+        capsys,
+        *("--source", source_uri, "--model", "tiny", "--version", "4", "--target", "trtllm"),
+        *("--dtype", "float32", "--dry-run"),
+    )
+    assert code == 2 and "--dtype for trtllm must be one of auto, float16, bfloat16" in err
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_local_checkpoint_dry_run_contacts_no_store_and_no_registry(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    dev_checkpoint: Path,
+    tmp_path: Path,
+    offline: bool,
+) -> None:
+    # Every store and registry address unreachable: a call to either would fail the run.
+    monkeypatch.setenv("SLUICE_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    code, out, err = build(
+        capsys,
+        *("--source", str(dev_checkpoint), "--dest", "s3://engines/tiny/7", "--model", "tiny"),
+        *("--version", "7", "--target", "trtllm", "--tp", "2", "--pp", "2", "--dry-run"),
+        *(("--offline",) if offline else ()),
+    )
+    assert code == 0 and err == "", (out, err)
+    assert f"read the local checkpoint {dev_checkpoint.resolve()}" in out
+    convert, build_cmd = commands(out)
+    assert convert[convert.index("--tp_size") + 1] == "2" and convert[convert.index("--pp_size") + 1] == "2"
+    assert build_cmd[build_cmd.index("--workers") + 1] == "4"  # one per rank
+    assert "no weight store or registry was contacted" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--source", "s3://weights/checkpoints/x", "--dry-run", "--offline"), "--offline previews"),
+        (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1", "--offline"), "--offline previews"),
+        (("--source", "/nonexistent/ckpt", "--dry-run"), "give --dest"),
+        (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1"), "a local --source is for --dry-run"),
+        (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1", "--dry-run"), "no such folder"),
+    ],
+)
+def test_offline_and_local_sources_are_refused_clearly_where_they_cannot_work(
+    capsys: pytest.CaptureFixture[str], build_env: Path, argv: tuple[str, ...], message: str
+) -> None:
+    code, out, err = build(capsys, *argv, "--model", "tiny", "--version", "8", "--target", "cpu")
+    assert code in (1, 2) and out == "" and message in err and "Traceback" not in err, err

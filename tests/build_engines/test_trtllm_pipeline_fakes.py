@@ -42,7 +42,12 @@ out = pathlib.Path(args[args.index("--output_dir") + 1])
 out.mkdir(parents=True, exist_ok=True)
 checkpoint = args[args.index("--checkpoint_dir") + 1]
 (out / "rank0.engine").write_bytes(b"fake engine built from " + checkpoint.encode())
-(out / "config.json").write_text(json.dumps({{"build_config": {{"max_batch_size": 16}}}}))
+limits = {{k: int(args[args.index("--" + k) + 1]) for k in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len")}}
+(out / "config.json").write_text(json.dumps({{
+    "version": "1.2.0",
+    "pretrained_config": {{"mapping": {{"world_size": 1, "tp_size": 1, "pp_size": 1}}}},
+    "build_config": {{**limits, "max_beam_width": 1}},
+}}))
 pathlib.Path(__file__).with_suffix(".argv.json").write_text(json.dumps(args))
 """
 
@@ -134,3 +139,11 @@ def test_trtllm_build_runs_the_commands_uploads_the_engine_and_stages_it(
         dest,
     )
     assert staged["build_config"]["max_batch_size"] == 16 and staged["build_config"]["target"] == "trtllm"
+    # The limits the gateway enforces: read back from the engine's own config.json, not the request.
+    assert staged["build_config"]["engine_limits"] == {
+        "max_input_len": 4096,
+        "max_seq_len": 8192,
+        "max_batch_size": 16,
+        "max_num_tokens": 8192,
+    }
+    assert manifest.metadata["build_config"]["engine_limits"] == staged["build_config"]["engine_limits"]
