@@ -23,6 +23,7 @@ from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, uns
 from gateway.routing.router import Target
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
+from sluice.engine_limits import EngineLimits
 from sluice.policy.degrade import Degraded
 from sluice.policy.rollout import conversation_key
 from sluice.text import ChatTemplateError
@@ -139,6 +140,24 @@ def _check_prompt_tokens(num_prompt: int, gw: GatewayState, param: str = "prompt
         )
 
 
+def _check_engine_input(num_prompt: int, limits: EngineLimits | None, param: str) -> None:
+    """The engine refuses a prompt over its build's max_input_len with an internal error: a 400 here."""
+    if limits is not None and num_prompt > limits.max_input_len:
+        raise context_length_exceeded(
+            f"This model's maximum prompt length is {limits.max_input_len} tokens. "
+            f"However, your prompt is {num_prompt} tokens.",
+            param=param,
+        )
+
+
+def _context_tokens(target: Target, default: int) -> int:
+    """Prompt + output tokens the version serves: its model's context, and its engine's max_seq_len."""
+    context = target.codec.max_context_tokens or default
+    if target.limits is not None:
+        context = min(context, target.limits.max_seq_len)
+    return context
+
+
 def _check_common(
     req: ChatCompletionRequest | CompletionRequest,
     tenant: Tenant,
@@ -215,8 +234,9 @@ def _job(
     if num_prompt == 0:
         raise invalid_request("The prompt is empty.", param=prompt.param)
     _check_prompt_tokens(num_prompt, gw, prompt.param)
+    _check_engine_input(num_prompt, target.limits, prompt.param)
     target = gw.router.for_prompt(target, num_prompt)  # the version's pool, by the prompt's length
-    context = target.codec.max_context_tokens or (settings.max_prompt_tokens + settings.max_output_tokens)
+    context = _context_tokens(target, settings.max_prompt_tokens + settings.max_output_tokens)
     if max_tokens is not None:
         if max_tokens < 1:
             raise invalid_request(f"{max_tokens_param} must be at least 1.", param=max_tokens_param)

@@ -33,6 +33,7 @@ from gateway.scheduling.scheduler import ModelScheduler
 from sluice.artifacts import StoreFactory, artifact_folder, is_tokenizer_file
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
+from sluice.engine_limits import EngineLimits
 from sluice.registry.base import ReplicaPool
 from sluice.text import TextCodec
 from sluice.weight_store import WeightStore
@@ -57,6 +58,9 @@ class Target:
     pool: ReplicaPool = ReplicaPool.GENERAL  # the pool ``scheduler`` queues for
     # Every pool of the version with a replica in rotation, and its scheduler.
     pools: Mapping[ReplicaPool, ModelScheduler] = field(default_factory=dict, repr=False, compare=False)
+    # The version's engine build limits (gateway.openai.admission refuses a request over them); None:
+    # bounded by the tokenizer's model context alone.
+    limits: EngineLimits | None = None
 
 
 def model_unavailable(model: str) -> OpenAIError:
@@ -126,7 +130,8 @@ class Router:
         if not choice.sticky:
             self._metrics.version_fallbacks.labels(model, choice.version).inc()
         pool = ReplicaPool.GENERAL if ReplicaPool.GENERAL in schedulers else ReplicaPool.LONG_PROMPT
-        return Target(model, choice.version, schedulers[pool], codec, choice.sticky, pool, schedulers)
+        limits = self.table.models[model].versions[choice.version].limits
+        return Target(model, choice.version, schedulers[pool], codec, choice.sticky, pool, schedulers, limits)
 
     def for_prompt(self, target: Target, num_prompt_tokens: int) -> Target:
         """``target`` queued for the pool a prompt of ``num_prompt_tokens`` goes to (module docstring);

@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from sluice.engine_client.dialects import Dialect, dialect_of
+from sluice.engine_limits import EngineLimits, limits_of
 from sluice.policy.rollout import bucket_of, version_for_bucket
 from sluice.registry.base import RegistrySnapshot, ReplicaPool, ReplicaState, VersionState
 
@@ -55,6 +56,9 @@ class VersionTarget:
     artifact_uri: str
     replicas: tuple[ReplicaTarget, ...]  # routable ones only (general and long-prompt pools)
     dialect: Dialect | None = Dialect.CPU_ENGINE  # as its replicas'
+    # The engine's build limits (prompt, prompt + output), enforced before dispatch; None: the model's
+    # own context bounds it (the CPU engine).
+    limits: EngineLimits | None = None
 
     def pools(self) -> frozenset[ReplicaPool]:
         """The pools its routable replicas are in."""
@@ -103,13 +107,15 @@ class RoutingTable:
                     for r in snapshot.replicas_of(route.model, entry.version, ReplicaState.READY)
                     if serving and r.pool in ROUTED_POOLS
                 )  # fmt: skip
+                limits, limits_ok = _limits(version.build_config)
                 targets[entry.version] = VersionTarget(
                     route.model,
                     entry.version,
                     version.weights_digest,
                     version.artifact_uri,
-                    replicas,
+                    replicas if limits_ok else (),
                     dialect,
+                    limits,
                 )
             split = {v: w for v, w in route.split_pct().items() if v in targets}
             if split and any(w > 0 for w in split.values()):
@@ -147,6 +153,15 @@ def _dialect(build_config: Mapping[str, object]) -> Dialect | None:
         return dialect_of(build_config)
     except ValueError:
         return None
+
+
+def _limits(build_config: Mapping[str, object]) -> tuple[EngineLimits | None, bool]:
+    """The version's engine limits, and False when they are recorded but malformed: its replicas are
+    then kept out of rotation (a request the engine would refuse must never reach it unchecked)."""
+    try:
+        return limits_of(build_config), True
+    except ValueError:
+        return None, False
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from sluice.engine_limits import limits_of
 from sluice.registry.rollouts import BASIS_POINTS_TOTAL, RolloutVerbs  # a route's weights sum to 10 000
 
 
@@ -293,13 +294,18 @@ def check_text(what: str, text: object) -> str:
 
 
 def check_build_config(config: object) -> dict[str, Any]:
-    """A JSON object (string keys, JSON values), returned as a fresh dict after a JSON round trip."""
+    """A JSON object (string keys, JSON values), returned as a fresh dict after a JSON round trip;
+    ``engine_limits``, when present, as ``sluice.engine_limits`` reads it."""
     if not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config):
         raise InvalidChange(f"build_config must be a mapping with string keys, got {type(config).__name__}")
     try:
         loaded: dict[str, Any] = json.loads(json.dumps(dict(config), allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidChange(f"build_config must be JSON (no NaN or infinity): {exc}") from None
+    try:
+        limits_of(loaded)  # the engine limits gateways enforce must be whole, when recorded
+    except ValueError as exc:
+        raise InvalidChange(str(exc)) from None
     return loaded
 
 
