@@ -323,7 +323,7 @@ def test_a_local_checkpoint_dry_run_contacts_no_store_and_no_registry(
         (("--source", "s3://weights/checkpoints/x", "--dry-run", "--offline"), "--offline previews"),
         (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1", "--offline"), "--offline previews"),
         (("--source", "/nonexistent/ckpt", "--dry-run"), "give --dest"),
-        (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1"), "a local --source is for --dry-run"),
+        (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1"), "local --source is for --dry-run"),
         (("--source", "/nonexistent/ckpt", "--dest", "s3://engines/x/1", "--dry-run"), "no such folder"),
     ],
 )

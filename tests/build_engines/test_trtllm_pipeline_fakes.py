@@ -42,7 +42,8 @@ out = pathlib.Path(args[args.index("--output_dir") + 1])
 out.mkdir(parents=True, exist_ok=True)
 checkpoint = args[args.index("--checkpoint_dir") + 1]
 (out / "rank0.engine").write_bytes(b"fake engine built from " + checkpoint.encode())
-limits = {{k: int(args[args.index("--" + k) + 1]) for k in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len")}}
+names = ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len")
+limits = {{k: int(args[args.index("--" + k) + 1]) for k in names}}
 (out / "config.json").write_text(json.dumps({{
     "version": "1.2.0",
     "pretrained_config": {{"mapping": {{"world_size": 1, "tp_size": 1, "pp_size": 1}}}},

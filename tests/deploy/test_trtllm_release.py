@@ -37,7 +37,7 @@ def test_the_release_module_is_consistent_with_ngcs_image_to_version_mapping() -
     # NGC: 25.12-26.02 carry TensorRT-LLM 1.1.0, 26.03 carries 1.2.0, 26.04 and later 1.2.1.
     ngc = {"25.12": "1.1.0", "26.01": "1.1.0", "26.02": "1.1.0", "26.03": "1.2.0", "26.04": "1.2.1"}
     assert ngc[release.TRITON_TAG.split("-")[0]] == release.TRTLLM_VERSION
-    assert release.TRTLLM_GIT_TAG == f"v{release.TRTLLM_VERSION}"
+    assert f"v{release.TRTLLM_VERSION}" == release.TRTLLM_GIT_TAG
 
 
 def test_the_dockerfiles_build_on_the_pinned_image_and_add_the_pinned_sources() -> None:
@@ -49,7 +49,7 @@ def test_the_dockerfiles_build_on_the_pinned_image_and_add_the_pinned_sources() 
     control = DOCKER / "control-plane.Dockerfile"
     assert _arg(control, "TRTLLM_GIT_TAG") == release.TRTLLM_GIT_TAG
     (added,) = re.findall(r"^ADD \S+:triton_backend/all_models/llmapi (\S+)$", control.read_text(), re.M)
-    assert release.LLMAPI_MODEL_DIR == Path(added) / "tensorrt_llm" / "1"
+    assert Path(added) / "tensorrt_llm" / "1" == release.LLMAPI_MODEL_DIR
 
 
 def test_kustomize_serves_the_image_the_engines_are_built_in() -> None:
