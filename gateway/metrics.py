@@ -120,6 +120,20 @@ class GatewayMetrics:
             ["model", "version", "replica"],
             registry=self.registry,
         )
+        self.replica_running_cap = Gauge(
+            "sluice_gateway_replica_running_cap",
+            "How many requests this gateway lets the replica run at once, the batch bounded by the "
+            "inter-token target (sluice.policy.batch_bound); 0: not bounded yet",
+            ["model", "version", "replica"],
+            registry=self.registry,
+        )
+        self.replica_itl_p95_seconds = Gauge(
+            "sluice_gateway_replica_itl_p95_seconds",
+            "The p95 of the recent gaps between a stream's deltas from the replica, as this gateway reads "
+            "them (what its running cap is judged on)",
+            ["model", "version", "replica"],
+            registry=self.registry,
+        )
         self.redispatches = Counter(
             "sluice_gateway_redispatches",
             "Requests dispatched again after their replica failed before a first token, by model and version",
@@ -269,9 +283,20 @@ class GatewayMetrics:
         used_ratio = 1.0 - free_tokens / total_tokens if total_tokens > 0 else 0.0
         self.replica_kv_used_ratio.labels(model, version, replica).set(used_ratio)
 
+    def observe_replica_batch(
+        self, model: str, version: str, replica: str, running_cap: int | None, itl_p95_ms: float | None
+    ) -> None:
+        self.replica_running_cap.labels(model, version, replica).set(running_cap or 0)
+        if itl_p95_ms is not None:
+            self.replica_itl_p95_seconds.labels(model, version, replica).set(itl_p95_ms / 1000)
+
     def forget_replica(self, model: str, version: str, replica: str) -> None:
         """A replica left this gateway's rotation: its gauges stop, rather than freeze at their last value."""
-        for gauge in (self.replica_kv_free_tokens, self.replica_kv_used_ratio):
+        gauges = (
+            self.replica_kv_free_tokens, self.replica_kv_used_ratio, self.replica_running_cap,
+            self.replica_itl_p95_seconds,
+        )  # fmt: skip
+        for gauge in gauges:
             with suppress(KeyError):
                 gauge.remove(model, version, replica)
 

@@ -441,6 +441,10 @@ class ModelScheduler:
         self._metrics.observe_replica_kv(
             self.model, self.version, view.engine.replica, stats.num_kv_tokens_free, stats.num_kv_tokens_total
         )
+        # NOTE: with each read (not each move), so the per-token path stays free of metric calls.
+        self._metrics.observe_replica_batch(
+            self.model, self.version, view.engine.replica, view.running_cap, view.itl_ms
+        )
 
     # ----- read by the gateway's overload detector (gateway/degradation.py) -----
     def oldest_wait_s(self, now: float, request_class: RequestClass = RequestClass.INTERACTIVE) -> float:

@@ -59,6 +59,7 @@ def test_queue_age_admissions_and_replica_kv_occupancy(tmp_path: Path) -> None:
         assert value("sluice_gateway_admitted_total", QUEUE) == 1
         assert value("sluice_gateway_replica_kv_used_ratio", REPLICA) == 0.75
         assert value("sluice_gateway_replica_kv_free_tokens", REPLICA) == 250
+        assert value("sluice_gateway_replica_running_cap", REPLICA) == 0  # not bounded: no gaps seen yet
 
         # A request that lost its replica before a token is dispatched again: not a second admission.
         scheduler.release(slot)
@@ -72,6 +73,7 @@ def test_queue_age_admissions_and_replica_kv_occupancy(tmp_path: Path) -> None:
         scheduler.release(again)
         assert value("sluice_gateway_replica_kv_used_ratio", REPLICA) is None
         assert value("sluice_gateway_replica_kv_free_tokens", REPLICA) is None
+        assert value("sluice_gateway_replica_running_cap", REPLICA) is None
         await scheduler.close()
 
     asyncio.run(main())
