@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -44,6 +45,7 @@ from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.factory import open_engine_client
 from sluice.engine_client.triton import TritonEngineClient
+from sluice.engine_limits import limits_of
 from sluice.files.base import ObjectStore
 from sluice.files.catalog import FileCatalog
 from sluice.files.factory import open_object_store
@@ -87,6 +89,7 @@ def create_app(
             triton_metrics_url=settings.triton_metrics_url,
             checkpoint_dir=settings.checkpoint_dir,
             engine_dtype=settings.engine_dtype,
+            build_config=settings.static_build,
         )
     codec = codec or TextCodec.from_checkpoint(settings.checkpoint_dir)
     metrics = GatewayMetrics()
@@ -172,7 +175,8 @@ async def _open_routing(
         assert engine is not None
         await engine.start()
         stack.push_async_callback(engine.close)
-        await router.add_static(settings.model_name, engine.model_version, engine, codec)
+        limits = limits_of(settings.static_build)  # None: bounded by the model's context alone
+        await router.add_static(settings.model_name, engine.model_version, engine, codec, limits)
         return router, None
     if registry is None:  # a PostgreSQL down at start: start anyway, route once it answers
         registry = await open_registry(settings, keep_trying=True)
@@ -302,6 +306,11 @@ def _log_start(settings: Settings, engine: EngineClient | None) -> None:
     )
     routing = (
         f"static: model {settings.model_name} on {engine.kind} replica {engine.replica}"
+        + (
+            f" (build config {json.dumps(settings.static_build, sort_keys=True)})"
+            if settings.static_build
+            else ""
+        )
         if engine is not None
         else "following the model registry"
     )

@@ -7,6 +7,7 @@ embedded dev set-up (``make run``): state under ``.sluice/``, SQLite, Triton on 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -176,6 +177,11 @@ class Settings(BaseSettings):
     # so short prompts' first tokens never wait behind long prefills. None: off (every prompt is short).
     long_prompt_min_tokens: int | None = Field(None, ge=1, le=1_000_000)
     engine_client: Literal["triton", "inprocess"] = "triton"
+    # Static routing only: the replica's build config as a registry version records it (JSON, e.g.
+    # {"target": "trtllm", "engine_limits": {"max_input_len": 1024, ...}}), from which the request
+    # dialect (its "target") and the engine limits the gateway enforces follow, by the registry path's own
+    # rules; unset: a CPU engine replica bounded by its model's context.
+    static_build_config: str | None = None
     triton_grpc_url: str = "127.0.0.1:8001"
     triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
     model_name: str = "sluice-tiny"
@@ -363,6 +369,13 @@ class Settings(BaseSettings):
             parse_prices(v)  # a ValueError names the model and the field at fault
         return v
 
+    @field_validator("static_build_config")
+    @classmethod
+    def _check_static_build_config(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_static_build_config(v)  # a ValueError says what is wrong with it
+        return v
+
     @field_validator("model_name")
     @classmethod
     def _check_model_name(cls, v: str) -> str:
@@ -400,6 +413,18 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_static(self) -> Settings:
+        if self.static_build_config is not None and (
+            self.routing != "static" or self.engine_client != "triton"
+        ):
+            raise ValueError(
+                "static_build_config describes the one Triton replica of static routing: it needs routing "
+                f"'static' and engine_client 'triton' (got {self.routing!r}, {self.engine_client!r}); "
+                "with the registry, each version's build config comes from the registry"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_limits(self) -> Settings:
         if self.default_max_tokens is not None and self.default_max_tokens > self.max_output_tokens:
             raise ValueError(
@@ -421,6 +446,11 @@ class Settings(BaseSettings):
         return parse_degradation(self.degradation) if self.degradation is not None else {}
 
     @property
+    def static_build(self) -> dict[str, Any]:
+        """``static_build_config`` parsed ({} when unset: a CPU engine replica)."""
+        return parse_static_build_config(self.static_build_config) if self.static_build_config else {}
+
+    @property
     def pricing(self) -> Prices:
         """``prices`` and ``batch_discount`` parsed (no prices: nothing is priced)."""
         return prices_from(self.prices, self.batch_discount)
@@ -434,6 +464,27 @@ class Settings(BaseSettings):
     def sqlite_path(self) -> Path:
         """The embedded database file, used when ``database_url`` is unset."""
         return self.state_dir / "sluice.db"
+
+
+def parse_static_build_config(text: str) -> dict[str, Any]:
+    """``SLUICE_STATIC_BUILD_CONFIG`` as an object, or ValueError: not a JSON object, a build target the
+    gateway cannot send requests to, or malformed engine limits."""
+    # NOTE: imported here, not at the top: the dialects pull in the Triton client, which most processes
+    # that read settings never need.
+    from sluice.engine_client.dialects import UNSERVABLE, dialect_of
+    from sluice.engine_limits import limits_of
+
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"must be a JSON object (a version's build config), got {type(config).__name__}")
+    dialect = dialect_of(config)
+    if dialect in UNSERVABLE:
+        raise ValueError(f"target {config.get('target')!r} cannot be served: {UNSERVABLE[dialect]}")
+    limits_of(config)
+    return config
 
 
 def env_names() -> list[str]:

@@ -97,11 +97,21 @@ class Router:
         self._static_codec: TextCodec | None = None
         self._falling_back: set[tuple[str, str, ReplicaPool]] = set()  # (model, version, wanted pool)
 
-    async def add_static(self, model: str, version: str, engine: EngineClient, codec: TextCodec) -> None:
-        """Static routing: every request for ``model`` goes to ``engine`` (``version``)."""
+    async def add_static(
+        self,
+        model: str,
+        version: str,
+        engine: EngineClient,
+        codec: TextCodec,
+        limits: EngineLimits | None = None,
+    ) -> None:
+        """Static routing: every request for ``model`` goes to ``engine`` (``version``), refused before
+        dispatch when over the engine's build ``limits`` (``SLUICE_STATIC_BUILD_CONFIG``), as a registry
+        version's are."""
         self._static_codec = codec
         await self.pools.add_static(model, version, engine)
-        routes = ModelRoutes(model, {version: 100.0}, {version: VersionTarget(model, version, "", "", ())})
+        target = VersionTarget(model, version, "", "", (), limits=limits)
+        routes = ModelRoutes(model, {version: 100.0}, {version: target})
         self.table = RoutingTable(-1, {model: routes})
 
     async def apply(self, table: RoutingTable) -> None:
@@ -119,7 +129,8 @@ class Router:
             version = next(iter(self.table.models[model].split_pct))
             scheduler = self.pools.scheduler(model, version)
             assert scheduler is not None
-            return Target(model, version, scheduler, self._static_codec, True)
+            limits = self.table.models[model].versions[version].limits
+            return Target(model, version, scheduler, self._static_codec, True, limits=limits)
         choice = self.table.choose(model, tenant.tenant_id, conversation_key)
         if choice is None:
             raise model_unavailable(model)

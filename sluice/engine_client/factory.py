@@ -4,7 +4,9 @@ an unknown name fails at start, and the choice is logged."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sluice.engine_client.base import EngineClient
 
@@ -21,13 +23,19 @@ def open_engine_client(
     triton_metrics_url: str | None = None,
     checkpoint_dir: Path | None = None,
     engine_dtype: str = "auto",
+    build_config: Mapping[str, Any] | None = None,
 ) -> EngineClient:
     """The client for ``kind``. ``engine_dtype`` is the in-process engine's number format (a Triton
-    replica's comes from its model repository's ``dtype`` parameter)."""
+    replica's comes from its model repository's ``dtype`` parameter). ``build_config``: the Triton
+    replica's, as a registry version records it; its ``target`` picks the request dialect (none: the CPU
+    engine's)."""
     if kind == "triton":
+        from sluice.engine_client.dialects import dialect_of
         from sluice.engine_client.triton import TritonEngineClient
 
-        client: EngineClient = TritonEngineClient(triton_grpc_url, model_name, metrics_url=triton_metrics_url)
+        client: EngineClient = TritonEngineClient(
+            triton_grpc_url, model_name, metrics_url=triton_metrics_url, dialect=dialect_of(build_config)
+        )
     elif kind == "inprocess":
         from cpu_engine.config import EngineConfig, check_dtype_setting
         from sluice.engine_client.inprocess import InProcessEngineClient

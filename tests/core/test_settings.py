@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +185,41 @@ def test_the_control_plane_has_a_host_and_port_of_its_own(monkeypatch: pytest.Mo
         load_settings()
     monkeypatch.setenv("SLUICE_GATEWAY_PORT", "8081")
     assert load_settings().control_plane_port == 8080
+
+
+def test_static_build_config_carries_the_replicas_target_and_engine_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limits = {"max_input_len": 512, "max_seq_len": 1024, "max_batch_size": 8, "max_num_tokens": 2048}
+    monkeypatch.setenv(
+        "SLUICE_STATIC_BUILD_CONFIG", json.dumps({"target": "trtllm", "engine_limits": limits})
+    )
+    assert load_settings().static_build == {"target": "trtllm", "engine_limits": limits}
+    monkeypatch.delenv("SLUICE_STATIC_BUILD_CONFIG")
+    assert load_settings().static_build == {}  # unset: a CPU engine replica
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["trtllm"]', "must be a JSON object"),
+        ('{"target": "tpu"}', "unknown build target 'tpu'"),
+        ('{"target": "trtllm-llmapi"}', "cannot be served"),
+        ('{"target": "trtllm", "engine_limits": {"max_input_len": 0}}', "max_input_len must be a positive"),
+    ],
+)
+def test_a_bad_static_build_config_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch, value: str, fragment: str
+) -> None:
+    monkeypatch.setenv("SLUICE_STATIC_BUILD_CONFIG", value)
+    with pytest.raises(SettingsError) as exc:
+        load_settings()
+    assert "SLUICE_STATIC_BUILD_CONFIG" in str(exc.value) and fragment in str(exc.value)
+
+
+def test_static_build_config_is_for_static_routing_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_STATIC_BUILD_CONFIG", '{"target": "trtllm"}')
+    monkeypatch.setenv("SLUICE_ROUTING", "registry")
+    with pytest.raises(SettingsError, match="needs routing 'static' and engine_client 'triton'"):
+        load_settings()
