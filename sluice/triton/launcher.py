@@ -12,6 +12,10 @@ dynamic loader and PATH at this interpreter, and runs the binary in its own proc
 ``stop_timeout_s``, and unlinks the server's shared-memory regions; servers still running when the
 interpreter exits are stopped by an atexit hook.
 ``python -m sluice.triton.launcher --model-repository DIR`` runs one in the foreground until Ctrl-C.
+
+On a GPU node in an NGC Triton image, ``TritonServer(config, program=image_program())`` runs the image's
+own ``/opt/tritonserver/bin/tritonserver`` with its backends (the TensorRT-LLM one among them) instead:
+the same start, readiness and stop (``sluice trtllm-smoke``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -177,11 +181,51 @@ def server_env(install: TritonInstall, engine_num_threads: int | None = None) ->
     return env
 
 
-class TritonServer:
-    """A tritonserver process: ``start()`` returns once it is ready, ``stop()`` leaves nothing behind."""
+@dataclass(frozen=True)
+class ServerProgram:
+    """Which tritonserver runs: its binary, the backends folder it loads from, and its environment."""
 
-    def __init__(self, config: TritonServerConfig, echo_log: bool = False) -> None:
+    binary: Path
+    backends_dir: Path
+    env: dict[str, str]
+
+
+ProgramFor = Callable[[TritonServerConfig], ServerProgram]
+
+
+def wheel_program(config: TritonServerConfig) -> ServerProgram:
+    """The nvidia-pytriton wheel's tritonserver with its Python backend (module docstring)."""
+    install = TritonInstall.from_wheel()
+    backends_dir = prepare_backends(install, Path(config.state_dir))
+    return ServerProgram(install.binary, backends_dir, server_env(install, config.engine_num_threads))
+
+
+IMAGE_TRITON_ROOT = Path("/opt/tritonserver")  # where NGC's Triton images install the server
+
+
+def image_program(root: Path = IMAGE_TRITON_ROOT, extra_env: Mapping[str, str] | None = None) -> ProgramFor:
+    """An NGC Triton image's own tritonserver and backends (``tensorrtllm``, ``python``...) under
+    ``root``, in this process's environment plus ``extra_env`` (e.g. the TensorRT-LLM orchestrator mode:
+    ``build_engines.replica_launch.triton_env``). A missing binary is a ``TritonLaunchError`` at start."""
+
+    def program(config: TritonServerConfig) -> ServerProgram:
+        binary = root / "bin" / "tritonserver"
+        if not binary.is_file():
+            raise TritonLaunchError(f"{binary} does not exist: not an NGC Triton image")
+        return ServerProgram(binary, root / "backends", {**os.environ, **(extra_env or {})})
+
+    return program
+
+
+class TritonServer:
+    """A tritonserver process: ``start()`` returns once it is ready, ``stop()`` leaves nothing behind.
+    ``program`` chooses the binary (default: the pytriton wheel's; ``image_program()`` an NGC image's)."""
+
+    def __init__(
+        self, config: TritonServerConfig, echo_log: bool = False, program: ProgramFor = wheel_program
+    ) -> None:
         self.config = config
+        self._program = program
         self._echo_log = echo_log
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -204,12 +248,12 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def command(self, install: TritonInstall, backends_dir: Path) -> list[str]:
+    def command(self, program: ServerProgram) -> list[str]:
         c = self.config
         return [
-            str(install.binary),
+            str(program.binary),
             f"--model-repository={Path(c.model_repository).resolve()}",
-            f"--backend-directory={backends_dir.resolve()}",
+            f"--backend-directory={program.backends_dir.resolve()}",
             f"--backend-config=python,shm-region-prefix-name={c.effective_shm_prefix}",
             f"--http-address={c.host}",
             f"--http-port={c.http_port}",
@@ -237,17 +281,16 @@ class TritonServer:
             # Checked first: with a port taken, readiness could be answered by the other server.
             if not port_is_free(port, c.host):
                 raise TritonLaunchError(f"port {c.host}:{port} is already in use")
-        install = TritonInstall.from_wheel()
-        backends_dir = prepare_backends(install, Path(c.state_dir))
+        program = self._program(c)
         self._log.clear()
         self._proc = subprocess.Popen(
-            self.command(install, backends_dir),
-            env=server_env(install, c.engine_num_threads),
+            self.command(program),
+            env=program.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C is ours to relay, and killpg reaches the stubs
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         _LIVE.add(self)
         self._reader = threading.Thread(target=self._read_log, name="tritonserver-log", daemon=True)
@@ -362,7 +405,7 @@ def _stop_all() -> None:
         server.stop()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM the server if the process that started it dies.
 
     NOTE: without this, a launcher killed with SIGKILL (a test run cut short by a timeout) leaves its
