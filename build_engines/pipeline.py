@@ -5,7 +5,8 @@ it step by step, each step logging one progress line.
     result = run_build(spec, store=WeightStore.from_settings(settings), registrar=..., work_dir=tmp)
 
 A dry run of a local checkpoint (``--source DIR``) takes no store (``store=None``) and calls nothing: a
-platform team previews a build offline.
+platform team previews a build offline. ``build_local`` builds a local checkpoint's trtllm engine and
+stops before the upload (the first-GPU-node check serves it from its work folder).
 
 Idempotent: the artifact's manifest records the source checkpoint's digest (its manifest's artifact
 digest), the requested build config and the tool versions; a re-run with the same three finds it and
@@ -85,6 +86,11 @@ Say = Callable[[str], None]
 
 def gpu_problem() -> str | None:
     """Why the TensorRT-LLM targets cannot run on this machine, or None when they can."""
+    return nvidia_gpu_problem() or version_problem(installed_trtllm())
+
+
+def nvidia_gpu_problem() -> str | None:
+    """Why this machine has no usable NVIDIA GPU (``nvidia-smi -L`` lists none), or None."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return "no GPU: nvidia-smi is not on PATH"
@@ -94,10 +100,11 @@ def gpu_problem() -> str | None:
         return f"no GPU: nvidia-smi -L failed ({exc})"
     if listed.returncode != 0 or "GPU" not in listed.stdout:
         return f"no GPU: nvidia-smi -L lists none ({(listed.stderr or listed.stdout).strip()[:200]})"
-    return version_problem(_installed_trtllm())
+    return None
 
 
-def _installed_trtllm() -> str | None:
+def installed_trtllm() -> str | None:
+    """The importable ``tensorrt_llm``'s version ("unknown" without package metadata), or None."""
     if importlib.util.find_spec("tensorrt_llm") is None:
         return None
     try:
@@ -201,6 +208,56 @@ def run_build(
     say(f"       uploaded {len(manifest.files)} files, artifact digest {manifest.artifact_digest}")
     registered = _register(spec, registrar, digest, _registry_config(plan.build_config, key), say, plan)
     return BuildResult(plan, str(spec.dest), digest, built=True, registered=registered)
+
+
+@dataclass(frozen=True)
+class LocalBuild:
+    """A trtllm engine built from a local checkpoint, kept in the work folder."""
+
+    artifact_dir: Path  # engine/ with the tokenizer and config.json beside it, as an uploaded artifact
+    build_config: dict[str, Any]  # as the registry would record it, the engine's own limits included
+    weights_digest: str  # the engine's (what its rendered repository reports)
+
+
+def build_local(
+    spec: BuildSpec,
+    *,
+    work_dir: Path,
+    trtllm_examples: Path = DEFAULT_TRTLLM_EXAMPLES,
+    say: Say = print,
+) -> LocalBuild:
+    """Build the local checkpoint folder ``spec`` names into a ``trtllm`` engine under ``work_dir``,
+    running the plan's steps up to the render and stopping there: nothing is uploaded or registered
+    (``spec.dest`` is never written). For the first-GPU-node check (``sluice trtllm-smoke``), which
+    serves what it built from the work folder. Refuses what a real build refuses (BuildRefused)."""
+    if spec.target != "trtllm" or not spec.is_local_source:
+        raise BuildRefused("a local build is of a local checkpoint folder, for the trtllm target")
+    problem = gpu_problem() or examples_problem(spec, trtllm_examples)
+    if problem is not None:
+        raise BuildRefused(
+            f"the trtllm target needs an NVIDIA GPU and TensorRT-LLM {TRTLLM_VERSION}: {problem}"
+        )
+    source_dir = spec.local_source
+    if not source_dir.is_dir():
+        raise BuildRefused(f"checkpoint {source_dir}: no such folder")
+    if (spec.calib_dataset or "").startswith("s3://"):
+        raise BuildRefused("a local build reads no weight store: give --calib-dataset as a local folder")
+    say(f"[1/{STEP_COUNTS[spec.target]}] fetch: {source_dir} (local: no weight store)")
+    plan = plan_build(
+        spec,
+        source_dir=source_dir,
+        info=check_checkpoint(source_dir),
+        work_dir=work_dir,
+        source_weights_digest=weights_digest(source_dir),
+        versions=tool_versions(spec.target),
+        trtllm_examples=trtllm_examples,
+        calib_dir=_calib_dir(spec, None, dry_run=False),
+    )
+    digest, limits = _execute(plan, say)
+    assert limits is not None  # the trtllm target reads them from the built engine
+    say("       local build: the upload and register steps are not run")
+    config = {**plan.build_config, BUILD_CONFIG_KEY: limits.to_dict()}
+    return LocalBuild(plan.artifact_dir, config, digest)
 
 
 def _dry_run_local(spec: BuildSpec, work_dir: Path, examples: Path, say: Say) -> BuildResult:

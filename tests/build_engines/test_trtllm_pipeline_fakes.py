@@ -8,8 +8,6 @@ around the tools, not that TensorRT-LLM builds an engine (docs/operations.md say
 from __future__ import annotations
 
 import json
-import os
-import sys
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from build_service import ControlPlane
+from fake_trtllm_tools import install_fake_tensorrt_llm
 
 from control_plane.cli.main import main
 from gateway.routing.router import read_tokenizer
@@ -24,58 +23,11 @@ from sluice.settings import get_settings
 from sluice.weight_store import WeightStore
 from sluice.weights_digest import weights_digest
 
-FAKE_CONVERT = """\
-import json, pathlib, sys
-args = sys.argv[1:]
-out = pathlib.Path(args[args.index("--output_dir") + 1])
-out.mkdir(parents=True, exist_ok=True)
-(out / "config.json").write_text("{}")
-(out / "rank0.safetensors").write_bytes(b"fake converted weights")
-pathlib.Path(__file__).with_suffix(".argv.json").write_text(json.dumps(args))
-"""
-
-FAKE_TRTLLM_BUILD = """\
-#!{python}
-import json, pathlib, sys
-args = sys.argv[1:]
-out = pathlib.Path(args[args.index("--output_dir") + 1])
-out.mkdir(parents=True, exist_ok=True)
-checkpoint = args[args.index("--checkpoint_dir") + 1]
-(out / "rank0.engine").write_bytes(b"fake engine built from " + checkpoint.encode())
-names = ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len")
-limits = {{k: int(args[args.index("--" + k) + 1]) for k in names}}
-(out / "config.json").write_text(json.dumps({{
-    "version": "1.2.0",
-    "pretrained_config": {{"mapping": {{"world_size": 1, "tp_size": 1, "pp_size": 1}}}},
-    "build_config": {{**limits, "max_beam_width": 1}},
-}}))
-pathlib.Path(__file__).with_suffix(".argv.json").write_text(json.dumps(args))
-"""
-
 
 @pytest.fixture
 def fake_tensorrt_llm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Fake tools on PATH and a fake tensorrt_llm package on sys.path; returns the fake examples folder."""
-    bin_dir, site, examples = tmp_path / "bin", tmp_path / "site", tmp_path / "examples"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-fake)'\n")
-    build = bin_dir / "trtllm-build"
-    build.write_text(FAKE_TRTLLM_BUILD.format(python=sys.executable))
-    for tool in (smi, build):
-        tool.chmod(0o755)
-    (site / "tensorrt_llm").mkdir(parents=True)
-    (site / "tensorrt_llm" / "__init__.py").write_text("")
-    (site / "tensorrt_llm-1.2.0.dist-info").mkdir()
-    (site / "tensorrt_llm-1.2.0.dist-info" / "METADATA").write_text(
-        "Name: tensorrt_llm\nVersion: 1.2.0+fake\n"
-    )
-    convert = examples / "models" / "core" / "llama" / "convert_checkpoint.py"
-    convert.parent.mkdir(parents=True)
-    convert.write_text(FAKE_CONVERT)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.syspath_prepend(str(site))
-    return examples
+    return install_fake_tensorrt_llm(tmp_path, monkeypatch)
 
 
 def test_trtllm_build_runs_the_commands_uploads_the_engine_and_stages_it(
