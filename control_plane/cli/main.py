@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from control_plane.cli import admin_tokens, models, replicas, rollout, routes, tenants, top, usage, versions
 from control_plane.cli.build_engine import register as register_build_engine
+from control_plane.cli.trtllm_smoke import register as register_trtllm_smoke
 from control_plane.sim import cli as sim
 
 EXIT_FAILED = 1
@@ -43,6 +44,11 @@ COMMAND_GROUPS: list[tuple[str, str, Register]] = [
         replicas.register,
     ),
     ("build-engine", "build a stored checkpoint into a staged version (cpu, trtllm*)", register_build_engine),
+    (
+        "trtllm-smoke",
+        "on a first GPU node: build, serve and check a TensorRT-LLM engine through a gateway",
+        register_trtllm_smoke,
+    ),
     ("usage", "every tenant's requests, tokens, errors and cost over a window (admin API)", usage.register),
     ("top", "a live view of each model version and replica: load, latency, tokens/s, health", top.register),
     ("sim", "simulate the fleet at the seed's scale with the real scheduling policies", sim.register),

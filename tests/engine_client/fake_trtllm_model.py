@@ -6,11 +6,15 @@ against the real declaration before this model sees them. It answers as the back
 per generated token (``output_ids`` [1, 1, T], ``sequence_length`` [1, 1]), the last flagged final, no
 finish reason. It "generates" token ``(previous * 7 + 3) % 50`` from the prompt's last token, stopping at
 ``end_id`` (not emitted: the last response then has no tokens), at a stop word (emitted), or at
-``request_output_len``.
+``request_output_len``. Like the backend, it stops a request whose client cancelled it. With
+``FAKE_TRTLLM_TOKEN_DELAY_S`` in the server's environment it waits that long before each token (a stream
+long enough to be cancelled mid-way; default 0).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,9 @@ def _response(token_ids: list[int]) -> Any:
 
 
 class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.token_delay_s = float(os.environ.get("FAKE_TRTLLM_TOKEN_DELAY_S", "0"))
+
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
@@ -43,6 +50,11 @@ class TritonPythonModel:
             stop_ids = set() if words is None else {int(t) for t in words.reshape(2, -1)[0]}
             token = int(prompt.reshape(-1)[-1])  # type: ignore[union-attr]
             for step in range(max_tokens):
+                if self.token_delay_s:
+                    time.sleep(self.token_delay_s)
+                if sender.is_cancelled():
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    break
                 token = (token * 7 + 3) % 50
                 if token == end_id:
                     sender.send(_response([]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
