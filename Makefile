@@ -8,7 +8,7 @@ DEV_MODEL := $(STATE)/models/sluice-tiny
 export PIP_FIND_LINKS ?= /opt/wheels
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install checkpoint repository run test lint bench bench-engine bench-e2e bench-goodput clean FORCE
+.PHONY: install checkpoint repository run test lint gpu-smoke bench bench-engine bench-e2e bench-goodput clean FORCE
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard cpu_engine/csrc/*.c cpu_engine/csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ test: install checkpoint
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy cpu_engine sluice gateway control_plane bench
+
+# The first-GPU-node check (`sluice trtllm-smoke`, docs/operations.md "Building engines"): inside the NGC
+# TensorRT-LLM image with Sluice installed (the build-engine image), on one GPU, it builds the dev
+# checkpoint's engine, serves it with the image's tritonserver behind a gateway and runs five requests
+# through it; anywhere else it refuses, naming what is missing (exit 2). Not part of `make test` (whose
+# tests/control_plane/test_trtllm_smoke.py runs it here with fakes). SMOKE_ARGS="--checkpoint DIR --json".
+gpu-smoke:
+	$(if $(wildcard $(VENV)/bin/sluice),$(VENV)/bin/sluice,sluice) trtllm-smoke $(SMOKE_ARGS)
 
 # Every benchmark in bench/ and the simulator's scenarios, one after another (~60 min on 2 cores; vLLM's
 # install adds ~5 the first time), then the overview at the top of docs/benchmarks.md with its plots
