@@ -277,13 +277,25 @@ def target_lines(
         ratio_text = (
             "infinite (vLLM meets the SLO nowhere)" if sluice_gp > 0 else "undefined (neither meets it)"
         )
+    # NOTE: the same with TTFT unbounded: on a shared 2-core VM one side's TTFT tail can be a stall of the
+    # machine or the client (vLLM's, seen at 1-5 s from 8 streams), which decides the full-SLO ratio alone.
+    itl_only = replace(slo, ttft_p95_ms=math.inf)
+    sluice_itl, vllm_itl = (goodput(points, t, itl_only) for t in (SLUICE, VLLM))
+    itl_ratio = goodput_tokens_per_s(sluice_itl) / max(goodput_tokens_per_s(vllm_itl), 1e-9)
     lines += [
         f"- goodput Sluice (safety none) / vLLM: {ratio_text}",
+        f"- on the ITL SLO alone (TTFT p95 not bounded): Sluice (safety none) {_where(sluice_itl)}; "
+        f"vLLM {_where(vllm_itl)}; ratio {itl_ratio:.2f}x",
         "",
         "Targets (Sluice with safety policy none):",
     ]
     gp_met = sluice_gp > 0 and sluice_gp >= goodput_ratio_target * vllm_gp
-    lines.append(f"- goodput at least {goodput_ratio_target:g}x vLLM's: {_verdict(gp_met)}")
+    itl_met = itl_ratio >= goodput_ratio_target
+    lines.append(
+        f"- goodput at least {goodput_ratio_target:g}x vLLM's, on the full SLO and on the ITL SLO alone: "
+        f"{_verdict(gp_met and itl_met)}"
+        + ("" if gp_met == itl_met else f" (full SLO {_verdict(gp_met)}, ITL alone {_verdict(itl_met)})")
+    )
     sweep = [p for p in points if p.target == SLUICE and p.sweep == CONCURRENCY]
     if len(sweep) < 2:
         lines.append(f"- throughput never falls as streams are added (within {tolerance:.0%}): "
