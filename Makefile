@@ -49,7 +49,7 @@ test: install checkpoint
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy cpu_engine sluice gateway control_plane bench
+	$(PY) -m mypy cpu_engine sluice gateway control_plane build_engines bench
 
 # The first-GPU-node check (`sluice trtllm-smoke`, docs/operations.md "Building engines"): inside the NGC
 # TensorRT-LLM image with Sluice installed (the build-engine image), on one GPU, it builds the dev

@@ -237,22 +237,12 @@ def build_local(
         raise BuildRefused(
             f"the trtllm target needs an NVIDIA GPU and TensorRT-LLM {TRTLLM_VERSION}: {problem}"
         )
-    source_dir = spec.local_source
-    if not source_dir.is_dir():
-        raise BuildRefused(f"checkpoint {source_dir}: no such folder")
+    if not spec.local_source.is_dir():
+        raise BuildRefused(f"checkpoint {spec.local_source}: no such folder")
     if (spec.calib_dataset or "").startswith("s3://"):
         raise BuildRefused("a local build reads no weight store: give --calib-dataset as a local folder")
-    say(f"[1/{STEP_COUNTS[spec.target]}] fetch: {source_dir} (local: no weight store)")
-    plan = plan_build(
-        spec,
-        source_dir=source_dir,
-        info=check_checkpoint(source_dir),
-        work_dir=work_dir,
-        source_weights_digest=weights_digest(source_dir),
-        versions=tool_versions(spec.target),
-        trtllm_examples=trtllm_examples,
-        calib_dir=_calib_dir(spec, None, dry_run=False),
-    )
+    say(f"[1/{STEP_COUNTS[spec.target]}] fetch: {spec.local_source} (local: no weight store)")
+    plan = _local_plan(spec, work_dir, trtllm_examples, dry_run=False)
     digest, limits = _execute(plan, say)
     assert limits is not None  # the trtllm target reads them from the built engine
     say("       local build: the upload and register steps are not run")
@@ -262,10 +252,18 @@ def build_local(
 
 def _dry_run_local(spec: BuildSpec, work_dir: Path, examples: Path, say: Say) -> BuildResult:
     """The plan of a build from a local checkpoint folder: no store, no registry, nothing written."""
-    source_dir = spec.local_source
-    if not source_dir.is_dir():
+    if not spec.local_source.is_dir():
         raise BuildRefused(f"--source {spec.source_uri}: no such folder")
-    plan = plan_build(
+    plan = _local_plan(spec, work_dir, examples, dry_run=True)
+    say(plan.describe())
+    say("Dry run of a local checkpoint: no weight store or registry was contacted; nothing was written.")
+    return BuildResult(plan, str(spec.dest), None, built=False, registered=False)
+
+
+def _local_plan(spec: BuildSpec, work_dir: Path, examples: Path, *, dry_run: bool) -> BuildPlan:
+    """The plan of a build from the local checkpoint folder ``spec`` names (no weight store)."""
+    source_dir = spec.local_source
+    return plan_build(
         spec,
         source_dir=source_dir,
         info=check_checkpoint(source_dir),
@@ -273,11 +271,8 @@ def _dry_run_local(spec: BuildSpec, work_dir: Path, examples: Path, say: Say) ->
         source_weights_digest=weights_digest(source_dir),
         versions=tool_versions(spec.target),
         trtllm_examples=examples,
-        calib_dir=_calib_dir(spec, None, dry_run=True),
+        calib_dir=_calib_dir(spec, None, dry_run=dry_run),
     )
-    say(plan.describe())
-    say("Dry run of a local checkpoint: no weight store or registry was contacted; nothing was written.")
-    return BuildResult(plan, str(spec.dest), None, built=False, registered=False)
 
 
 def _calib_dir(spec: BuildSpec, store: WeightStore | None, dry_run: bool) -> str | None:

@@ -33,6 +33,14 @@ def fail(message: str, exit_code: int) -> int:
     return exit_code
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def admin_command(command: Command) -> Callable[[argparse.Namespace], int]:
     """``command`` with the admin API from ``--admin-url``/``--token`` (else settings); the service's
     refusals and an unreachable service become one line on stderr and exit 1."""

@@ -34,7 +34,7 @@ from build_engines.pipeline import (
 from build_engines.spec import DTYPES, QUANTIZATIONS, TARGETS, BuildInputError, BuildSpec
 from build_engines.trtllm_release import TRITON_IMAGE_REF, TRTLLM_VERSION
 from control_plane.cli.admin_client import AdminApi, AdminApiError, add_connection_options
-from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, model_path
+from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, model_path, positive_int
 from sluice.settings import SettingsError, load_settings
 from sluice.weight_store import WeightStore, WeightStoreError
 
@@ -161,13 +161,6 @@ def _build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     """The options of ``sluice build-engine`` (one command, no subcommands)."""
     parser.add_argument(
@@ -204,13 +197,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="--quantization fp8: the calibration set, a local folder or s3:// prefix (required: "
         "quantize.py would otherwise download cnn_dailymail from the hub)",
     )
-    parser.add_argument("--tp", type=_positive, default=None, help="tensor-parallel GPUs (default 1)")
-    parser.add_argument("--pp", type=_positive, default=None, help="pipeline-parallel stages (default 1)")
+    parser.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel GPUs (default 1)")
+    parser.add_argument("--pp", type=positive_int, default=None, help="pipeline-parallel stages (default 1)")
     for name, default in _DEFAULTS.items():
         if name not in ("tp", "pp"):
             flag = f"--{name.replace('_', '-')}"
             parser.add_argument(
-                flag, type=_positive, default=None, help=f"trtllm targets (default {default})"
+                flag, type=positive_int, default=None, help=f"trtllm targets (default {default})"
             )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan; build, upload, register nothing"

@@ -32,7 +32,7 @@ from build_engines.checkpoint import CheckpointError
 from build_engines.pipeline import BuildRefused
 from build_engines.spec import BuildInputError
 from build_engines.trtllm_release import EXAMPLES_DIR, TRITON_IMAGE_REF, TRTLLM_VERSION
-from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
+from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, positive_int
 from control_plane.cli.table import render_table
 from control_plane.smoke.checks import CheckResult, SmokeTarget, run_checks
 from control_plane.smoke.preconditions import node_problems
@@ -138,13 +138,6 @@ def _smoke(args: argparse.Namespace) -> int:
     return _on_this_node(args)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     """The options of ``sluice trtllm-smoke`` (one command, no subcommands)."""
     parser.add_argument(
@@ -164,21 +157,21 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help=f"the model name to serve it as (default {SmokeOptions.model})"
     )
     parser.add_argument(
-        "--max-batch-size", type=_positive, default=SmokeOptions.max_batch_size, help="engine limit"
+        "--max-batch-size", type=positive_int, default=SmokeOptions.max_batch_size, help="engine limit"
     )
     parser.add_argument(
-        "--max-num-tokens", type=_positive, default=SmokeOptions.max_num_tokens, help="engine limit"
+        "--max-num-tokens", type=positive_int, default=SmokeOptions.max_num_tokens, help="engine limit"
     )
     parser.add_argument(
         "--max-input-len",
-        type=_positive,
+        type=positive_int,
         default=None,
         help=f"the engine's longest prompt (default {SmokeOptions.max_input_len}); with --gateway, the "
         "served engine's",
     )
     parser.add_argument(
         "--max-seq-len",
-        type=_positive,
+        type=positive_int,
         default=SmokeOptions.max_seq_len,
         help="engine limit: prompt + output",
     )
