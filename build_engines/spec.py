@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sluice.names import triton_model_name_problem
 from sluice.weight_store.uri import S3Uri, parse_s3_uri
 
 Target = Literal["cpu", "trtllm", "trtllm-llmapi"]
@@ -31,7 +32,6 @@ DTYPES: dict[Target, tuple[str, ...]] = {
 QUANTIZATIONS = ("fp8",)  # ModelOpt FP8 (weights, activations and KV cache), the trtllm target only
 # Triton's version folder is the registry's version name: a positive integer without leading zeros.
 _TRITON_VERSION = re.compile(r"^[1-9][0-9]{0,8}$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class BuildInputError(ValueError):
@@ -69,8 +69,8 @@ class BuildSpec:
             _uri(self.source_uri, "--source")
         if self.dest_uri is not None:
             _uri(self.dest_uri, "--dest")
-        if not _MODEL_NAME.match(self.model):
-            raise BuildInputError(f"model name must match {_MODEL_NAME.pattern}, got {self.model!r}")
+        if (problem := triton_model_name_problem(self.model)) is not None:
+            raise BuildInputError(problem)
         if not _TRITON_VERSION.match(self.version):
             raise BuildInputError(
                 f"version must be a positive integer without leading zeros (Triton's version folder), "

@@ -19,13 +19,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sluice.files.s3 import parse_files_url
+from sluice.names import triton_model_name_problem
 from sluice.policy.degrade import Fallbacks, parse_degradation
 from sluice.pricing import Prices, parse_prices, prices_from
 
 ENV_PREFIX = "SLUICE_"
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 # The default prompt character bound per prompt token: text averages 3-5 characters a token; only long
 # runs of spaces or punctuation (one token of up to ~80 characters) come near 16 on average.
 PROMPT_CHARS_PER_TOKEN = 16
@@ -379,8 +379,8 @@ class Settings(BaseSettings):
     @field_validator("model_name")
     @classmethod
     def _check_model_name(cls, v: str) -> str:
-        if not _MODEL_NAME.fullmatch(v):
-            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-'")
+        if (problem := triton_model_name_problem(v)) is not None:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any
 
 from sluice.engine_limits import limits_of
+from sluice.names import model_name_problem
 from sluice.registry.rollouts import BASIS_POINTS_TOTAL, RolloutVerbs  # a route's weights sum to 10 000
 
 
@@ -228,7 +229,6 @@ class RegistryUnavailable(RegistryError, ConnectionError):
 
 # --------------------------------------------------------------------------------------- input rules
 
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")  # OpenAI model names may hold "/" or ":"
 _VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -249,7 +249,10 @@ def _check(pattern: re.Pattern[str], what: str, value: object) -> str:
 
 
 def check_model_name(name: object) -> str:
-    return _check(_MODEL_NAME, "model name", name)
+    if (problem := model_name_problem(name)) is not None:
+        raise InvalidChange(problem)
+    assert isinstance(name, str)
+    return name
 
 
 def check_version_name(version: object) -> str:

@@ -22,7 +22,6 @@ if they drift from ``cpu_engine.config.EngineConfig``'s.
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import sys
 import tempfile
@@ -32,13 +31,13 @@ from pathlib import Path
 from string import Template
 from typing import Literal
 
+from sluice.names import triton_model_name_problem
 from sluice.settings import ITL_TARGET_MS, get_settings
 from sluice.weights_digest import check_digest, weights_digest
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
 SAFETY_SOURCE_DIR = SOURCE_DIR.parent / "safety_classifier"
 TEMPLATE_NAME = "config.pbtxt.template"
-_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The engine's number formats (cpu_engine.config.DTypeSetting): auto picks bfloat16 where the CPU has
 # AVX-512 BF16 or AMX-BF16, float32 elsewhere, when the model loads.
 DTypeSetting = Literal["auto", "float32", "bfloat16"]
@@ -100,8 +99,8 @@ class CpuEngineModelSettings:
     yield_send_interval_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        if not _MODEL_NAME_RE.fullmatch(self.model_name):
-            raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {self.model_name!r}")
+        if (problem := triton_model_name_problem(self.model_name)) is not None:
+            raise ValueError(problem)
         if (
             isinstance(self.model_version, bool)
             or not isinstance(self.model_version, int)
@@ -162,8 +161,8 @@ def render_safety_classifier(
 ) -> Path:
     """Write the safety classifier's model folder under ``repo_dir`` and return it. ``config_path`` is the
     safety config the model loads (the JSON of ``SLUICE_SAFETY_CONFIG``); None: the built-in PII rules."""
-    if not _MODEL_NAME_RE.fullmatch(model_name):
-        raise ValueError(f"model name must match {_MODEL_NAME_RE.pattern}, got {model_name!r}")
+    if (problem := triton_model_name_problem(model_name)) is not None:
+        raise ValueError(problem)
     if config_path is not None and not Path(config_path).is_file():
         raise ValueError(f"safety config {config_path} is not a file")
     values = {

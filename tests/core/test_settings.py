@@ -92,7 +92,7 @@ def test_an_unknown_sluice_variable_fails_naming_it_and_the_valid_names(
         ("SLUICE_REDIS_URL", "localhost:6379", "redis://"),
         ("SLUICE_TRITON_GRPC_URL", "grpc://127.0.0.1:8001", "host:port"),
         ("SLUICE_TRITON_METRICS_URL", "127.0.0.1:8002", "http"),
-        ("SLUICE_MODEL_NAME", "no spaces", "letters, digits"),
+        ("SLUICE_MODEL_NAME", "no spaces", "letters and digits"),
         ("SLUICE_MAX_BODY_BYTES", "10", "greater than or equal to 1024"),
         ("SLUICE_CLIENT_WRITE_TIMEOUT_S", "0", "greater than 0"),
         ("SLUICE_CLIENT_SEND_BUFFER_BYTES", "100", "greater than or equal to 4096"),
