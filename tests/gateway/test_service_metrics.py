@@ -118,3 +118,19 @@ def test_a_client_that_leaves_is_counted_with_its_cancel_to_free_latency(
     num_output_tokens = value("sluice_gateway_output_tokens_total", labels)
     assert num_output_tokens is not None and 1 <= num_output_tokens < 500
     assert value("sluice_gateway_prompt_tokens_total", labels) == len(engine.requests[-1].prompt_token_ids)
+
+
+def test_every_declared_metric_is_made_as_the_class_names_it() -> None:
+    """The table (gateway.metrics._SPECS) and the class's typed attributes name the same metrics, once each,
+    of the same kind: a metric added to one and not the other fails here, not at its first use."""
+    from typing import get_type_hints
+
+    from gateway import metrics as module
+
+    hints = {k: v for k, v in get_type_hints(GatewayMetrics).items() if k != "registry"}
+    specs = {spec.attr: spec for spec in module._SPECS}
+    assert len(specs) == len(module._SPECS) and set(specs) == set(hints)
+    assert {attr: spec.kind for attr, spec in specs.items()} == hints
+    assert len({spec.name for spec in module._SPECS}) == len(module._SPECS)
+    metrics = GatewayMetrics()
+    assert all(type(getattr(metrics, attr)) is hint for attr, hint in hints.items())
