@@ -11,12 +11,12 @@ from cpu_engine.config import EngineConfig, LinearDType, ModelConfig
 from cpu_engine.cpu_features import DTypeChoice, detect_dtype
 from cpu_engine.model import KVCache, LlamaModel
 from cpu_engine.runner import ModelRunner
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler, SchedulerOutput
 from cpu_engine.sequence import Sequence
 from cpu_engine.stats import EngineStats, StepTimeHistogram
 from cpu_engine.weights import LlamaWeights, load_llama_weights
-from sluice.engine_client.wire import FinishReason
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class LLMEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        priority: PriorityClass = PriorityClass.INTERACTIVE,
+        priority: EnginePriority = EnginePriority.UNDER_SHARE,
         cache_scope: str = "",
     ) -> None:
         if request_id in self.sequences:

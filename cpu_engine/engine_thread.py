@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from cpu_engine.engine import LLMEngine, RequestOutput
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import EngineStats
-from sluice.engine_client.wire import FinishReason
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class _Add:
     stream: RequestStream
     prompt_token_ids: list[int]
     params: SamplingParams
-    priority: PriorityClass
+    priority: EnginePriority
     cache_scope: str
 
 
@@ -154,7 +154,7 @@ class EngineThread:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        priority: PriorityClass = PriorityClass.INTERACTIVE,
+        priority: EnginePriority = EnginePriority.UNDER_SHARE,
         cache_scope: str = "",
         on_update: Callable[[], None] | None = None,
     ) -> RequestStream:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 
@@ -17,16 +16,6 @@ MIN_SAMPLED_TEMPERATURE = 1e-5
 # this counts as reaching it, so a cut exactly at a boundary (0.5 + 0.3 for top_p 0.8) does not depend
 # on the last bit of a SIMD exp() (which differs between CPUs with and without AVX-512).
 TOP_P_TOLERANCE = 1e-9
-
-
-class PriorityClass(IntEnum):
-    """Lower value = served first. A waiting sequence preempts running ones of a strictly lower class
-    (higher value) to be admitted, never ones of its own class or above. The gateway picks the class
-    from the request's class and its tenant's standing (``sluice.policy.dispatch.engine_priority``)."""
-
-    INTERACTIVE = 0  # interactive, its tenant within its fair share
-    OVER_SHARE = 1  # interactive, its tenant over its fair share (or borrowing idle capacity)
-    BATCH = 2
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ while the KV pool can hold their prompt + max_tokens. When blocks run short mid-
 lowest-priority, most recently admitted sequence is preempted: its blocks are freed and it is recomputed
 later.
 
-Priority classes (``PriorityClass``, lower value first): waiting sequences are admitted class by class, and
+Priority classes (``EnginePriority``, lower value first): waiting sequences are admitted class by class, and
 a waiting sequence that finds the running cap or the KV pool full preempts running sequences of a strictly
 LOWER class (lowest class, then most recently admitted, first) if that makes room for it. Equal classes
 never preempt each other. A victim is recomputed when it comes back, mostly from the prefix cache; it is
@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
 from cpu_engine.prefill_budget import StepCostModel, prefill_token_budget
-from cpu_engine.sampling import PriorityClass
 from cpu_engine.sequence import Sequence, SequenceStatus
-from sluice.engine_client.wire import FinishReason
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 # New tokens a sequence preempted to admit a higher class makes before it can be chosen for that again.
 PRIORITY_GRACE_TOKENS = 8
@@ -82,7 +81,7 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids
         self.block_pool = block_pool
         self.max_model_len = max_model_len
-        self.waiting: dict[PriorityClass, deque[Sequence]] = {p: deque() for p in PriorityClass}
+        self.waiting: dict[EnginePriority, deque[Sequence]] = {p: deque() for p in EnginePriority}
         self.running: list[Sequence] = []
         self.num_watermark_blocks = int(config.watermark_fraction * block_pool.num_blocks)
         # Adaptive batch size: the engine lowers this when steps run over the latency target.
@@ -147,7 +146,7 @@ class Scheduler:
         # Then prefill class by class: a class's running prefills, then its waiting sequences, so a
         # higher class's prompt never waits behind a lower class's chunks when the prefill share is small.
         admitting = out.num_preempted == 0  # after a preemption for memory, admit nothing new this step
-        for priority in PriorityClass:
+        for priority in EnginePriority:
             for seq in ordered:
                 if seq.in_prefill and seq.priority is priority:
                     self._schedule_running(seq, budget, out)
@@ -191,7 +190,7 @@ class Scheduler:
         if num_decode == 0:
             return 0
         top = min(seq.priority for seq, _ in out.scheduled)
-        num_waiting = sum(len(self.waiting[p]) for p in PriorityClass if p <= top)
+        num_waiting = sum(len(self.waiting[p]) for p in EnginePriority if p <= top)
         num_prefilling = sum(1 for s in self.running if s.in_prefill and s.priority <= top)
         return max(0, min(num_waiting + num_prefilling, self.running_cap - num_decode))
 

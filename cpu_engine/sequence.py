@@ -11,8 +11,8 @@ from enum import Enum
 
 import numpy as np
 
-from cpu_engine.sampling import PriorityClass, SamplingParams
-from sluice.engine_client.wire import FinishReason
+from cpu_engine.sampling import SamplingParams
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 
 class SequenceStatus(Enum):
@@ -34,7 +34,7 @@ class Sequence:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        priority: PriorityClass = PriorityClass.INTERACTIVE,
+        priority: EnginePriority = EnginePriority.UNDER_SHARE,
         cache_scope: str = "",
         arrival_s: float | None = None,
     ) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamError
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
 from sluice.engine_client.wire import EngineError, EngineErrorKind
 
@@ -82,7 +82,7 @@ class InProcessEngineClient(EngineClient):
             request.request_id,
             request.prompt_token_ids,
             params,
-            PriorityClass(int(request.priority)),  # the engine's own enum, of the same values
+            request.priority,
             request.cache_scope,
             on_update,
         )

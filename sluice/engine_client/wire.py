@@ -53,8 +53,10 @@ class FinishReason(StrEnum):
 
 
 class EnginePriority(IntEnum):
-    """The engine's priority class of a request, lower first: the engine admits a request ahead of
-    lower classes and preempts them to make room (the gateway picks it: ``sluice.policy.dispatch``)."""
+    """The engine's priority class of a request, lower first: the engine admits a waiting request ahead of
+    lower classes and preempts running ones of a strictly lower class (a higher value) to make room,
+    never ones of its own class or above. The gateway picks it (``sluice.policy.dispatch``); the CPU
+    engine schedules by this enum itself, as it reports ``FinishReason``."""
 
     UNDER_SHARE = 0  # interactive, its tenant well within its share
     OVER_SHARE = 1  # interactive, its tenant holding its share or more: preemptible by the one above

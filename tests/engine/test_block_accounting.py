@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler
 from cpu_engine.sequence import Sequence, SequenceStatus
-from sluice.engine_client.wire import FinishReason
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 BLOCK = 4
 
@@ -57,7 +57,7 @@ ops = st.lists(
             st.lists(st.integers(1, 3), min_size=1, max_size=14),  # tiny vocab: prefixes collide often
             st.integers(1, 8),
             st.sampled_from(["acme", "globex"]),
-            st.sampled_from(list(PriorityClass)),
+            st.sampled_from(list(EnginePriority)),
         ),
         st.tuples(st.just("abort"), st.integers(0, 40)),
         st.tuples(st.just("step")),
@@ -126,7 +126,7 @@ def test_victim_is_lowest_priority_then_newest() -> None:
     sched = make_scheduler(num_blocks=5, budget=64)
     a = Sequence("interactive", [1] * 4, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     b = Sequence(
-        "batch", [2] * 4, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), PriorityClass.BATCH
+        "batch", [2] * 4, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), EnginePriority.BATCH
     )
     sched.add(b)
     fake_step(sched)

@@ -11,8 +11,8 @@ import pytest
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
-from cpu_engine.sampling import PriorityClass, SamplingParams
-from sluice.engine_client.wire import FinishReason
+from cpu_engine.sampling import SamplingParams
+from sluice.engine_client.wire import EnginePriority, FinishReason
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_seeded_sampling_is_reproducible_whatever_shares_the_batch(dev_checkpoin
 
 def test_interactive_is_admitted_before_batch(dev_checkpoint: Path) -> None:
     engine = LLMEngine.from_checkpoint(dev_checkpoint, EngineConfig(num_kv_blocks=128, max_num_running=1))
-    engine.add_request("batch", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0), PriorityClass.BATCH)
+    engine.add_request("batch", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0), EnginePriority.BATCH)
     engine.add_request("chat", [1, 2, 4], SamplingParams(max_tokens=2, temperature=0))
     first = engine.step()
     assert [o.request_id for o in first] == ["chat"]

@@ -16,9 +16,10 @@ from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.prefill_budget import StepCostModel, StepCosts, prefill_token_budget
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler, SchedulerOutput
 from cpu_engine.sequence import Sequence
+from sluice.engine_client.wire import EnginePriority
 from tests.engine.test_block_accounting import check_invariants, fake_step
 from tests.engine.test_scheduler_priority import ops
 
@@ -153,12 +154,12 @@ def make_scheduler(stretch: float | None = 2.0, costs: StepCosts | None = COSTS)
     return sched
 
 
-def seq(request_id: str, prompt_len: int, priority: PriorityClass = PriorityClass.INTERACTIVE) -> Sequence:
+def seq(request_id: str, prompt_len: int, priority: EnginePriority = EnginePriority.UNDER_SHARE) -> Sequence:
     params = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     return Sequence(request_id, [1 + i % 7 for i in range(prompt_len)], params, priority, request_id)
 
 
-def decoding(sched: Scheduler, num: int, priority: PriorityClass = PriorityClass.INTERACTIVE) -> None:
+def decoding(sched: Scheduler, num: int, priority: EnginePriority = EnginePriority.UNDER_SHARE) -> None:
     for i in range(num):
         sched.add(seq(f"d{i}", 8, priority))
     fake_step(sched)  # all prompts in one step: nothing decoded yet, the whole budget
@@ -201,7 +202,7 @@ def test_a_prompt_alone_gets_the_whole_budget() -> None:
 
 
 def test_lower_class_prompts_do_not_widen_the_share_of_higher_class_streams() -> None:
-    for prompt_class, share in ((PriorityClass.BATCH, 24), (PriorityClass.INTERACTIVE, 112)):
+    for prompt_class, share in ((EnginePriority.BATCH, 24), (EnginePriority.UNDER_SHARE, 112)):
         sched = make_scheduler()
         decoding(sched, 4)
         for i in range(8):
@@ -211,8 +212,8 @@ def test_lower_class_prompts_do_not_widen_the_share_of_higher_class_streams() ->
 
 def test_a_waiting_higher_class_prompt_takes_the_share_before_a_lower_class_prefill() -> None:
     sched = make_scheduler(stretch=1.0)  # the share is the floor: one block per step
-    decoding(sched, 8, PriorityClass.BATCH)
-    sched.add(seq("p-batch", 400, PriorityClass.BATCH))
+    decoding(sched, 8, EnginePriority.BATCH)
+    sched.add(seq("p-batch", 400, EnginePriority.BATCH))
     fake_step(sched)
     assert sched.running[-1].num_computed_tokens == BLOCK  # the batch prompt is in prefill
     sched.add(seq("p-chat", 40))

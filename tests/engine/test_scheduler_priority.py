@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import PRIORITY_GRACE_TOKENS, Scheduler
 from cpu_engine.sequence import Sequence, SequenceStatus
+from sluice.engine_client.wire import EnginePriority
 from tests.engine.test_block_accounting import check_invariants, fake_step
 
 BLOCK = 4
@@ -27,7 +28,7 @@ def make_scheduler(num_blocks: int = 64, max_num_running: int = 2, budget: int =
     return Scheduler(cfg, BlockPool(num_blocks, BLOCK), max_model_len=256, eos_token_ids=frozenset({0}))
 
 
-def seq(request_id: str, priority: PriorityClass, prompt_len: int = 6, max_tokens: int = 50) -> Sequence:
+def seq(request_id: str, priority: EnginePriority, prompt_len: int = 6, max_tokens: int = 50) -> Sequence:
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return Sequence(
         request_id, [1 + i % 5 for i in range(prompt_len)], params, priority, cache_scope=request_id
@@ -41,16 +42,16 @@ def running_ids(sched: Scheduler) -> set[str]:
 def test_higher_class_preempts_the_newest_of_the_lowest_class_when_the_cap_is_full() -> None:
     sched = make_scheduler(max_num_running=3)
     old_batch, over, new_batch = (
-        seq("old-batch", PriorityClass.BATCH),
-        seq("over", PriorityClass.OVER_SHARE),
-        seq("new-batch", PriorityClass.BATCH),
+        seq("old-batch", EnginePriority.BATCH),
+        seq("over", EnginePriority.OVER_SHARE),
+        seq("new-batch", EnginePriority.BATCH),
     )
     for s in (old_batch, over, new_batch):
         sched.add(s)
     fake_step(sched)
     fake_step(sched)
     assert running_ids(sched) == {"old-batch", "over", "new-batch"}
-    sched.add(seq("acme", PriorityClass.INTERACTIVE))
+    sched.add(seq("acme", EnginePriority.UNDER_SHARE))
     out = sched.schedule()
     assert out.num_preempted == out.num_preempted_for_priority == 1
     assert new_batch.status is SequenceStatus.WAITING and new_batch.block_table == []
@@ -62,22 +63,22 @@ def test_higher_class_preempts_the_newest_of_the_lowest_class_when_the_cap_is_fu
 def test_equal_class_never_preempts() -> None:
     sched = make_scheduler(max_num_running=2)
     for name in ("a", "b"):
-        sched.add(seq(name, PriorityClass.OVER_SHARE))
+        sched.add(seq(name, EnginePriority.OVER_SHARE))
     fake_step(sched)
-    sched.add(seq("c", PriorityClass.OVER_SHARE))
+    sched.add(seq("c", EnginePriority.OVER_SHARE))
     for _ in range(5):
         out = sched.schedule()
         assert out.num_preempted == 0
         sched.update_from_output(out, {s.request_id: 7 for s, _ in out.scheduled})
     assert running_ids(sched) == {"a", "b"}
-    assert [s.request_id for s in sched.waiting[PriorityClass.OVER_SHARE]] == ["c"]
+    assert [s.request_id for s in sched.waiting[EnginePriority.OVER_SHARE]] == ["c"]
 
 
 def test_a_lower_class_never_preempts_a_higher_one() -> None:
     sched = make_scheduler(max_num_running=1)
-    sched.add(seq("acme", PriorityClass.INTERACTIVE))
+    sched.add(seq("acme", EnginePriority.UNDER_SHARE))
     fake_step(sched)
-    sched.add(seq("batch", PriorityClass.BATCH))
+    sched.add(seq("batch", EnginePriority.BATCH))
     out = sched.schedule()
     assert out.num_preempted == 0 and running_ids(sched) == {"acme"}
 
@@ -86,34 +87,34 @@ def test_kv_shortage_preempts_lower_classes_only_when_that_makes_room() -> None:
     # 16 blocks of 4 tokens. Each batch sequence: a 12-token prompt, then decodes into its 4th block.
     sched = make_scheduler(num_blocks=16, max_num_running=8)
     for i in range(4):
-        sched.add(seq(f"b{i}", PriorityClass.BATCH, prompt_len=12, max_tokens=4))
+        sched.add(seq(f"b{i}", EnginePriority.BATCH, prompt_len=12, max_tokens=4))
     fake_step(sched)
     fake_step(sched)
     assert len(sched.running) == 4 and sched.block_pool.num_free_blocks == 0
     # Needs 6 + 10 tokens = 4 blocks: the newest batch sequence's 4 blocks make room, and only it goes.
-    sched.add(seq("acme", PriorityClass.INTERACTIVE, max_tokens=10))
+    sched.add(seq("acme", EnginePriority.UNDER_SHARE, max_tokens=10))
     out = sched.schedule()
     assert out.num_preempted == out.num_preempted_for_priority == 1
     assert running_ids(sched) == {"b0", "b1", "b2", "acme"}
     check_invariants(sched)
     # 60 tokens = 15 blocks: every batch sequence together holds 12, so nobody is preempted for it.
-    sched.add(seq("huge", PriorityClass.INTERACTIVE, prompt_len=40, max_tokens=20))
+    sched.add(seq("huge", EnginePriority.UNDER_SHARE, prompt_len=40, max_tokens=20))
     out = sched.schedule()
     assert out.num_preempted == 0 and "acme" in running_ids(sched)
 
 
 def test_a_victim_makes_progress_before_it_can_be_preempted_for_priority_again() -> None:
     sched = make_scheduler(max_num_running=1, budget=64)
-    victim = seq("batch", PriorityClass.BATCH, max_tokens=100)
+    victim = seq("batch", EnginePriority.BATCH, max_tokens=100)
     sched.add(victim)
     fake_step(sched)
-    sched.add(seq("a0", PriorityClass.INTERACTIVE, max_tokens=1))
+    sched.add(seq("a0", EnginePriority.UNDER_SHARE, max_tokens=1))
     fake_step(sched)  # a0 preempts the batch sequence, runs its one token and finishes
     assert victim.num_preemptions == 1
     fake_step(sched)  # the batch sequence comes back (recompute) and makes a token
     assert victim.status is SequenceStatus.RUNNING
     num_tokens_back = victim.num_tokens
-    sched.add(seq("a1", PriorityClass.INTERACTIVE, max_tokens=1))
+    sched.add(seq("a1", EnginePriority.UNDER_SHARE, max_tokens=1))
     while victim.num_tokens < victim.protected_until_num_tokens:
         out = sched.schedule()
         assert out.num_preempted == 0  # protected: a1 waits
@@ -129,7 +130,7 @@ ops = st.lists(
             st.just("add"),
             st.lists(st.integers(1, 3), min_size=1, max_size=14),
             st.integers(1, 8),
-            st.sampled_from(list(PriorityClass)),
+            st.sampled_from(list(EnginePriority)),
         ),
         st.tuples(st.just("abort"), st.integers(0, 40)),
         st.tuples(st.just("step")),
@@ -151,7 +152,7 @@ def test_no_leak_and_no_inversion_under_priority_preemption(ops, num_blocks, max
                 prompt,
                 SamplingParams(max_tokens=max_tokens, temperature=0),
                 priority,
-                cache_scope="acme" if priority is PriorityClass.INTERACTIVE else "globex",
+                cache_scope="acme" if priority is EnginePriority.UNDER_SHARE else "globex",
             )
             try:
                 sched.add(s)

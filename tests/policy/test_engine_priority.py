@@ -21,12 +21,6 @@ DISPATCH = DispatchConfig(itl_target_ms=50.0, max_waiting_per_replica=8)
 UNDER, OVER, BATCH = EnginePriority.UNDER_SHARE, EnginePriority.OVER_SHARE, EnginePriority.BATCH
 
 
-def test_wire_values_are_the_engines() -> None:
-    from cpu_engine.sampling import PriorityClass
-
-    assert [int(p) for p in EnginePriority] == [int(p) for p in PriorityClass]
-
-
 def test_a_lone_tenant_borrows_beyond_its_first_request() -> None:
     """Alone it is never over its share (the gate's test), but all it holds beyond one request is what a
     newcomer would be owed: that work gets the preemptible priority."""

@@ -22,7 +22,6 @@ from replica_converters import (
 
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine_thread import StreamDelta, StreamError
-from cpu_engine.sampling import PriorityClass
 from cpu_engine.stats import EngineStats
 from sluice.engine_client import EngineErrorKind, EnginePriority, FinishReason
 from sluice.engine_client.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, TOKEN_OUTPUTS
@@ -42,7 +41,7 @@ def test_defaults_are_greedy_and_interactive() -> None:
     req = convert(prompt=[1, 2, 3], max_tokens=9)
     assert req.prompt_token_ids == [1, 2, 3] and req.streaming
     assert req.params.max_tokens == 9 and req.params.greedy and req.params.stop_token_ids == ()
-    assert req.priority is PriorityClass.INTERACTIVE and req.cache_scope == "acme"
+    assert req.priority is EnginePriority.UNDER_SHARE and req.cache_scope == "acme"
 
 
 def test_a_request_without_a_cache_scope_is_refused() -> None:
@@ -77,8 +76,8 @@ def test_end_id_joins_the_stop_ids_unless_eos_is_ignored() -> None:
 
 def test_extras_priority_scope_and_streaming() -> None:
     req = convert(priority=2, cache_scope="acme", streaming=False)
-    assert req.priority is PriorityClass.BATCH and req.cache_scope == "acme" and not req.streaming
-    assert convert(priority=1, cache_scope="acme").priority is PriorityClass.OVER_SHARE
+    assert req.priority is EnginePriority.BATCH and req.cache_scope == "acme" and not req.streaming
+    assert convert(priority=1, cache_scope="acme").priority is EnginePriority.OVER_SHARE
 
 
 def test_input_lengths_trims_padding() -> None:
@@ -147,14 +146,6 @@ def test_response_tensors_mirror_tensorrt_llm_shapes() -> None:
     assert out["finish_reason"].tolist() == [[b"stop"]]
     assert out["num_prompt_tokens"].tolist() == [[12]] and out["num_cached_tokens"].tolist() == [[4]]
     assert response_tensors([], final)["output_ids"].shape == (1, 1, 0)
-
-
-def test_the_engines_priority_classes_carry_the_wires_values() -> None:
-    """cpu_engine keeps its own priority classes; the converters map them by value."""
-    assert [(p.name, int(p)) for p in EnginePriority] == [
-        ("UNDER_SHARE", int(PriorityClass.INTERACTIVE)), ("OVER_SHARE", int(PriorityClass.OVER_SHARE)),
-        ("BATCH", int(PriorityClass.BATCH)),
-    ]  # fmt: skip
 
 
 def test_every_finish_reason_travels_as_its_own_value() -> None:

@@ -85,7 +85,7 @@ class _Live:
     sender: Any  # pb_utils.InferenceResponseSender
     stream: RequestStream
     streaming: bool
-    priority: int  # the engine's PriorityClass: lower is sent first
+    priority: int  # the engine's EnginePriority: lower is sent first
     tenant: str  # its cache scope
     tokens: list[int] = field(default_factory=list)  # non-streaming: every token so far
     first_token_sent: bool = False

@@ -19,7 +19,7 @@ import numpy as np
 
 from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
 from cpu_engine.engine_thread import StreamDelta, StreamError
-from cpu_engine.sampling import PriorityClass, SamplingParams
+from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.engine_client.wire import (
     ERROR_OUTPUTS,
@@ -34,10 +34,6 @@ T = TypeVar("T")
 
 MAX_CACHE_SCOPE_BYTES = 256
 
-# The engine's priority classes against the wire's (the same values: a mismatch fails when this module
-# loads). Finish reasons need no map: the engine reports the wire's ``FinishReason`` itself.
-_PRIORITY_CLASS = {wire: PriorityClass(int(wire)) for wire in EnginePriority}
-
 
 @dataclass(frozen=True)
 class EngineRequest:
@@ -45,7 +41,7 @@ class EngineRequest:
 
     prompt_token_ids: list[int]
     params: SamplingParams
-    priority: PriorityClass
+    priority: EnginePriority
     cache_scope: str
     streaming: bool
 
@@ -108,7 +104,7 @@ def request_from_tensors(
     return EngineRequest(
         prompt_token_ids=[int(t) for t in prompt],
         params=params,
-        priority=_PRIORITY_CLASS[EnginePriority(priority)],
+        priority=EnginePriority(priority),  # the engine takes the wire's enum, as it reports FinishReason
         cache_scope=_cache_scope(tensors),
         streaming=_bool_scalar(tensors, "streaming", False),
     )
