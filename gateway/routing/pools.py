@@ -129,10 +129,19 @@ class ReplicaPools:
             # NOTE: by version, not pool: a pool that lost its replicas keeps its scheduler, whose
             # background task expires what still waits in its queue.
             model, version, _ = key
-            routed = model in table.models and version in table.models[model].versions
-            if not routed and not scheduler.replica_ids and scheduler.num_in_flight == 0:
+            version_target = table.models[model].versions.get(version) if model in table.models else None
+            takes_nothing = version_target is None or not version_target.replicas
+            if version_target is None and not scheduler.replica_ids and scheduler.num_in_flight == 0:
                 del self._schedulers[key]
                 self._spawn(scheduler.close())
+            # The version takes nothing new (draining, rolled back, or no replica of it is ready): what
+            # waits for it would wait out its deadline, as its streams finish on a draining replica that
+            # takes no more. The router chooses another version for a retry.
+            elif takes_nothing and (num_refused := scheduler.refuse_waiting()):
+                log.info(
+                    "%s version %s left routing: %d waiting request(s) refused with 503 to retry",
+                    model, version, num_refused,
+                )  # fmt: skip
 
     async def close(self) -> None:
         for scheduler in self._schedulers.values():

@@ -132,9 +132,17 @@ class ModelScheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self.refuse_waiting()
+
+    def refuse_waiting(self) -> int:
+        """Fail every request still waiting for dispatch with 503 ``model_unavailable`` (Retry-After 1 s):
+        its version left routing, so no replica of it will take them; a retry is routed afresh (the
+        official SDKs retry a 503 by themselves). Returns how many."""
+        num_refused = 0
         for queue in (self._redispatched, self._queue):
             for entry in queue.drain():
                 if not entry.payload.done():
+                    num_refused += 1
                     entry.payload.set_exception(
                         refused(
                             503,
@@ -146,6 +154,7 @@ class ModelScheduler:
                         )
                     )
         self._update_depth()
+        return num_refused
 
     # ----- replicas -----
     async def add_replica(self, engine: EngineClient, key: str | None = None) -> None:

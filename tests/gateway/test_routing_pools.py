@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -15,12 +16,14 @@ from typing import cast
 import pytest
 from fakes import ScriptedFakeEngine
 
+from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
 from gateway.routing.router import Router, Target
 from gateway.routing.table import PoolChoice, ReplicaTarget, RoutingTable, choose_pool
-from gateway.scheduling.scheduler import ModelScheduler
-from sluice.engine_client import EngineClient
+from gateway.scheduling.scheduler import Admission, ModelScheduler
+from sluice.domain import RequestClass
+from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.registry.base import (
     Model,
     ModelVersion,
@@ -185,6 +188,40 @@ def test_each_pool_has_its_scheduler_and_a_pool_change_moves_the_replica(tmp_pat
             await pools.apply(_table(_replica("g", GENERAL), _replica("l", GENERAL)))
             assert len(pools.schedulers_of("m", "1")[GENERAL].replica_ids) == 2
             assert long_scheduler.replica_ids == []
+        finally:
+            await pools.close()
+
+    asyncio.run(run())
+
+
+def test_what_waits_for_a_version_that_leaves_routing_is_refused_to_retry(tmp_path: Path) -> None:
+    """A request queued for a version (its replica full) when a rollback drains that version would wait
+    out its deadline: no replica of it takes anything new. It is refused at once with a retryable 503."""
+
+    def full_client(target: ReplicaTarget) -> EngineClient:
+        engine = ScriptedFakeEngine(token_id=5, interval_s=0.001)
+        engine.replica = target.endpoint
+        engine.stats = ReplicaStats(
+            num_kv_tokens_total=1000, num_kv_tokens_free=0, num_waiting=0, num_running=4
+        )
+        return engine
+
+    async def run() -> None:
+        settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
+        pools = ReplicaPools(settings, GatewayMetrics(), full_client, _verified)
+        try:
+            await pools.apply(_table(_replica("g", GENERAL)))
+            scheduler = pools.scheduler("m", "1")
+            assert scheduler is not None
+            now = time.monotonic()
+            admission = Admission("r1", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 60)
+            waiting = asyncio.create_task(scheduler.wait_for_dispatch(admission))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()  # no free KV: it waits in the queue
+            await pools.apply(_table(_replica("g", GENERAL, ReplicaState.DRAINING)))  # the version drains
+            with pytest.raises(OpenAIError) as refused:
+                await asyncio.wait_for(waiting, 1.0)
+            assert refused.value.status_code == 503 and refused.value.code == "model_unavailable"
         finally:
             await pools.close()
 
