@@ -96,6 +96,13 @@ BENCHES: tuple[Bench, ...] = (
     Bench("goodput", "bench.goodput",
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--quick"), 15),
+    # The seed's own mix (1,000-token prompts, 300 output tokens): fewer points, a request is ~10x longer.
+    Bench("goodput-seed-mix", "bench.goodput",
+          ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--mix", "seed",
+           "--concurrency", "1", "8", "16", "32", "--rates", "1", "2", "4", "--rounds", "1",
+           "--section", "goodput-seed-mix", "--write-docs"),
+          ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--mix", "seed",
+           "--quick"), 12),
     *(Bench(f"sim-{s}", "control_plane.sim.cli", ("--scenario", s, *_SIM), ("--scenario", s, *_SIM_QUICK),
             9 if s == "doubling" else 1.5) for s in SIM_SCENARIOS),
 )  # fmt: skip
