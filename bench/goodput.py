@@ -76,7 +76,14 @@ from sluice.tenants.base import dev_tenant
 
 STATE_DIR = Path(".sluice/bench/goodput")
 IMG = REPO_ROOT / "docs" / "img"
-PLOTS = {CONCURRENCY: IMG / "goodput-concurrency.png", RATE: IMG / "goodput-rate.png"}
+
+
+def plot_paths(section: str) -> dict[str, Path]:
+    """Each sweep's plot (docs/img), named by the docs section: a second section never overwrites the
+    first's (``goodput-concurrency.png`` for the default section ``goodput``)."""
+    return {CONCURRENCY: IMG / f"{section}-concurrency.png", RATE: IMG / f"{section}-rate.png"}
+
+
 # (prompt tokens, output tokens) of each load mix.
 MIXES = {"random": (128, 128), "seed": (1000, 300)}
 # The sizes of a full run and of a smoke run (--quick, BENCH_QUICK=1); a flag given on the command line wins.
@@ -341,7 +348,8 @@ def report(setup: Setup, args: argparse.Namespace, points: Sequence[Point], slo:
     targets = targets_of(setup, args)
     rounds = "the median over the rounds" if args.rounds > 1 else "one run (a single round)"
     plot_lines = [
-        f"![tok/s, TTFT p95 and ITL p95 against {what}]({PLOTS[sweep].relative_to(REPO_ROOT / 'docs')})"
+        f"![tok/s, TTFT p95 and ITL p95 against {what}]"
+        f"({plot_paths(args.section)[sweep].relative_to(REPO_ROOT / 'docs')})"
         for sweep, what in ((CONCURRENCY, "streams"), (RATE, "request rate"))
         if any(p.sweep == sweep for p in points)
     ]
@@ -384,9 +392,9 @@ def report(setup: Setup, args: argparse.Namespace, points: Sequence[Point], slo:
     )
 
 
-def save_plots(runs: Sequence[Point], points: Sequence[Point], slo: Slo, command: str) -> None:
-    """goodput-concurrency.png and goodput-rate.png (docs/img), each with its numbers as .json beside."""
-    for sweep, path in PLOTS.items():
+def save_plots(runs: Sequence[Point], points: Sequence[Point], slo: Slo, command: str, section: str) -> None:
+    """The section's plots (``plot_paths``), each with its numbers as .json beside."""
+    for sweep, path in plot_paths(section).items():
         mine = [p for p in points if p.sweep == sweep]
         if not mine:
             continue
@@ -451,9 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Load: {load_text(args)}; {args.rounds} round(s), cells are medians\n")
     print("\n".join([*tables(points, slo), *target_lines(points, slo, args.tolerance)]))
     if args.write_docs:
-        save_plots(runs, points, slo, command)
+        save_plots(runs, points, slo, command, args.section)
         write_section(args.section, report(setup, args, points, slo, command))
-        log(f"wrote section {args.section!r} of docs/benchmarks.md and {', '.join(map(str, PLOTS.values()))}")
+        plotted = ", ".join(map(str, plot_paths(args.section).values()))
+        log(f"wrote section {args.section!r} of docs/benchmarks.md and {plotted}")
     return 0
 
 

@@ -240,16 +240,17 @@ def test_the_plot_is_drawn(tmp_path: Path) -> None:
 
 def test_the_docs_section_and_plots_render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     img = tmp_path / "docs" / "img"
-    monkeypatch.setattr(goodput, "PLOTS", {CONCURRENCY: img / "c.png", RATE: img / "r.png"})
+    monkeypatch.setattr(goodput, "IMG", img)
     monkeypatch.setattr(goodput, "REPO_ROOT", tmp_path)
-    args = goodput.parse_args(["--rounds", "2"])
+    args = goodput.parse_args(["--rounds", "2", "--section", "gp-mix"])
     setup = goodput.Setup("http://s", "http://v", {SLUICE: "k", VLLM: "k"}, "m", 10, [3], "bfloat16", 512,
                           {SLUICE: "Sluice x", VLLM: "vLLM y"}, {})  # fmt: skip
     points = [*headline(2_800), point(SLUICE, 8, 900, sweep=RATE), point(VLLM, 8, 800, sweep=RATE)]
-    goodput.save_plots(points, points, SLO, "cmd")
-    assert (img / "c.png").exists() and (img / "r.json").exists()
+    goodput.save_plots(points, points, SLO, "cmd", "gp-mix")
+    # Named by the section: another section's plots are never overwritten.
+    assert (img / "gp-mix-concurrency.png").exists() and (img / "gp-mix-rate.json").exists()
     text = goodput.report(setup, args, points, SLO, ".venv/bin/python -m bench.goodput --rounds 2")
     assert "- Sluice x." in text and "- vLLM y." in text and "the median over the rounds" in text
     assert "Concurrency sweep (closed loop):" in text and "Request-rate sweep (open loop, Poisson):" in text
     assert "goodput at least 2x vLLM's, on the full SLO and on the ITL SLO alone: **met**" in text
-    assert "](img/c.png)" in text and "](img/r.png)" in text
+    assert "](img/gp-mix-concurrency.png)" in text and "](img/gp-mix-rate.png)" in text
