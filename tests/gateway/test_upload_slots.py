@@ -7,6 +7,7 @@ scripted fake engine: files reach no engine."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -85,6 +86,20 @@ def test_an_upload_past_the_slots_is_refused_before_its_body_is_read(gateway: Ru
     wait_until(lambda: gateway.gw.upload_limit.num_in_use == 0, 10, "the slot given back again")
 
 
+def _read_response(sock: socket.socket) -> str:
+    """One whole HTTP response: its head, then Content-Length bytes of body (the two may come in separate
+    segments: one recv() once read the head alone)."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    length = int(declared.group(1)) if declared else 0
+    while len(body) < length and (chunk := sock.recv(65536)):
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
+
+
 def test_a_body_that_does_not_arrive_in_time_is_408_and_gives_its_slot_back(
     dev_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -99,7 +114,7 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_gives_its_slot_back(
         slow = start_slow_upload(gateway.base_url)  # 4096 bytes announced, a few hundred sent
         try:
             slow.settimeout(10)
-            answer = slow.recv(65536).decode(errors="replace")
+            answer = _read_response(slow)
         finally:
             slow.close()
         assert answer.startswith("HTTP/1.1 408"), answer[:200]
