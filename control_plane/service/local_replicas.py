@@ -148,6 +148,13 @@ class LocalReplicas:
         local = self._local.get(replica_id)
         return local is not None and local.cold_start.phase == "failed"
 
+    def launch_owns_state(self, replica_id: str) -> bool:
+        """This service's launch of the replica is in progress or failed: the launch records its state
+        (``ready`` after its own first-token check), so the health checks leave it alone until then. A
+        check passing as soon as tritonserver answered marked it ready before its load was recorded."""
+        local = self._local.get(replica_id)
+        return local is not None and local.cold_start.phase != "ready"
+
     def cold_start(self, replica_id: str) -> ColdStart | None:
         """The phases of a replica's start so far (this service's replicas only; None otherwise)."""
         local = self._local.get(replica_id)

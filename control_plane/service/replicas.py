@@ -88,7 +88,7 @@ async def open_replica_services(
         interval_s=settings.replica_health_interval_s if health_interval_s is None else health_interval_s,
         start_grace_s=settings.replica_start_grace_s,
         probe_timeout_s=settings.replica_probe_timeout_s,
-        launch_failed=local.launch_failed,
+        launch_failed=local.launch_owns_state,
     )
     await health.start()
     stack.push_async_callback(health.close)
