@@ -11,15 +11,18 @@
  *   seq_index         int32 [num_tokens]: the block_tables row of each token
  *   positions         int32 [num_tokens]: token t attends to positions 0..positions[t] of its sequence
  *
- * Work is split over (token, kv head) items, run in parallel with OpenMP (as many threads as OpenMP
- * allows, at most one per item; the GIL is released). An item handles all query heads of its GQA group
- * together, walking the context in chunks of 16 positions: the chunk's K and V rows are fetched once
- * (prefetched a few chunks ahead) and stay in L1 while every head of the group uses them. Softmax is the
- * online (running max) form, updated once per chunk, in float32, in base 2 (log2(e) is folded into the
- * scale).
+ * Work is split over items, run in parallel with OpenMP (as many threads as OpenMP allows, at most one
+ * per item; the GIL is released). An item is a tile of neighbouring tokens of one sequence (one token on
+ * the AVX-512 path, up to TILE on the portable one) at one kv head: it handles every query head of the
+ * GQA group for each of its tokens together, walking the context in chunks of 16 positions, so a
+ * chunk's K and V rows are fetched once and stay in L1 while every row of the tile uses them. Softmax is
+ * the online (running max) form, updated once per chunk, in float32, in base 2 (log2(e) is folded into
+ * the scale).
  *
- * Two implementations of an item: AVX-512 (used when the compiler targets it) and portable C. Both are
- * always built; `paged_attention_portable` exposes the portable one so the tests keep it honest.
+ * Two implementations of an item: AVX-512 intrinsics (used when the compiler targets AVX-512, with a
+ * prefetch ring for cold caches) and portable C with GCC/Clang vector types, which the compiler maps to
+ * the machine's registers (AVX2 on an x86 without AVX-512, NEON on ARM). Both are always built;
+ * `paged_attention_portable` exposes the portable one so the tests keep it honest.
  *
  * write_kv_bf16(cache, x, slot_mapping) -> None
  *   cache             uint16 [num_blocks, block_size, num_kv_heads, head_dim], C-contiguous (bf16 bits)
@@ -71,23 +74,6 @@ typedef struct {
     int kv_bf16;      /* the caches hold bfloat16 bits (uint16) rather than float32 */
 } pa_problem;
 
-/* Per-thread scratch, in floats: scaled q and the accumulator of a group (padded to whole 16-lane
- * vectors), running max and sum per head, and the probabilities of one chunk for two heads; then one
- * key and one value row widened from bf16 (portable path only, which lays out the rest the same way
- * with head_dim for padded). */
-static npy_intp scratch_floats(const pa_problem *pb) {
-    npy_intp group = pb->num_heads / pb->num_kv_heads;
-    npy_intp padded = (pb->head_dim + 15) / 16 * 16;
-    npy_intp n = 2 * group * padded + 2 * group + 2 * CHUNK + 2 * padded;
-    return (n + 15) / 16 * 16;
-}
-
-/* Element offset of position `pos` of a sequence, within k_cache / v_cache, at kv head 0. */
-static inline npy_intp row_offset(const pa_problem *pb, const int32_t *table, npy_intp pos) {
-    npy_intp block = table[pos / pb->block_size];
-    return (block * pb->block_size + pos % pb->block_size) * pb->num_kv_heads * pb->head_dim;
-}
-
 /* Offsets of positions p0..p0+n-1 (n <= CHUNK), walking blocks without a division per position. */
 static inline void chunk_offsets(const pa_problem *pb, const int32_t *table, npy_intp p0, int n,
                                  npy_intp kv_offset, npy_intp *offsets) {
@@ -103,77 +89,240 @@ static inline void chunk_offsets(const pa_problem *pb, const int32_t *table, npy
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Portable implementation.                                                                         */
+/* Portable implementation: plain C that the compiler vectorises for the machine it builds on (AVX2 on
+ * an x86 without AVX-512, NEON on ARM). An item is a tile of up to TILE tokens of one sequence (a
+ * prefill chunk's neighbours) and one kv head: each key and value row is read once for every query
+ * head of the group and every token of the tile, TILE * group rows in all. The context is walked in
+ * chunks of CHUNK positions with one online-softmax update per chunk and row, the exponentials
+ * computed branch-free so the loop over the chunk vectorises. A row stops at its own token's position
+ * (the causal limit); the tile walks to its last token's. */
 
-/* 2^x for x <= 0 (results below 2^-126 flush to 0); no libm, so the module has no link dependency. */
-static inline float exp2_scalar(float x) {
-    if (x < -126.0f) return 0.0f;
-    float n = (float)(int32_t)(x - 0.5f); /* x <= 0: truncation rounds to nearest */
-    float f = (x - n) * 0.6931471805599453f; /* 2^(x-n) = e^f, |f| <= ln2/2 */
-    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 +
-              f * (1.0f / 720 + f * (1.0f / 5040)))))));
+#define TILE 4 /* tokens of one sequence per portable item */
+
+/* 2^x for x <= 0, exactly 0 below -126; branch-free (selects, not jumps) and without libm, so a loop of
+ * it vectorises and the module has no link dependency. */
+static inline float exp2_portable(float x) {
+    const float xc = x < -126.0f ? -126.0f : x;
+    const float n = (float)(int32_t)(xc - 0.5f); /* xc <= 0: truncation rounds to nearest */
+    const float f = (xc - n) * 0.6931471805599453f; /* 2^(xc-n) = e^f, |f| <= ln2/2 */
+    const float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 +
+                    f * (1.0f / 720 + f * (1.0f / 5040)))))));
     union { float f; int32_t i; } bits;
     bits.i = ((int32_t)n + 127) << 23;
-    return p * bits.f;
+    return x < -126.0f ? 0.0f : p * bits.f;
 }
 
-/* Row `off` of a cache as floats: in place for float32, widened into `buf` (d floats) for bf16. */
-static inline const float *row_portable(const pa_problem *pb, const void *cache, npy_intp off, float *buf) {
-    if (!pb->kv_bf16) return (const float *)cache + off;
-    const uint16_t *src = (const uint16_t *)cache + off;
-    for (npy_intp i = 0; i < pb->head_dim; ++i) {
-        uint32_t bits = (uint32_t)src[i] << 16;
-        memcpy(buf + i, &bits, sizeof bits);
-    }
-    return buf;
+/* Scratch of a portable item, in floats: per row (token x head of the group) its scaled q and
+ * accumulator (d each), running max and sum, and a chunk of scores; then a chunk of key and value rows
+ * widened from bf16. */
+static npy_intp portable_scratch_floats(const pa_problem *pb) {
+    const npy_intp rows = TILE * (pb->num_heads / pb->num_kv_heads), d = pb->head_dim;
+    return rows * (2 * d + 2 + CHUNK) + 2 * CHUNK * d + 16;
 }
 
-static void item_portable(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
-    const npy_intp group = pb->num_heads / pb->num_kv_heads, d = pb->head_dim;
-    const npy_intp head0 = t * pb->num_heads + kvh * group;
-    const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t] * pb->max_blocks;
-    const npy_intp limit = pb->positions[t];
-    float *qs = scratch, *acc = scratch + group * d, *m = acc + group * d, *l = m + group;
-    float *k_buf = scratch + scratch_floats(pb) - 2 * d, *v_buf = k_buf + d; /* past the rest, see above */
-
-    for (npy_intp g = 0; g < group; ++g) {
-        for (npy_intp i = 0; i < d; ++i) qs[g * d + i] = pb->q[(head0 + g) * d + i] * pb->scale_log2;
-        for (npy_intp i = 0; i < d; ++i) acc[g * d + i] = 0.0f;
-        m[g] = NEG_BIG;
-        l[g] = 0.0f;
-    }
-    for (npy_intp pos = 0; pos <= limit; ++pos) {
-        const npy_intp off = row_offset(pb, table, pos) + kvh * d;
-        const float *k = row_portable(pb, pb->k_cache, off, k_buf);
-        const float *v = row_portable(pb, pb->v_cache, off, v_buf);
-        for (npy_intp g = 0; g < group; ++g) {
-            float s = 0.0f;
-            const float *qg = qs + g * d;
-#pragma omp simd reduction(+ : s)
-            for (npy_intp i = 0; i < d; ++i) s += qg[i] * k[i];
-            float *ag = acc + g * d;
-            if (s > m[g]) { /* a new maximum: rescale what was accumulated so far */
-                float corr = exp2_scalar(m[g] - s);
-                l[g] *= corr;
+/* Rows of a cache chunk as floats: pointers into a float32 cache, or widened into `buf` (n rows of d). */
+static inline void chunk_rows(const pa_problem *pb, const void *cache, const npy_intp *offsets, int n,
+                              float *buf, const float **rows) {
+    const npy_intp d = pb->head_dim;
+    for (int j = 0; j < n; ++j) {
+        if (!pb->kv_bf16) {
+            rows[j] = (const float *)cache + offsets[j];
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)cache + offsets[j];
+        uint32_t *dst = (uint32_t *)(buf + j * d);
 #pragma omp simd
-                for (npy_intp i = 0; i < d; ++i) ag[i] *= corr;
-                m[g] = s;
+        for (npy_intp i = 0; i < d; ++i) dst[i] = (uint32_t)src[i] << 16; /* that float exactly */
+        rows[j] = buf + j * d;
+    }
+}
+
+/* GCC/Clang vector types: eight and four floats, whatever the target's registers (the compiler splits or
+ * joins them). Loads and stores go through memcpy, so nothing needs to be aligned. */
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+
+static inline vf8 load8(const float *p) {
+    vf8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, vf8 v) { memcpy(p, &v, sizeof v); }
+
+/* The four lane sums of a, b, c, d, as one vector. */
+static inline vf4 sum4(vf8 a, vf8 b, vf8 c, vf8 d) {
+    vf4 ha = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    vf4 hb = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+    vf4 hc = __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
+    vf4 hd = __builtin_shufflevector(d, d, 0, 1, 2, 3) + __builtin_shufflevector(d, d, 4, 5, 6, 7);
+    vf4 ab = __builtin_shufflevector(ha, hb, 0, 4, 1, 5) + __builtin_shufflevector(ha, hb, 2, 6, 3, 7);
+    vf4 cd = __builtin_shufflevector(hc, hd, 0, 4, 1, 5) + __builtin_shufflevector(hc, hd, 2, 6, 3, 7);
+    return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
+}
+
+typedef int32_t vi8 __attribute__((vector_size(32)));
+
+/* exp2_portable of eight lanes at once. */
+static inline vf8 exp2_v8(vf8 x) {
+    const vf8 zero = {0}, floor_exp = zero - 126.0f;
+    const vi8 under = x < floor_exp; /* lanes of -1 where x < -126: those come out as 0 */
+    const vf8 xc = (vf8)((under & (vi8)floor_exp) | (~under & (vi8)x));
+    const vi8 ni = __builtin_convertvector(xc - 0.5f, vi8); /* xc <= 0: truncation rounds to nearest */
+    const vf8 f = (xc - __builtin_convertvector(ni, vf8)) * 0.6931471805599453f;
+    const vf8 p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 +
+                  f * (1.0f / 720 + f * (1.0f / 5040)))))));
+    return (vf8)((vi8)(p * (vf8)((ni + 127) << 23)) & ~under);
+}
+
+/* Scores s[0..nv) (base 2) become 2^(s - mx) in place, s[nv..CHUNK) zero; returns their sum. */
+static inline float chunk_probabilities(float *s, int nv, float mx) {
+    const vi8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    float sum = 0.0f;
+    for (int j = 0; j < CHUNK; j += 8) {
+        const vi8 valid = lane + j < nv;
+        const vf8 e = (vf8)((vi8)exp2_v8(load8(s + j) - mx) & valid);
+        store8(s + j, e);
+        for (int i = 0; i < 8; ++i) sum += e[i];
+    }
+    return sum;
+}
+
+/* s[j] = q . k_j for the chunk's first nv keys. VEC (D a multiple of 32): four keys at a time in vector
+ * registers, four independent sums; otherwise loops the compiler vectorises as it can. */
+static inline __attribute__((always_inline)) void chunk_scores(const float *q, const float *const *k_rows,
+                                                               int nv, float *s, const npy_intp D,
+                                                               const int VEC) {
+    int j = 0;
+    if (VEC) {
+        for (; j + 4 <= nv; j += 4) {
+            const float *k0 = k_rows[j], *k1 = k_rows[j + 1], *k2 = k_rows[j + 2], *k3 = k_rows[j + 3];
+            vf8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (npy_intp i = 0; i < D; i += 8) {
+                const vf8 qi = load8(q + i);
+                a0 += qi * load8(k0 + i);
+                a1 += qi * load8(k1 + i);
+                a2 += qi * load8(k2 + i);
+                a3 += qi * load8(k3 + i);
             }
-            float w = exp2_scalar(s - m[g]);
-            l[g] += w;
-#pragma omp simd
-            for (npy_intp i = 0; i < d; ++i) ag[i] += w * v[i];
+            const vf4 sums = sum4(a0, a1, a2, a3);
+            memcpy(s + j, &sums, sizeof sums);
         }
     }
-    for (npy_intp g = 0; g < group; ++g) {
-        float inv = 1.0f / l[g];
-        for (npy_intp i = 0; i < d; ++i) pb->out[(head0 + g) * d + i] = acc[g * d + i] * inv;
+    for (; j < nv; ++j) {
+        const float *k = k_rows[j];
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (npy_intp i = 0; i < D; ++i) sum += q[i] * k[i];
+        s[j] = sum;
+    }
+}
+
+/* acc = acc * corr + sum_j w[j] * v_j over the chunk's first nv values. VEC: 32 floats of acc at a time
+ * stay in registers over all nv rows; otherwise one pass over acc per row. */
+static inline __attribute__((always_inline)) void chunk_values(float *acc, float corr, const float *w,
+                                                               const float *const *v_rows, int nv,
+                                                               const npy_intp D, const int VEC) {
+    if (VEC) {
+        for (npy_intp i = 0; i < D; i += 32) {
+            vf8 a0 = load8(acc + i) * corr, a1 = load8(acc + i + 8) * corr;
+            vf8 a2 = load8(acc + i + 16) * corr, a3 = load8(acc + i + 24) * corr;
+            for (int j = 0; j < nv; ++j) {
+                const float *v = v_rows[j] + i;
+                const float wj = w[j];
+                a0 += wj * load8(v);
+                a1 += wj * load8(v + 8);
+                a2 += wj * load8(v + 16);
+                a3 += wj * load8(v + 24);
+            }
+            store8(acc + i, a0);
+            store8(acc + i + 8, a1);
+            store8(acc + i + 16, a2);
+            store8(acc + i + 24, a3);
+        }
+        return;
+    }
+#pragma omp simd
+    for (npy_intp i = 0; i < D; ++i) acc[i] *= corr;
+    for (int j = 0; j < nv; ++j) {
+        const float wj = w[j], *v = v_rows[j];
+#pragma omp simd
+        for (npy_intp i = 0; i < D; ++i) acc[i] += wj * v[i];
+    }
+}
+
+/* A tile's work with head_dim D (a compile-time constant where inlined with one, so the loops over it
+ * unroll; VEC when it is a multiple of 32). */
+static inline __attribute__((always_inline)) void tile_portable_body(const pa_problem *pb, npy_intp t0,
+                                                                     npy_intp nt, npy_intp kvh,
+                                                                     float *scratch, const npy_intp D,
+                                                                     const int VEC) {
+    const npy_intp group = pb->num_heads / pb->num_kv_heads, rows = nt * group;
+    const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t0] * pb->max_blocks;
+    float *qs = scratch, *acc = qs + rows * D, *m = acc + rows * D, *l = m + rows, *p = l + rows;
+    float *k_buf = p + rows * CHUNK, *v_buf = k_buf + CHUNK * D;
+    npy_intp limit[TILE], last = 0;
+    for (npy_intp i = 0; i < nt; ++i) {
+        limit[i] = pb->positions[t0 + i];
+        if (limit[i] > last) last = limit[i];
+    }
+    for (npy_intp r = 0; r < rows; ++r) { /* row r: token r / group, head r % group of the kv head's group */
+        const float *qr = pb->q + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * D;
+        for (npy_intp i = 0; i < D; ++i) {
+            qs[r * D + i] = qr[i] * pb->scale_log2;
+            acc[r * D + i] = 0.0f;
+        }
+        m[r] = NEG_BIG;
+        l[r] = 0.0f;
+    }
+    npy_intp offsets[CHUNK];
+    const float *k_rows[CHUNK], *v_rows[CHUNK];
+    for (npy_intp p0 = 0; p0 <= last; p0 += CHUNK) {
+        const int n = last + 1 - p0 < CHUNK ? (int)(last + 1 - p0) : CHUNK;
+        chunk_offsets(pb, table, p0, n, kvh * D, offsets);
+        chunk_rows(pb, pb->k_cache, offsets, n, k_buf, k_rows);
+        chunk_rows(pb, pb->v_cache, offsets, n, v_buf, v_rows);
+        for (npy_intp r = 0; r < rows; ++r) {
+            const npy_intp reach = limit[r / group] + 1 - p0; /* positions of this chunk the row sees */
+            if (reach <= 0) continue;
+            const int nv = reach < n ? (int)reach : n;
+            float *pr = p + r * CHUNK;
+            chunk_scores(qs + r * D, k_rows, nv, pr, D, VEC);
+            float mx = m[r];
+            for (int j = 0; j < nv; ++j) mx = pr[j] > mx ? pr[j] : mx;
+            const float sum = chunk_probabilities(pr, nv, mx);
+            const float corr = exp2_portable(m[r] - mx);
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+            chunk_values(acc + r * D, corr, pr, v_rows, nv, D, VEC);
+        }
+    }
+    for (npy_intp r = 0; r < rows; ++r) {
+        float *out = pb->out + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * D;
+        const float inv = 1.0f / l[r];
+        for (npy_intp i = 0; i < D; ++i) out[i] = acc[r * D + i] * inv;
+    }
+}
+
+static void tile_portable(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
+    switch (pb->head_dim) {
+    case 64: tile_portable_body(pb, t0, nt, kvh, scratch, 64, 1); break;
+    case 128: tile_portable_body(pb, t0, nt, kvh, scratch, 128, 1); break;
+    default: tile_portable_body(pb, t0, nt, kvh, scratch, pb->head_dim, 0); break;
     }
 }
 
 /* ------------------------------------------------------------------------------------------------ */
 /* AVX-512 implementation.                                                                          */
 #if PA_HAVE_AVX512
+
+/* Scratch of an AVX-512 item, in floats: scaled q and the accumulator of a group (padded to whole
+ * 16-lane vectors), running max and sum per head, and the probabilities of one chunk for two heads. */
+static npy_intp avx512_scratch_floats(const pa_problem *pb) {
+    npy_intp group = pb->num_heads / pb->num_kv_heads;
+    npy_intp padded = (pb->head_dim + 15) / 16 * 16;
+    return 2 * group * padded + 2 * group + 2 * CHUNK;
+}
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define AHEAD 4 /* chunks prefetched ahead of the one being computed */
@@ -388,11 +537,35 @@ static void item_avx512_bf16(const pa_problem *pb, npy_intp t, npy_intp kvh, flo
 /* ------------------------------------------------------------------------------------------------ */
 /* Driver.                                                                                          */
 
-typedef void (*item_fn)(const pa_problem *, npy_intp, npy_intp, float *);
+/* An item: tokens t0..t0+nt-1 (all of one sequence) at kv head kvh, with a thread's scratch. */
+typedef void (*tile_fn)(const pa_problem *, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch);
 
-static void run_items(const pa_problem *pb, npy_intp num_tokens, item_fn item, float *scratch,
-                      npy_intp stride, int num_threads) {
-    const npy_intp num_items = num_tokens * pb->num_kv_heads;
+#if PA_HAVE_AVX512
+/* The AVX-512 items take one token at a time (tiles of one). */
+static void tile_avx512_f32(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
+    for (npy_intp t = t0; t < t0 + nt; ++t) item_avx512_f32(pb, t, kvh, scratch);
+}
+
+static void tile_avx512_bf16(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
+    for (npy_intp t = t0; t < t0 + nt; ++t) item_avx512_bf16(pb, t, kvh, scratch);
+}
+#endif
+
+/* Splits the tokens into tiles of at most max_tile neighbours of one sequence: tile w is tokens
+ * starts[w]..starts[w+1]-1. Returns the number of tiles (starts has num_tokens + 1 entries). */
+static npy_intp split_tiles(const pa_problem *pb, npy_intp num_tokens, npy_intp max_tile, npy_intp *starts) {
+    npy_intp num_tiles = 0;
+    for (npy_intp t = 0; t < num_tokens; ++t) {
+        const npy_intp t0 = num_tiles ? starts[num_tiles - 1] : 0;
+        if (t == 0 || t - t0 == max_tile || pb->seq_index[t] != pb->seq_index[t - 1]) starts[num_tiles++] = t;
+    }
+    starts[num_tiles] = num_tokens;
+    return num_tiles;
+}
+
+static void run_tiles(const pa_problem *pb, const npy_intp *starts, npy_intp num_tiles, tile_fn tile,
+                      float *scratch, npy_intp stride, int num_threads) {
+    const npy_intp num_items = num_tiles * pb->num_kv_heads;
 #pragma omp parallel num_threads(num_threads)
     {
 #ifdef _OPENMP
@@ -402,7 +575,10 @@ static void run_items(const pa_problem *pb, npy_intp num_tokens, item_fn item, f
 #endif
         /* Items differ in cost (each token has its own context length): hand them out dynamically. */
 #pragma omp for schedule(dynamic, 1)
-        for (npy_intp w = 0; w < num_items; ++w) item(pb, w / pb->num_kv_heads, w % pb->num_kv_heads, mine);
+        for (npy_intp w = 0; w < num_items; ++w) {
+            const npy_intp i = w / pb->num_kv_heads;
+            tile(pb, starts[i], starts[i + 1] - starts[i], w % pb->num_kv_heads, mine);
+        }
     }
 }
 
@@ -571,26 +747,38 @@ static PyObject *run(PyObject *args, int portable) {
     pa_problem pb;
     const npy_intp num_tokens = parse_problem(args, &pb);
     if (num_tokens < 0) return NULL;
-    item_fn item = item_portable;
+    tile_fn tile = tile_portable;
+    npy_intp max_tile = TILE, stride = portable_scratch_floats(&pb);
 #if PA_HAVE_AVX512
-    if (!portable) item = pb.kv_bf16 ? item_avx512_bf16 : item_avx512_f32;
+    if (!portable) {
+        tile = pb.kv_bf16 ? tile_avx512_bf16 : tile_avx512_f32;
+        max_tile = 1;
+        stride = avx512_scratch_floats(&pb);
+    }
 #else
     (void)portable;
 #endif
-    const npy_intp num_items = num_tokens * pb.num_kv_heads;
-    if (num_items == 0) Py_RETURN_NONE;
+    if (num_tokens == 0 || pb.num_kv_heads == 0) Py_RETURN_NONE;
+    npy_intp *starts = PyMem_Malloc((size_t)(num_tokens + 1) * sizeof(npy_intp));
+    if (starts == NULL) return PyErr_NoMemory();
+    const npy_intp num_tiles = split_tiles(&pb, num_tokens, max_tile, starts);
+    const npy_intp num_items = num_tiles * pb.num_kv_heads;
 #ifdef _OPENMP
     int num_threads = omp_get_max_threads();
 #else
     int num_threads = 1;
 #endif
     if (num_threads > num_items) num_threads = (int)num_items;
-    const npy_intp stride = scratch_floats(&pb);
+    stride = (stride + 15) / 16 * 16; /* each thread's scratch on its own cache lines */
     float *scratch = aligned_alloc(64, (size_t)(stride * num_threads) * sizeof(float));
-    if (scratch == NULL) return PyErr_NoMemory();
+    if (scratch == NULL) {
+        PyMem_Free(starts);
+        return PyErr_NoMemory();
+    }
     Py_BEGIN_ALLOW_THREADS
-    run_items(&pb, num_tokens, item, scratch, stride, num_threads);
+    run_tiles(&pb, starts, num_tiles, tile, scratch, stride, num_threads);
     Py_END_ALLOW_THREADS
+    PyMem_Free(starts);
     free(scratch);
     Py_RETURN_NONE;
 }
