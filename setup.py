@@ -1,5 +1,5 @@
-"""Builds the CPU engine's native kernels (paged attention, bf16 linear, elementwise); the rest is in
-pyproject.toml."""
+"""Builds the CPU engine's native kernels (paged attention, bf16 linear, float32 few-row matmul,
+elementwise); the rest is in pyproject.toml."""
 
 import numpy as np
 from setuptools import Extension, setup
@@ -19,6 +19,14 @@ setup(
         Extension(
             "cpu_engine._linear",
             sources=["cpu_engine/csrc/linear_bf16.c"],
+            depends=["cpu_engine/csrc/npy_args.h"],
+            include_dirs=[np.get_include()],
+            extra_compile_args=COMPILE_ARGS,
+            extra_link_args=["-fopenmp"],
+        ),
+        Extension(
+            "cpu_engine._matmul_f32",
+            sources=["cpu_engine/csrc/matmul_f32.c"],
             depends=["cpu_engine/csrc/npy_args.h"],
             include_dirs=[np.get_include()],
             extra_compile_args=COMPILE_ARGS,

@@ -6,6 +6,7 @@ each at M = 1, 8, 32, 64, 160, 512 rows; then a whole layer stack as the engine 
 four projections with the two residual adds, and the output head on 32 sampled rows.
 
     python -m bench.linear_bench [--rounds 7] [--block-ms 20] [--no-torch] [--only shapes|stack]
+    python -m bench.linear_bench --float32    # numpy against DenseLinear (the engine's float32 layers)
 
 The implementations take turns: each round times a block of calls of each (the median of the block), with
 a pause between blocks so the previous one's idle threads have gone to sleep; a figure is the median over
@@ -30,6 +31,7 @@ from cpu_engine import _linear as native
 from cpu_engine.config import ModelConfig
 from cpu_engine.devckpt import model_config
 from cpu_engine.linear import KERNEL_SIMD, PackedLinear
+from cpu_engine.model import DenseLinear
 
 Impl = Callable[[], object]
 ROWS = (1, 8, 32, 64, 160, 512)
@@ -108,6 +110,22 @@ def bench_shapes(torch: Any, rounds: int, block_s: float) -> None:
                   f"x{t['numpy'] / t['ours']:7.2f} {vs_torch}", flush=True)  # fmt: skip
 
 
+def bench_float32(rounds: int, block_s: float) -> None:
+    """numpy's x @ W against DenseLinear, which sends a few rows to csrc/matmul_f32.c, per dev shape."""
+    rng = np.random.default_rng(0)
+    print(f"{'layer':<8} {'K':>5} {'N':>5} {'M':>4} | {'numpy fp32 us':>13} | {'DenseLinear us':>14} | "
+          "speed-up")  # fmt: skip
+    for name, (k, n) in dev_shapes().items():
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        layer = DenseLinear(w)
+        for m in (1, 2, 4, 8, 16, 32, 64):
+            x = rng.standard_normal((m, k), dtype=np.float32)
+            t = compare({"numpy": functools.partial(np.matmul, x, w), "dense": functools.partial(layer, x)},
+                        rounds, block_s)  # fmt: skip
+            print(f"{name:<8} {k:>5} {n:>5} {m:>4} | {t['numpy'] * 1e6:13.1f} | {t['dense'] * 1e6:14.1f} | "
+                  f"x{t['numpy'] / t['dense']:.2f}", flush=True)  # fmt: skip
+
+
 def stack_impls(torch: Any, m: int) -> dict[str, Impl]:
     """4 layers x (qkv, o + residual, gate_up, down + residual), then the output head on 32 rows."""
     cfg = ModelConfig.from_dict(model_config())
@@ -171,7 +189,13 @@ def main() -> None:
     parser.add_argument("--block-ms", type=float, default=20.0, help="time per block of calls")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--only", choices=["shapes", "stack"], help="run one of the two parts")
+    parser.add_argument("--float32", action="store_true", help="numpy against DenseLinear only")
     args = parser.parse_args()
+    if args.float32:
+        threads = os.environ.get("OMP_NUM_THREADS")
+        print(f"{os.cpu_count()} CPUs; OMP_NUM_THREADS={threads}; numpy {np.__version__}")
+        bench_float32(args.rounds, args.block_ms / 1e3)
+        return
     torch: Any = None
     if not args.no_torch:
         try:  # NOTE: after cpu_engine.linear, so torch shares the OpenMP runtime under the same policy

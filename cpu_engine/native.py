@@ -1,6 +1,6 @@
 """The engine's native kernels, loaded in one place so their shared OpenMP runtime is set up once.
 
-NOTE: the attention and linear kernels use one libgomp (the elementwise kernels are single-threaded),
+NOTE: the attention, linear and matmul kernels use one libgomp (the elementwise kernels are single-threaded),
 which reads OMP_WAIT_POLICY once, when the first of them loads it. Its default lets idle threads spin
 after each call, which steals a core from whatever runs next (numpy, the Triton stub's sender thread,
 the gateway on the same two cores); passive threads sleep instead, at 10-20 us per call to wake them
@@ -29,4 +29,5 @@ def _load(module: str, what: str) -> ModuleType:
 
 paged_attention_ext = _load("_paged_attention", "the paged attention kernel")
 linear_ext = _load("_linear", "the bf16 linear kernel")
+matmul_f32_ext = _load("_matmul_f32", "the float32 few-row matmul kernel")
 elementwise_ext = _load("_elementwise", "the elementwise kernels (RMSNorm, SiLU, RoPE)")
