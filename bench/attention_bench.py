@@ -12,19 +12,32 @@ do; with N large enough that they outgrow the L3 cache (about 12 here), every ca
 --interleave also times kernel calls alternating with a numpy matmul of a layer's size (the engine's
 pattern), to show whether idle kernel threads steal CPU from OpenBLAS (see OMP_WAIT_POLICY in
 cpu_engine/attention.py).
+
+--baseline REV builds the kernel as it was at git revision REV (with setup.py's flags, into a temporary
+directory) and times it against the one installed, call by call, on the shapes above and on the seed
+mix's (32 decodes at context 1,100, a 1,000-token prompt): before/after figures from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import itertools
+import subprocess
+import sysconfig
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from cpu_engine.attention import KERNEL_SIMD, paged_attention, reference_paged_attention, to_bf16_bits
+from cpu_engine.native import paged_attention_ext
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 64, 16
 
@@ -195,6 +208,64 @@ def bench_interleaved(case: Case, repeats: int) -> None:
     )
 
 
+KERNEL_SOURCE = "cpu_engine/csrc/paged_attention.c"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def compile_args() -> list[str]:
+    """setup.py's COMPILE_ARGS (the flags `make install` builds the kernels with), read without running it."""
+    tree = ast.parse((REPO_ROOT / "setup.py").read_text())
+    for node in tree.body:
+        names = [getattr(target, "id", None) for target in getattr(node, "targets", [])]
+        if isinstance(node, ast.Assign) and "COMPILE_ARGS" in names:
+            return list(ast.literal_eval(node.value))
+    raise RuntimeError("setup.py has no COMPILE_ARGS")
+
+
+def build_kernel_at(revision: str, build_dir: Path) -> ModuleType:
+    """The attention extension compiled from ``KERNEL_SOURCE`` as it was at git ``revision``."""
+    source = build_dir / "paged_attention.c"
+    source.write_bytes(
+        subprocess.run(["git", "show", f"{revision}:{KERNEL_SOURCE}"], cwd=REPO_ROOT, check=True,
+                       capture_output=True).stdout
+    )  # fmt: skip
+    library = build_dir / f"_paged_attention{sysconfig.get_config_var('EXT_SUFFIX')}"
+    includes = [f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}"]
+    subprocess.run(["cc", "-shared", "-fPIC", *compile_args(), *includes, str(source), "-o", str(library)],
+                   check=True)  # fmt: skip
+    spec = importlib.util.spec_from_file_location("_paged_attention", library)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_against(revision: str, repeats: int) -> None:
+    """The kernel at ``revision`` against the installed one, float32 KV, alternating call by call."""
+    with tempfile.TemporaryDirectory() as tmp:
+        old = build_kernel_at(revision, Path(tmp))
+    cases = {
+        "decode 32 seqs x 192 context": make_case(32, 192, 1),
+        "decode 32 seqs x 1,100 context": make_case(32, 1100, 1),
+        "prefill 512-token chunk (0..511)": make_case(1, 512, 512),
+        "prefill 1,000-token prompt (0..999)": make_case(1, 1000, 1000),
+    }
+    print(f"| one layer, float32 KV ({KERNEL_SIMD}) | {revision} ms | now ms | speed-up |")
+    print("|---|---:|---:|---:|")
+    for name, case in cases.items():
+        args = (np.empty_like(case.q), *case.args())
+
+        def before(args: tuple[Any, ...] = args) -> None:
+            old.paged_attention(*args)
+
+        def now(args: tuple[Any, ...] = args) -> None:
+            paged_attention_ext.paged_attention(*args)
+
+        many = case.q.shape[0] < 100  # decode: fast calls, many of them
+        before_ms, now_ms = median_ms_alternating([before, now], repeats if many else max(repeats // 10, 10))
+        print(f"| {name} | {before_ms:.2f} | {now_ms:.2f} | {before_ms / now_ms:.1f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -202,6 +273,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--num-caches", type=int, default=1)
     parser.add_argument("--interleave", action="store_true")
+    parser.add_argument("--baseline", metavar="REV", help="also time the kernel as it was at git REV")
     args = parser.parse_args()
     print(
         f"kernel: {KERNEL_SIMD}; heads {NUM_HEADS}, kv heads {NUM_KV_HEADS}, head_dim {HEAD_DIM}, "
@@ -217,6 +289,8 @@ def main() -> None:
     if args.interleave:
         bench_interleaved(make_case(32, context_tokens=192, chunk_tokens=1), args.repeats)
         bench_interleaved(prefill, max(args.repeats // 10, 10))
+    if args.baseline:
+        bench_against(args.baseline, args.repeats)
 
 
 if __name__ == "__main__":
