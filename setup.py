@@ -12,6 +12,7 @@ setup(
         Extension(
             "cpu_engine._paged_attention",
             sources=["cpu_engine/csrc/paged_attention.c"],
+            depends=["cpu_engine/csrc/npy_args.h", "cpu_engine/csrc/vec8.h"],
             include_dirs=[np.get_include()],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=["-fopenmp"],
@@ -27,7 +28,7 @@ setup(
         Extension(
             "cpu_engine._matmul_f32",
             sources=["cpu_engine/csrc/matmul_f32.c"],
-            depends=["cpu_engine/csrc/npy_args.h"],
+            depends=["cpu_engine/csrc/npy_args.h", "cpu_engine/csrc/vec8.h"],
             include_dirs=[np.get_include()],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=["-fopenmp"],

@@ -131,15 +131,6 @@ static int same_shape(PyArrayObject *a, PyArrayObject *b) {
 
 /* Whether the bytes two arrays span overlap; an array's span runs from its first row to the end of its
  * last (rows at a stride leave gaps inside, which count as covered). */
-static int overlaps(PyArrayObject *a, PyArrayObject *b) {
-    if (PyArray_SIZE(a) == 0 || PyArray_SIZE(b) == 0) return 0;
-    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
-    const npy_intp a_rows = PyArray_DIM(a, 0), b_rows = PyArray_DIM(b, 0);
-    const npy_intp a_len = (a_rows - 1) * PyArray_STRIDE(a, 0) + PyArray_NBYTES(a) / a_rows;
-    const npy_intp b_len = (b_rows - 1) * PyArray_STRIDE(b, 0) + PyArray_NBYTES(b) / b_rows;
-    return a0 < b0 + b_len && b0 < a0 + a_len;
-}
-
 /* Whether two arrays of one shape are the same elements (out given as x itself, or as another view of it). */
 static int same_elements(PyArrayObject *a, PyArrayObject *b) {
     return PyArray_BYTES(a) == PyArray_BYTES(b) &&

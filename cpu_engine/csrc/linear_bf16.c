@@ -362,12 +362,6 @@ static PyArrayObject *as_array(PyObject *obj, const char *name, int typenum, int
     return arr;
 }
 
-static int overlaps(PyArrayObject *a, PyArrayObject *b) {
-    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
-    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a0 < b0 + PyArray_NBYTES(b) &&
-           b0 < a0 + PyArray_NBYTES(a);
-}
-
 /* ---- pack_bf16 ---- */
 
 /* Pairs of rows of w (row 2p and 2p+1, a zero row past an odd K) into row p of every tile. */

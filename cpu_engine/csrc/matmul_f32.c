@@ -17,8 +17,8 @@
  * is kept transposed ([N, K], `transposed`): each output column is a dot product over a contiguous row,
  * four rows of w at a time against each row of x, and w streams from memory once.
  *
- * Vectors are GCC/Clang vector types, which the compiler maps to the machine's registers (AVX2, AVX-512,
- * NEON). Column blocks are shared among OpenMP threads when the product is large enough to pay for
+ * Vectors are GCC/Clang vector types (vec8.h), which the compiler maps to the machine's registers (AVX2,
+ * AVX-512, NEON). Column blocks are shared among OpenMP threads when the product is large enough to pay for
  * waking them. Sums are in a different order from a BLAS's: results agree to float32 rounding, not bits.
  */
 #define PY_SSIZE_T_CLEAN
@@ -27,6 +27,7 @@
 #include <numpy/arrayobject.h>
 
 #include "npy_args.h"
+#include "vec8.h"
 
 #include <string.h>
 
@@ -37,16 +38,6 @@
 #define ROWS 4             /* rows of x per pass over a column block */
 #define COLS 16            /* columns of W per block: two 8-float vectors */
 #define PARALLEL_MACS 1000000 /* products smaller than this run on the calling thread alone */
-
-typedef float vf8 __attribute__((vector_size(32)));
-
-static inline vf8 load8(const float *p) {
-    vf8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store8(float *p, vf8 v) { memcpy(p, &v, sizeof v); }
 
 /* out[m0..m0+R, n0..n0+COLS) for R <= ROWS rows (a compile-time constant where inlined with one). */
 static inline __attribute__((always_inline)) void block(const float *x, const float *w, float *out,
@@ -93,32 +84,25 @@ static void tail_columns(const float *x, const float *w, float *out, npy_intp M,
         }
 }
 
-static void matmul(const float *x, const float *w, float *out, npy_intp M, npy_intp K, npy_intp N) {
-    const npy_intp num_blocks = N / COLS;
+/* Threads for a product of M x K x N over num_blocks blocks: one below PARALLEL_MACS, else as many as
+ * OpenMP allows, at most one per block. */
+static int team_size(npy_intp M, npy_intp K, npy_intp N, npy_intp num_blocks) {
     int num_threads = 1;
 #ifdef _OPENMP
     if ((double)M * (double)K * (double)N >= PARALLEL_MACS) num_threads = omp_get_max_threads();
 #endif
-    if (num_threads > num_blocks) num_threads = num_blocks > 0 ? (int)num_blocks : 1;
+    return num_threads > num_blocks ? (num_blocks > 0 ? (int)num_blocks : 1) : num_threads;
+}
+
+static void matmul(const float *x, const float *w, float *out, npy_intp M, npy_intp K, npy_intp N) {
+    const npy_intp num_blocks = N / COLS;
+    const int num_threads = team_size(M, K, N, num_blocks);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (npy_intp b = 0; b < num_blocks; ++b) column_block(x, w, out, M, K, N, b * COLS);
     if (num_blocks * COLS < N) tail_columns(x, w, out, M, K, N, num_blocks * COLS);
 }
 
 /* ---- x @ wt.T, wt [N, K]: each output column a dot product over a contiguous row of wt ---- */
-
-typedef float vf4 __attribute__((vector_size(16)));
-
-/* The four lane sums of a, b, c, d, as one vector. */
-static inline vf4 sum4(vf8 a, vf8 b, vf8 c, vf8 d) {
-    vf4 ha = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    vf4 hb = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
-    vf4 hc = __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
-    vf4 hd = __builtin_shufflevector(d, d, 0, 1, 2, 3) + __builtin_shufflevector(d, d, 4, 5, 6, 7);
-    vf4 ab = __builtin_shufflevector(ha, hb, 0, 4, 1, 5) + __builtin_shufflevector(ha, hb, 2, 6, 3, 7);
-    vf4 cd = __builtin_shufflevector(hc, hd, 0, 4, 1, 5) + __builtin_shufflevector(hc, hd, 2, 6, 3, 7);
-    return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
-}
 
 /* out[m, n0..n0+4) for every row m, K a multiple of 8: the four rows of wt (4 K floats, in L1 after the
  * first row of x) against one row of x at a time. */
@@ -142,11 +126,7 @@ static void nt_block(const float *x, const float *wt, float *out, npy_intp M, np
 
 static void matmul_nt(const float *x, const float *wt, float *out, npy_intp M, npy_intp K, npy_intp N) {
     const npy_intp num_blocks = K % 8 == 0 ? N / 4 : 0;
-    int num_threads = 1;
-#ifdef _OPENMP
-    if ((double)M * (double)K * (double)N >= PARALLEL_MACS) num_threads = omp_get_max_threads();
-#endif
-    if (num_threads > num_blocks) num_threads = num_blocks > 0 ? (int)num_blocks : 1;
+    const int num_threads = team_size(M, K, N, num_blocks);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (npy_intp b = 0; b < num_blocks; ++b) nt_block(x, wt, out, M, K, N, b * 4);
     for (npy_intp m = 0; m < M; ++m) /* the columns no block covered, one dot product at a time */
@@ -155,12 +135,6 @@ static void matmul_nt(const float *x, const float *wt, float *out, npy_intp M, n
             for (npy_intp k = 0; k < K; ++k) sum += x[m * K + k] * wt[n * K + k];
             out[m * N + n] = sum;
         }
-}
-
-static int overlaps(PyArrayObject *a, PyArrayObject *b) {
-    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
-    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a0 < b0 + PyArray_NBYTES(b) &&
-           b0 < a0 + PyArray_NBYTES(a);
 }
 
 static PyObject *matmul_f32(PyObject *self, PyObject *args) {

@@ -3,11 +3,12 @@
  * typed_array: obj as an ndarray of typenum (native byte order) with ndim dimensions, or NULL with a
  * TypeError / ValueError naming the argument and the expected shape. Layout (contiguity, alignment) is
  * each kernel's own rule, checked by the caller.
+ * overlaps: whether the bytes of two (non-empty) arrays overlap.
  */
 #ifndef SLUICE_NPY_ARGS_H
 #define SLUICE_NPY_ARGS_H
 
-static PyArrayObject *typed_array(PyObject *obj, const char *name, int typenum, int ndim, const char *shape) {
+static inline PyArrayObject *typed_array(PyObject *obj, const char *name, int typenum, int ndim, const char *shape) {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name, Py_TYPE(obj)->tp_name);
         return NULL;
@@ -26,6 +27,12 @@ static PyArrayObject *typed_array(PyObject *obj, const char *name, int typenum, 
         return NULL;
     }
     return arr;
+}
+
+static inline int overlaps(PyArrayObject *a, PyArrayObject *b) {
+    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
+    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a0 < b0 + PyArray_NBYTES(b) &&
+           b0 < a0 + PyArray_NBYTES(a);
 }
 
 #endif

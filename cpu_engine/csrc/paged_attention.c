@@ -40,6 +40,9 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "npy_args.h"
+#include "vec8.h"
+
 #include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -136,32 +139,6 @@ static inline void chunk_rows(const pa_problem *pb, const void *cache, const npy
         rows[j] = buf + j * d;
     }
 }
-
-/* GCC/Clang vector types: eight and four floats, whatever the target's registers (the compiler splits or
- * joins them). Loads and stores go through memcpy, so nothing needs to be aligned. */
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
-
-static inline vf8 load8(const float *p) {
-    vf8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store8(float *p, vf8 v) { memcpy(p, &v, sizeof v); }
-
-/* The four lane sums of a, b, c, d, as one vector. */
-static inline vf4 sum4(vf8 a, vf8 b, vf8 c, vf8 d) {
-    vf4 ha = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    vf4 hb = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
-    vf4 hc = __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
-    vf4 hd = __builtin_shufflevector(d, d, 0, 1, 2, 3) + __builtin_shufflevector(d, d, 4, 5, 6, 7);
-    vf4 ab = __builtin_shufflevector(ha, hb, 0, 4, 1, 5) + __builtin_shufflevector(ha, hb, 2, 6, 3, 7);
-    vf4 cd = __builtin_shufflevector(hc, hd, 0, 4, 1, 5) + __builtin_shufflevector(hc, hd, 2, 6, 3, 7);
-    return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
-}
-
-typedef int32_t vi8 __attribute__((vector_size(32)));
 
 /* exp2_portable of eight lanes at once. */
 static inline vf8 exp2_v8(vf8 x) {
@@ -615,12 +592,6 @@ static PyArrayObject *as_array(PyObject *obj, const char *name, int typenum, int
         return NULL;
     }
     return a;
-}
-
-static int overlaps(PyArrayObject *a, PyArrayObject *b) {
-    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
-    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a0 < b0 + PyArray_NBYTES(b) &&
-           b0 < a0 + PyArray_NBYTES(a);
 }
 
 /* Every token's sequence row and position, and every block id a token will read. */
