@@ -223,15 +223,15 @@ def compile_args() -> list[str]:
 
 
 def build_kernel_at(revision: str, build_dir: Path) -> ModuleType:
-    """The attention extension compiled from ``KERNEL_SOURCE`` as it was at git ``revision``."""
-    source = build_dir / "paged_attention.c"
-    source.write_bytes(
-        subprocess.run(["git", "show", f"{revision}:{KERNEL_SOURCE}"], cwd=REPO_ROOT, check=True,
-                       capture_output=True).stdout
-    )  # fmt: skip
+    """The attention extension compiled from ``KERNEL_SOURCE`` as it was at git ``revision`` (with the
+    headers beside it at that revision)."""
+    archive = subprocess.run(["git", "archive", revision, str(Path(KERNEL_SOURCE).parent)], cwd=REPO_ROOT,
+                             check=True, capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(build_dir)], input=archive, check=True)
     library = build_dir / f"_paged_attention{sysconfig.get_config_var('EXT_SUFFIX')}"
     includes = [f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}"]
-    subprocess.run(["cc", "-shared", "-fPIC", *compile_args(), *includes, str(source), "-o", str(library)],
+    source = str(build_dir / KERNEL_SOURCE)
+    subprocess.run(["cc", "-shared", "-fPIC", *compile_args(), *includes, source, "-o", str(library)],
                    check=True)  # fmt: skip
     spec = importlib.util.spec_from_file_location("_paged_attention", library)
     assert spec is not None and spec.loader is not None

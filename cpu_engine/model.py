@@ -26,10 +26,11 @@ class DenseLinear:
     """float32 ``x @ W``: exact reference numerics, about a third of bf16's speed where bf16 is native.
 
     numpy's BLAS for one row (a gemv) and for many (prefill chunks); for a few rows (decode steps),
-    ``matmul_f32``, which reads W once per call where the BLAS packs it anew: on a Zen 1 core 3-6x faster
-    for 2-8 rows of the dev model's layers and 1.3-2.4x for its lm_head (``python -m bench.linear_bench
-    --float32``). A wide weight (a row over ``NARROW_ROW_BYTES``, the lm_head) is also kept transposed,
-    which the kernel reads row by row (see csrc/matmul_f32.c): one more copy of that weight in memory.
+    ``matmul_f32``, which reads W once per call where the BLAS packs it anew: on a Zen 1 core 1.9-4.9x
+    faster for 2-8 rows of the dev model's layers and 1.2-2.7x for its lm_head (``python -m
+    bench.linear_bench --float32``). A wide weight (a row over ``NARROW_ROW_BYTES``, the lm_head) is also
+    kept transposed, which the kernel reads row by row (see csrc/matmul_f32.c): one more copy of that
+    weight in memory.
     """
 
     NATIVE_ROWS = range(2, 33)  # rows of x that go to matmul_f32: where it beat OpenBLAS, measured
