@@ -12,10 +12,11 @@
  *   positions         int32 [num_tokens]: token t attends to positions 0..positions[t] of its sequence
  *
  * Work is split over items, run in parallel with OpenMP (as many threads as OpenMP allows, at most one
- * per item; the GIL is released). An item is a tile of neighbouring tokens of one sequence (one token on
- * the AVX-512 path, up to TILE on the portable one) at one kv head: it handles every query head of the
- * GQA group for each of its tokens together, walking the context in chunks of 16 positions, so a
- * chunk's K and V rows are fetched once and stay in L1 while every row of the tile uses them. Softmax is
+ * per item; the GIL is released). An item is a tile of up to TILE neighbouring tokens of one sequence
+ * (a prefill chunk's; a decode token is a tile of one) at one kv head: it handles every query head of
+ * the GQA group for each of its tokens together, walking the context in chunks of 16 positions, so a
+ * chunk's K and V rows are fetched once and stay in L1 while every row of the tile uses them (on the
+ * AVX-512 path, MAXR rows share each load). Softmax is
  * the online (running max) form, updated once per chunk, in float32, in base 2 (log2(e) is folded into
  * the scale).
  *
@@ -100,7 +101,8 @@ static inline void chunk_offsets(const pa_problem *pb, const int32_t *table, npy
  * computed branch-free so the loop over the chunk vectorises. A row stops at its own token's position
  * (the causal limit); the tile walks to its last token's. */
 
-#define TILE 4 /* tokens of one sequence per portable item */
+#define TILE 4 /* tokens of one sequence per item */
+#define MAXR 4 /* AVX-512: rows (token x head) sharing each load of a key or value row */
 
 /* 2^x for x <= 0, exactly 0 below -126; branch-free (selects, not jumps) and without libm, so a loop of
  * it vectorises and the module has no link dependency. */
@@ -293,12 +295,13 @@ static void tile_portable(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_in
 /* AVX-512 implementation.                                                                          */
 #if PA_HAVE_AVX512
 
-/* Scratch of an AVX-512 item, in floats: scaled q and the accumulator of a group (padded to whole
- * 16-lane vectors), running max and sum per head, and the probabilities of one chunk for two heads. */
+/* Scratch of an AVX-512 item, in floats: per row (token x head of the group, TILE tokens at most) its
+ * scaled q and accumulator (padded to whole 16-lane vectors), running max and sum; the probabilities of
+ * one chunk for MAXR rows. */
 static npy_intp avx512_scratch_floats(const pa_problem *pb) {
-    npy_intp group = pb->num_heads / pb->num_kv_heads;
+    npy_intp rows = TILE * (pb->num_heads / pb->num_kv_heads);
     npy_intp padded = (pb->head_dim + 15) / 16 * 16;
-    return 2 * group * padded + 2 * group + 2 * CHUNK;
+    return 2 * rows * padded + 2 * rows + MAXR * CHUNK;
 }
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -373,9 +376,9 @@ ALWAYS_INLINE void prefetch_chunk(const pa_problem *pb, const npy_intp *offsets,
 ALWAYS_INLINE void qk_chunk(const float *qs, npy_intp padded, int NR, const void *k_cache,
                             const npy_intp *offsets, int n, npy_intp nvec, __mmask16 tail, __m512 *s,
                             int BF16) {
-    __m512 w[2][4];
+    __m512 w[MAXR][4];
     for (int jq = 0; jq < 4; ++jq) {
-        __m512 v[2][4];
+        __m512 v[MAXR][4];
         for (int jj = 0; jj < 4; ++jj) {
             for (int r = 0; r < NR; ++r) v[r][jj] = _mm512_setzero_ps();
             int j = jq * 4 + jj;
@@ -397,7 +400,7 @@ ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p,
                             __mmask16 tail, int BF16) {
     for (npy_intp c0 = 0; c0 < nvec; c0 += 4) {
         const int nc = nvec - c0 < 4 ? (int)(nvec - c0) : 4;
-        __m512 a[2][4];
+        __m512 a[MAXR][4];
         for (int r = 0; r < NR; ++r) {
             __m512 cr = _mm512_set1_ps(corr[r]);
             for (int i = 0; i < nc; ++i)
@@ -405,7 +408,7 @@ ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p,
         }
         for (int j = 0; j < n; ++j) {
             const npy_intp v = offsets[j] + 16 * c0;
-            __m512 pj[2];
+            __m512 pj[MAXR];
             for (int r = 0; r < NR; ++r) pj[r] = _mm512_set1_ps(p[r * CHUNK + j]);
             for (int i = 0; i < nc; ++i) {
                 __m512 vc = load_kv(v_cache, v + 16 * i, chunk_mask(c0 + i, nvec, tail), BF16);
@@ -417,15 +420,17 @@ ALWAYS_INLINE void pv_chunk(float *acc, npy_intp padded, int NR, const float *p,
     }
 }
 
-/* One chunk for NR (1 or 2) heads: scores, online-softmax update, accumulation of values. */
+/* One chunk for NR (1 to MAXR) rows: scores, online-softmax update, accumulation of values. Row r sees
+ * the chunk's first seen[r] <= n positions (its token's causal limit); each key and value row is loaded
+ * once for all NR. */
 ALWAYS_INLINE void heads_chunk(const pa_problem *pb, float *qs, float *acc, float *m, float *l, float *p,
-                               npy_intp padded, int NR, const npy_intp *offsets, int n, npy_intp nvec,
-                               __mmask16 tail, int BF16) {
-    __m512 s[2];
-    float corr[2];
-    const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+                               npy_intp padded, int NR, const npy_intp *offsets, int n, const int *seen,
+                               npy_intp nvec, __mmask16 tail, int BF16) {
+    __m512 s[MAXR];
+    float corr[MAXR];
     qk_chunk(qs, padded, NR, pb->k_cache, offsets, n, nvec, tail, s, BF16);
     for (int r = 0; r < NR; ++r) {
+        const __mmask16 valid = (__mmask16)((1u << seen[r]) - 1u);
         float m_new = _mm512_mask_reduce_max_ps(valid, s[r]);
         if (m_new < m[r]) m_new = m[r];
         corr[r] = _mm512_cvtss_f32(exp2_512(_mm512_set1_ps(m[r] - m_new)));
@@ -437,76 +442,92 @@ ALWAYS_INLINE void heads_chunk(const pa_problem *pb, float *qs, float *acc, floa
     pv_chunk(acc, padded, NR, p, corr, pb->v_cache, offsets, n, nvec, tail, BF16);
 }
 
-ALWAYS_INLINE void item_avx512_body(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch,
-                                    npy_intp d, int BF16) {
-    const npy_intp group = pb->num_heads / pb->num_kv_heads;
+/* Tokens t0..t0+nt-1 (nt <= TILE, one sequence) at kv head kvh: rows r = token r / group, head r % group
+ * of the group. Each chunk's rows are fetched once for all of them; a token's rows stop at its own
+ * position (the causal limit), the tile walks to its last token's. */
+ALWAYS_INLINE void tile_avx512_body(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh,
+                                    float *scratch, npy_intp d, int BF16) {
+    const npy_intp group = pb->num_heads / pb->num_kv_heads, rows = nt * group;
     const npy_intp nvec = (d + 15) / 16, padded = nvec * 16;
     const __mmask16 tail = (__mmask16)(d % 16 ? (1u << (d % 16)) - 1u : 0xFFFFu);
-    const npy_intp head0 = t * pb->num_heads + kvh * group;
-    const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t] * pb->max_blocks;
-    const npy_intp limit = pb->positions[t];
-    float *qs = scratch, *acc = qs + group * padded, *m = acc + group * padded, *l = m + group;
-    float *p = l + group;
-    npy_intp offsets[AHEAD + 1][CHUNK];
+    const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t0] * pb->max_blocks;
+    float *qs = scratch, *acc = qs + rows * padded, *m = acc + rows * padded, *l = m + rows;
+    float *p = l + rows;
+    npy_intp offsets[AHEAD + 1][CHUNK], limit[TILE], last = 0;
+    for (npy_intp i = 0; i < nt; ++i) {
+        limit[i] = pb->positions[t0 + i];
+        if (limit[i] > last) last = limit[i];
+    }
 
     const __m512 scale = _mm512_set1_ps(pb->scale_log2);
-    for (npy_intp g = 0; g < group; ++g) {
-        const float *qg = pb->q + (head0 + g) * d;
+    for (npy_intp r = 0; r < rows; ++r) {
+        const float *qr = pb->q + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * d;
         for (npy_intp c = 0; c < nvec; ++c) {
-            __m512 x = _mm512_maskz_loadu_ps(chunk_mask(c, nvec, tail), qg + 16 * c);
-            _mm512_storeu_ps(qs + g * padded + 16 * c, _mm512_mul_ps(x, scale));
-            _mm512_storeu_ps(acc + g * padded + 16 * c, _mm512_setzero_ps());
+            __m512 x = _mm512_maskz_loadu_ps(chunk_mask(c, nvec, tail), qr + 16 * c);
+            _mm512_storeu_ps(qs + r * padded + 16 * c, _mm512_mul_ps(x, scale));
+            _mm512_storeu_ps(acc + r * padded + 16 * c, _mm512_setzero_ps());
         }
-        m[g] = NEG_BIG;
-        l[g] = 0.0f;
+        m[r] = NEG_BIG;
+        l[r] = 0.0f;
     }
     /* NOTE: chunk i is computed while the rows of chunks i+1..i+AHEAD are on their way in from memory
      * (a ring of offsets); without this the kernel waits on DRAM whenever the cache is cold. */
-    for (int a = 0; a < AHEAD && a * CHUNK <= limit; ++a) {
-        chunk_offsets(pb, table, a * CHUNK, chunk_len(limit, a * CHUNK), kvh * d, offsets[a]);
-        prefetch_chunk(pb, offsets[a], chunk_len(limit, a * CHUNK), d, BF16);
+    for (int a = 0; a < AHEAD && a * CHUNK <= last; ++a) {
+        chunk_offsets(pb, table, a * CHUNK, chunk_len(last, a * CHUNK), kvh * d, offsets[a]);
+        prefetch_chunk(pb, offsets[a], chunk_len(last, a * CHUNK), d, BF16);
     }
-    for (npy_intp i = 0; i * CHUNK <= limit; ++i) {
-        const npy_intp ahead = (i + AHEAD) * CHUNK;
-        if (ahead <= limit) {
+    for (npy_intp i = 0; i * CHUNK <= last; ++i) {
+        const npy_intp ahead = (i + AHEAD) * CHUNK, p0 = i * CHUNK;
+        if (ahead <= last) {
             npy_intp *o = offsets[(i + AHEAD) % (AHEAD + 1)];
-            chunk_offsets(pb, table, ahead, chunk_len(limit, ahead), kvh * d, o);
-            prefetch_chunk(pb, o, chunk_len(limit, ahead), d, BF16);
+            chunk_offsets(pb, table, ahead, chunk_len(last, ahead), kvh * d, o);
+            prefetch_chunk(pb, o, chunk_len(last, ahead), d, BF16);
         }
         const npy_intp *o = offsets[i % (AHEAD + 1)];
-        const int n = chunk_len(limit, i * CHUNK);
-        npy_intp g = 0;
-        for (; g + 2 <= group; g += 2)
-            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 2, o, n, nvec, tail,
-                        BF16);
-        if (g < group)
-            heads_chunk(pb, qs + g * padded, acc + g * padded, m + g, l + g, p, padded, 1, o, n, nvec, tail,
-                        BF16);
+        /* Rows in blocks of MAXR (a token's rows are neighbours, then the next token's); a row sees the
+         * chunk up to its token's position. */
+        for (npy_intp r = 0; r < rows; r += MAXR) {
+            const int nr = rows - r < MAXR ? (int)(rows - r) : MAXR;
+            int seen[MAXR], n = 0;
+            for (int k = 0; k < nr; ++k) {
+                const npy_intp lim = limit[(r + k) / group];
+                seen[k] = lim < p0 ? 0 : chunk_len(lim, p0);
+                n = seen[k] > n ? seen[k] : n;
+            }
+            if (n == 0) continue;
+            float *qr = qs + r * padded, *ar = acc + r * padded, *mr = m + r, *lr = l + r;
+            switch (nr) { /* NR a compile-time constant in each, so the loops over rows unroll */
+            case 4: heads_chunk(pb, qr, ar, mr, lr, p, padded, 4, o, n, seen, nvec, tail, BF16); break;
+            case 3: heads_chunk(pb, qr, ar, mr, lr, p, padded, 3, o, n, seen, nvec, tail, BF16); break;
+            case 2: heads_chunk(pb, qr, ar, mr, lr, p, padded, 2, o, n, seen, nvec, tail, BF16); break;
+            default: heads_chunk(pb, qr, ar, mr, lr, p, padded, 1, o, n, seen, nvec, tail, BF16); break;
+            }
+        }
     }
-    for (npy_intp g = 0; g < group; ++g) {
-        const __m512 inv = _mm512_set1_ps(1.0f / l[g]);
-        float *og = pb->out + (head0 + g) * d;
+    for (npy_intp r = 0; r < rows; ++r) {
+        const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+        float *out = pb->out + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * d;
         for (npy_intp c = 0; c < nvec; ++c)
-            _mm512_mask_storeu_ps(og + 16 * c, chunk_mask(c, nvec, tail),
-                                  _mm512_mul_ps(_mm512_loadu_ps(acc + g * padded + 16 * c), inv));
+            _mm512_mask_storeu_ps(out + 16 * c, chunk_mask(c, nvec, tail),
+                                  _mm512_mul_ps(_mm512_loadu_ps(acc + r * padded + 16 * c), inv));
     }
 }
 
 /* head_dim for the common sizes, and the cache dtype, as compile-time constants, so the loops over
  * head_dim unroll and the loads carry no dtype branch. */
-static void item_avx512_f32(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
+static void tile_avx512_f32(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
     switch (pb->head_dim) {
-    case 64: item_avx512_body(pb, t, kvh, scratch, 64, 0); break;
-    case 128: item_avx512_body(pb, t, kvh, scratch, 128, 0); break;
-    default: item_avx512_body(pb, t, kvh, scratch, pb->head_dim, 0); break;
+    case 64: tile_avx512_body(pb, t0, nt, kvh, scratch, 64, 0); break;
+    case 128: tile_avx512_body(pb, t0, nt, kvh, scratch, 128, 0); break;
+    default: tile_avx512_body(pb, t0, nt, kvh, scratch, pb->head_dim, 0); break;
     }
 }
 
-static void item_avx512_bf16(const pa_problem *pb, npy_intp t, npy_intp kvh, float *scratch) {
+static void tile_avx512_bf16(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
     switch (pb->head_dim) {
-    case 64: item_avx512_body(pb, t, kvh, scratch, 64, 1); break;
-    case 128: item_avx512_body(pb, t, kvh, scratch, 128, 1); break;
-    default: item_avx512_body(pb, t, kvh, scratch, pb->head_dim, 1); break;
+    case 64: tile_avx512_body(pb, t0, nt, kvh, scratch, 64, 1); break;
+    case 128: tile_avx512_body(pb, t0, nt, kvh, scratch, 128, 1); break;
+    default: tile_avx512_body(pb, t0, nt, kvh, scratch, pb->head_dim, 1); break;
     }
 }
 #endif /* PA_HAVE_AVX512 */
@@ -516,17 +537,6 @@ static void item_avx512_bf16(const pa_problem *pb, npy_intp t, npy_intp kvh, flo
 
 /* An item: tokens t0..t0+nt-1 (all of one sequence) at kv head kvh, with a thread's scratch. */
 typedef void (*tile_fn)(const pa_problem *, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch);
-
-#if PA_HAVE_AVX512
-/* The AVX-512 items take one token at a time (tiles of one). */
-static void tile_avx512_f32(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
-    for (npy_intp t = t0; t < t0 + nt; ++t) item_avx512_f32(pb, t, kvh, scratch);
-}
-
-static void tile_avx512_bf16(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp kvh, float *scratch) {
-    for (npy_intp t = t0; t < t0 + nt; ++t) item_avx512_bf16(pb, t, kvh, scratch);
-}
-#endif
 
 /* Splits the tokens into tiles of at most max_tile neighbours of one sequence: tile w is tokens
  * starts[w]..starts[w+1]-1. Returns the number of tiles (starts has num_tokens + 1 entries). */
@@ -723,7 +733,6 @@ static PyObject *run(PyObject *args, int portable) {
 #if PA_HAVE_AVX512
     if (!portable) {
         tile = pb.kv_bf16 ? tile_avx512_bf16 : tile_avx512_f32;
-        max_tile = 1;
         stride = avx512_scratch_floats(&pb);
     }
 #else
