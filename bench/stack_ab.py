@@ -1,0 +1,137 @@
+"""The same load through `make run`'s stack over two (or more) model repositories, alternating: what one
+replica knob is worth end to end.
+
+Each round starts the stack (gateway + tritonserver + CPU engine, the dev checkpoint) on each repository
+in turn, runs one closed-loop load through it (bench/e2e_bench.run_load: C streams, distinct random
+prompts, ignore_eos), and stops it; the prompts of a round are the same for every repository. Render
+the variants with `python -m sluice.triton.render`, e.g. the engine's step-time bound at the rendered
+default, at the whole inter-token target, and off:
+
+    .venv/bin/python -m sluice.triton.render --out /tmp/repo-off \\
+        --checkpoint-dir .sluice/models/sluice-tiny --model-name sluice-tiny --target-step-ms none
+    .venv/bin/python -m bench.stack_ab --concurrency 16 32 --rounds 3 \\
+        default=.sluice/model_repository off=/tmp/repo-off
+
+Prints one line per run and, per concurrency and variant, the medians over the rounds. The tenant is
+bench-none (safety policy none, no token budget or concurrency cap), as in bench.goodput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.e2e_bench import Summary, run_load
+from bench.e2e_side_by_side import NONE_API_KEY
+from bench.engine_bench import machine_line
+from bench.goodput import goodput_tenants
+from bench.report import load_average, pct
+from bench.servers import SluiceStack
+
+GATEWAY_URL = "http://127.0.0.1:8080"  # make run's gateway
+MODEL = "sluice-tiny"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    repository: Path
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+
+    @classmethod
+    def of(cls, summary: Summary) -> RunFigures:
+        return cls(
+            summary.output_tokens / summary.elapsed_s,
+            pct(summary.ttft_ms, 50),
+            pct(summary.ttft_ms, 95),
+            pct(summary.itl_ms, 50),
+            pct(summary.itl_ms, 95),
+        )
+
+    def line(self) -> str:
+        return (
+            f"{self.tokens_per_s:,.0f} tok/s, TTFT p50/p95 {self.ttft_p50_ms:.0f}/{self.ttft_p95_ms:.0f} ms, "
+            f"ITL p50/p95 {self.itl_p50_ms:.1f}/{self.itl_p95_ms:.1f} ms"
+        )
+
+
+def parse_variant(text: str) -> Variant:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=MODEL_REPOSITORY, got {text!r}")
+    repository = Path(path)
+    if not (repository / MODEL / "config.pbtxt").is_file():
+        raise argparse.ArgumentTypeError(f"{repository} holds no {MODEL}/config.pbtxt (render it first)")
+    return Variant(name, repository)
+
+
+def run_once(variant: Variant, args: argparse.Namespace, concurrency: int, seed: int) -> RunFigures:
+    stack = SluiceStack(variant.repository, GATEWAY_URL, Path(f".sluice/bench/stack_ab/{variant.name}.log"))
+    for tenant, key in goodput_tenants():
+        stack.put_tenant(tenant, key)
+    try:
+        stack.start()
+        summary = asyncio.run(
+            run_load(
+                f"{GATEWAY_URL}/v1",
+                NONE_API_KEY,
+                MODEL,
+                concurrency,
+                concurrency * args.requests_per_stream,
+                args.prompt_len,
+                args.output_len,
+                args.vocab,
+                seed,
+                variant.name,
+            )
+        )
+    finally:
+        stack.stop()
+    return RunFigures.of(summary)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variants", nargs="+", type=parse_variant, help="NAME=MODEL_REPOSITORY")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests-per-stream", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=8192, help="prompt ids are drawn from 3..vocab")
+    args = ap.parse_args()
+    print(machine_line())
+    print(f"{load_average()} before the run")
+    figures: dict[tuple[int, str], list[RunFigures]] = {}
+    for concurrency in args.concurrency:
+        for round_index in range(args.rounds):
+            for variant in args.variants:
+                run = run_once(variant, args, concurrency, seed=1_000 * round_index + concurrency)
+                figures.setdefault((concurrency, variant.name), []).append(run)
+                label = f"{concurrency} streams, round {round_index + 1}, {variant.name}"
+                print(f"{label}: {run.line()}", flush=True)
+    print("\n| streams | variant | tok/s | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for (concurrency, variant_name), runs in figures.items():
+        med = {k: float(np.median([getattr(r, k) for r in runs])) for k in RunFigures.__annotations__}
+        print(
+            f"| {concurrency} | {variant_name} | {med['tokens_per_s']:,.0f} | {med['ttft_p50_ms']:.0f} | "
+            f"{med['ttft_p95_ms']:.0f} | {med['itl_p50_ms']:.1f} | {med['itl_p95_ms']:.1f} |"
+        )
+    print(f"(medians of {args.rounds} rounds, ms; {load_average()} after the run)")
+
+
+if __name__ == "__main__":
+    main()
