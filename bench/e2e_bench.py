@@ -149,6 +149,7 @@ async def run_load(
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - began
+    timelines.sort(key=lambda t: t.sent_s)  # in the order sent: the first `concurrency` are the first wave
     return Summary(
         label=label,
         concurrency=concurrency,
