@@ -12,9 +12,10 @@ from cpu_engine.cpu_features import DTypeChoice, detect_dtype
 from cpu_engine.model import KVCache, LlamaModel
 from cpu_engine.runner import ModelRunner
 from cpu_engine.sampling import SamplingParams
-from cpu_engine.scheduler import Scheduler, SchedulerOutput
+from cpu_engine.scheduler import Scheduler
 from cpu_engine.sequence import Sequence
 from cpu_engine.stats import EngineStats, StepTimeHistogram
+from cpu_engine.step_plan import SchedulerOutput
 from cpu_engine.weights import LlamaWeights, load_llama_weights
 from sluice.engine_client.wire import EnginePriority, FinishReason
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from cpu_engine.model import LlamaModel
 from cpu_engine.sampling import sample_tokens
-from cpu_engine.scheduler import SchedulerOutput
+from cpu_engine.step_plan import SchedulerOutput
 
 
 class ModelRunner:

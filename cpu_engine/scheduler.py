@@ -4,69 +4,26 @@ One step = decode tokens for running sequences + prefill chunks, all under one t
 served first (so a long prompt never stalls the batch); prefill chunks then take the step's prefill share
 (``prefill_token_budget``: the whole rest of the budget while nothing decodes, less when a bigger step
 would delay every stream's next token), class by class: running prefills, then waiting sequences, admitted
-while the KV pool can hold their prompt + max_tokens. When blocks run short mid-flight, the
-lowest-priority, most recently admitted sequence is preempted: its blocks are freed and it is recomputed
-later.
+while the KV pool can hold their prompt + max_tokens. When blocks run short mid-flight, a running sequence
+is preempted: its blocks are freed and it is recomputed later (mostly from the prefix cache).
 
 Priority classes (``EnginePriority``, lower value first): waiting sequences are admitted class by class, and
 a waiting sequence that finds the running cap or the KV pool full preempts running sequences of a strictly
-LOWER class (lowest class, then most recently admitted, first) if that makes room for it. Equal classes
-never preempt each other. A victim is recomputed when it comes back, mostly from the prefix cache; it is
-then safe from this kind of preemption until it has made ``PRIORITY_GRACE_TOKENS`` new tokens, so a stream
-of high-priority arrivals cannot keep one sequence recomputing forever.
+lower class if that makes room for it. Which sequences give way, in which order, is
+``cpu_engine/preemption.py``; what a step carries and the budget it is built under, ``step_plan.py``.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
+from cpu_engine.preemption import memory_victim, priority_victims, protect_after_priority_preemption
 from cpu_engine.prefill_budget import StepCostModel, prefill_token_budget
 from cpu_engine.sequence import Sequence, SequenceStatus
+from cpu_engine.step_plan import SchedulerOutput, StepBudget
 from sluice.engine_client.wire import EnginePriority, FinishReason
-
-# New tokens a sequence preempted to admit a higher class makes before it can be chosen for that again.
-PRIORITY_GRACE_TOKENS = 8
-
-
-@dataclass
-class SchedulerOutput:
-    """The work of one step: (sequence, number of tokens to compute) pairs and KV block copies."""
-
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_preempted: int = 0
-    num_preempted_for_priority: int = 0  # of num_preempted: to admit a higher class, not for memory
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass
-class _StepBudget:
-    """Tokens one step may still take: ``num_tokens`` of any kind, ``num_prefill_tokens`` of them for
-    prefill chunks (the step's prefill share, set once the decodes are scheduled).
-
-    A victim taken out of the step hands its tokens back to both, if they were a prefill chunk."""
-
-    num_tokens: int
-    num_prefill_tokens: int = 0
-
-    def available(self, prefill: bool) -> int:
-        return min(self.num_tokens, self.num_prefill_tokens) if prefill else self.num_tokens
-
-    def take(self, num_new: int, prefill: bool) -> None:
-        self.num_tokens -= num_new
-        if prefill:
-            self.num_prefill_tokens -= num_new
-
-    def give_back(self, num_returned: int, prefill: bool) -> None:
-        self.take(-num_returned, prefill)
 
 
 class Scheduler:
@@ -128,7 +85,7 @@ class Scheduler:
     # ----- the two verbs -----
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = _StepBudget(self.config.step_token_budget)
+        budget = StepBudget(self.config.step_token_budget)
         # Decodes first (one token each): the batch keeps moving every step.
         ordered = sorted(self.running, key=lambda s: (s.in_prefill, s.priority, s.admitted_order))
         for seq in ordered:
@@ -194,7 +151,7 @@ class Scheduler:
         num_prefilling = sum(1 for s in self.running if s.in_prefill and s.priority <= top)
         return max(0, min(num_waiting + num_prefilling, self.running_cap - num_decode))
 
-    def _schedule_running(self, seq: Sequence, budget: _StepBudget, out: SchedulerOutput) -> None:
+    def _schedule_running(self, seq: Sequence, budget: StepBudget, out: SchedulerOutput) -> None:
         """Schedule running ``seq``'s next chunk (its decode token, or a prefill chunk within the step's
         prefill share), preempting for memory if it must."""
         if seq.status is not SequenceStatus.RUNNING:
@@ -209,7 +166,7 @@ class Scheduler:
         out.scheduled.append((seq, num_new))
         budget.take(num_new, seq.in_prefill)
 
-    def _admit(self, queue: deque[Sequence], out: SchedulerOutput, budget: _StepBudget) -> bool:
+    def _admit(self, queue: deque[Sequence], out: SchedulerOutput, budget: StepBudget) -> bool:
         """Admit from the head of ``queue`` while the step's prefill share and the KV pool allow. False
         when its head cannot be admitted at all: later arrivals (of any class) must not overtake it."""
         while queue and budget.available(prefill=True) > 0:
@@ -253,7 +210,7 @@ class Scheduler:
         cached: list[int],
         num_reserved_tokens: int,
         out: SchedulerOutput,
-        budget: _StepBudget,
+        budget: StepBudget,
     ) -> bool:
         """Preempt running sequences of a strictly lower class than waiting ``seq`` (lowest class, then
         most recently admitted, first) until ``seq`` fits (True), or nothing (False) if even every
@@ -261,15 +218,7 @@ class Scheduler:
 
         NOTE: only blocks a victim holds alone count as freed, and blocks of ``seq``'s own prefix hits
         not at all (freeing one revives it), so the estimate never promises room that is not there."""
-        eligible = sorted(
-            (
-                s
-                for s in self.running
-                if s.priority > seq.priority and s.num_tokens >= s.protected_until_num_tokens
-            ),
-            key=lambda s: (s.priority, s.admitted_order),
-            reverse=True,
-        )
+        eligible = priority_victims(self.running, seq)
         hits = set(cached)
         ref_counts = self.block_pool.ref_counts
         victims: list[Sequence] = []
@@ -281,30 +230,21 @@ class Scheduler:
             victims.append(victim)
             num_freed += sum(1 for b in victim.block_table if ref_counts[b] == 1 and b not in hits)
         for victim in victims:
-            self._unschedule(victim, out, budget)
+            out.unschedule(victim, budget)
             self._preempt(victim, out)
-            victim.protected_until_num_tokens = victim.num_tokens + PRIORITY_GRACE_TOKENS
+            protect_after_priority_preemption(victim)
             out.num_preempted_for_priority += 1
         return True
 
-    def _unschedule(self, seq: Sequence, out: SchedulerOutput, budget: _StepBudget) -> None:
-        """Take ``seq`` out of this step if it was scheduled, handing its tokens back to ``budget``."""
-        for i, (scheduled, num_new) in enumerate(out.scheduled):
-            if scheduled is seq:
-                del out.scheduled[i]
-                budget.give_back(num_new, seq.in_prefill)
-                return
-
-    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput, budget: _StepBudget) -> None:
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput, budget: StepBudget) -> None:
         """Preempt until ``seq`` can write ``num_new`` tokens; victims hand their tokens back to ``budget``.
 
-        The victim is the lowest-priority, most recently admitted running sequence (``seq`` included), so
-        batch work always goes before interactive work. A victim already scheduled this step is taken out
-        of the step.
+        The victim is ``memory_victim`` of the running sequences (``seq`` included). A victim already
+        scheduled this step is taken out of the step.
         """
         while not self.block_pool.can_allocate(seq, num_new):
-            victim = max(self.running, key=lambda s: (s.priority, s.admitted_order))
-            self._unschedule(victim, out, budget)
+            victim = memory_victim(self.running)
+            out.unschedule(victim, budget)
             self._preempt(victim, out)
             if victim is seq:
                 break

@@ -40,10 +40,10 @@ from control_plane.sim.workload import (
     interactive_deadline_s,
 )
 from sluice.domain import RequestClass, Tenant
-from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
 from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from sluice.policy.queue_depth import QueueDepthConfig, check_queue, min_service_s
 from sluice.policy.rate import RateMeter
 from sluice.policy.share import InFlight
 from sluice.quota.base import QuotaDenied
@@ -70,7 +70,7 @@ class FleetConfig:
     drain_window_s: float = 10.0  # the RateMeter's window
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    queue_depth: QueueDepthConfig = field(default_factory=QueueDepthConfig)
     queue: FairQueueConfig = field(default_factory=FairQueueConfig)
     autoscale: SimAutoscale | None = None  # None: num_replicas, all routed, all run long
 
@@ -243,7 +243,7 @@ class Fleet:
             now_s,
             deadline_s,
             self._min_service_s(request),
-            self.config.admission,
+            self.config.queue_depth,
         )
         if refusal is not None:
             self.quota.settle_now(grant, 0, now_s)

@@ -30,7 +30,7 @@ from gateway.errors import (
 from gateway.openai.admission import admit_chat, admit_completion
 from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
-from gateway.openai.job import Admitted, Event, FinishEvent, Job, TextEvent, Timing
+from gateway.openai.job import Event, FinishEvent, Job, QuotaTaken, TextEvent, Timing
 from gateway.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -209,13 +209,13 @@ async def _respond(
 ) -> Response[Any] | Stream:
     gw: GatewayState = request.app.state.gw
     timing = Timing(job.arrival_s)
-    admitted = Admitted()
-    events = generate_text(job, gw, timing, admitted)
+    quota_taken = QuotaTaken()
+    events = generate_text(job, gw, timing, quota_taken)
     try:
         if stream:
-            return await _stream(request, events, shape, include_usage, timing, admitted)
+            return await _stream(request, events, shape, include_usage, timing, quota_taken)
         async with aclosing(events):
-            return await _whole(request, events, shape, timing, admitted)
+            return await _whole(request, events, shape, timing, quota_taken)
     except OpenAIError as exc:
         exc.request_id = job.request_id
         raise
@@ -227,7 +227,7 @@ async def _stream(
     shape: Shape,
     include_usage: bool,
     timing: Timing,
-    admitted: Admitted,
+    quota_taken: QuotaTaken,
 ) -> Response[Any] | Stream:
     first: Event | None = None
 
@@ -281,7 +281,7 @@ async def _stream(
                 ready.append(_sse(engine_http_error(exc).body()))  # after tokens: an error event, not a close
                 yield b"".join(ready)
 
-    headers = {**_SSE_HEADERS, **_request_headers(shape.job, timing, admitted)}
+    headers = {**_SSE_HEADERS, **_request_headers(shape.job, timing, quota_taken)}
     return Stream(body(), media_type="text/event-stream", headers=headers)
 
 
@@ -290,7 +290,7 @@ async def _whole(
     events: AsyncGenerator[Event, None],
     shape: Shape,
     timing: Timing,
-    admitted: Admitted,
+    quota_taken: QuotaTaken,
 ) -> Response[Any]:
     parts: list[str] = []
     finish: FinishEvent | None = None
@@ -311,11 +311,11 @@ async def _whole(
         raise err from None
     if finish is None:  # the client went away; nobody reads this
         return Response(b"", status_code=499)
-    headers = _request_headers(shape.job, timing, admitted)
+    headers = _request_headers(shape.job, timing, quota_taken)
     return Response(shape.whole("".join(parts), finish), headers=headers)
 
 
-def _request_headers(job: Job, timing: Timing, admitted: Admitted) -> dict[str, str]:
+def _request_headers(job: Job, timing: Timing, quota_taken: QuotaTaken) -> dict[str, str]:
     # Server-Timing splits the time to the first token into the gateway's part and the replica's.
     headers = {
         "X-Request-Id": job.request_id,
@@ -324,8 +324,10 @@ def _request_headers(job: Job, timing: Timing, admitted: Admitted) -> dict[str, 
     }
     if job.degraded:  # the fallbacks its overloaded model imposed (gateway.degradation)
         headers["Sluice-Degraded"] = job.degraded
-    if admitted.grant is not None:  # the tenant's token bucket as its acquire left it, read in that acquire
-        headers |= rate_limit_headers(job.tenant, admitted.grant.remaining_tokens)
+    if (
+        quota_taken.grant is not None
+    ):  # the tenant's token bucket as its acquire left it, read in that acquire
+        headers |= rate_limit_headers(job.tenant, quota_taken.grant.remaining_tokens)
     return headers
 
 

@@ -29,11 +29,11 @@ import anyio
 
 from gateway.errors import OpenAIError
 from gateway.openai.idempotency import begin_attempt, lookup_attempt, settle_attempt
-from gateway.openai.job import Admitted, Event, FinishEvent, IdempotentAttempt, Job, TextEvent, Timing
+from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, QuotaTaken, TextEvent, Timing
 from gateway.openai.records import Ended, record_request, usage_record
 from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
-from gateway.scheduling.scheduler import Admission, Slot
+from gateway.scheduling.scheduler import QueuedRequest, Slot
 from gateway.state import GatewayState
 from sluice.domain import Outcome
 from sluice.engine_client import (
@@ -86,12 +86,12 @@ class _Ending:
 
 
 async def generate_text(
-    job: Job, gw: GatewayState, timing: Timing, admitted: Admitted | None = None
+    job: Job, gw: GatewayState, timing: Timing, quota_taken: QuotaTaken | None = None
 ) -> AsyncGenerator[Event, None]:
     """Admit the request, then yield its text as it is produced and one ``FinishEvent``.
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
-    ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``); ``admitted``, if given, gets the
+    ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``); ``quota_taken``, if given, gets the
     quota grant of a request that will generate, before the first event (for the rate-limit headers)."""
     detok = job.target.codec.detokenizer()
     stops = StopMatcher(job.stop)
@@ -99,8 +99,8 @@ async def generate_text(
     deadline: _Deadline | None = None
     try:
         replay = await _admit(job, gw, end)
-        if admitted is not None and replay is None:  # a replay's grant (if any) goes back unused
-            admitted.grant = end.grant
+        if quota_taken is not None and replay is None:  # a replay's grant (if any) goes back unused
+            quota_taken.grant = end.grant
         if replay is not None:  # finished before: replay, no generation, no billing
             end.outcome = Outcome.REPLAYED
             for event in replay:
@@ -214,7 +214,7 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
         if isinstance(begun, list):
             return begun
         end.attempt = begun
-    end.slot = await job.target.scheduler.wait_for_dispatch(_admission(job))
+    end.slot = await job.target.scheduler.wait_for_dispatch(_queued(job))
     end.num_dispatches = 1
     if job.batch_id is None:
         end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
@@ -363,7 +363,7 @@ async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError)
         # NOTE: its own bound, before the stream's deadline: a request out of time fails as the lost
         # replica failed it, not as a generation that ran out of time.
         async with asyncio.timeout(job.deadline_s - REDISPATCH_MARGIN_S - time.monotonic()):
-            end.slot = await scheduler.wait_for_dispatch(_admission(job), redispatch=True)
+            end.slot = await scheduler.wait_for_dispatch(_queued(job), redispatch=True)
     except (OpenAIError, TimeoutError):  # dropped at its deadline
         raise lost from None
     end.num_dispatches += 1
@@ -443,8 +443,8 @@ def _screened(screen: StreamScreen, text: str, ended: bool) -> tuple[str, Verdic
     return released, verdict
 
 
-def _admission(job: Job) -> Admission:
-    return Admission(
+def _queued(job: Job) -> QueuedRequest:
+    return QueuedRequest(
         request_id=job.request_id,
         tenant_id=job.tenant.tenant_id,
         weight=job.tenant.weight,

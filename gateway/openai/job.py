@@ -1,5 +1,5 @@
 """The request's shapes inside the gateway: the admitted ``Job``, the events a generation yields, its
-``Timing`` and what its admission took (``Admitted``)."""
+``Timing`` and the quota grant its admission took (``QuotaTaken``)."""
 
 from __future__ import annotations
 
@@ -95,8 +95,9 @@ Event = TextEvent | FinishEvent
 
 
 @dataclass
-class Admitted:
-    """What admission took that the response reports: set by ``generate_text`` before its first event."""
+class QuotaTaken:
+    """The quota grant admission took, which the response reports (its rate-limit headers): set by
+    ``generate_text`` before its first event."""
 
     grant: QuotaGrant | None = None  # None: a replay (nothing generated), or refused
 

@@ -36,13 +36,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.scheduling.replicas import ReplicaView, Slot
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
-from sluice.policy.admission import AdmissionConfig, check_queue, min_service_s
 from sluice.policy.affinity import AffinityMemory
 from sluice.policy.batch_bound import BatchBound
 from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.placement import PlacementRule, ScoreWeights, prefix_key
+from sluice.policy.queue_depth import QueueDepthConfig, check_queue, min_service_s
 from sluice.policy.rate import RateMeter
 from sluice.policy.share import InFlight
 from sluice.settings import Settings
@@ -51,11 +51,11 @@ log = logging.getLogger(__name__)
 
 _EXPIRE_PERIOD_S = 0.05  # how often waiting requests are checked against their deadlines
 
-__all__ = ["Admission", "ModelScheduler", "Slot"]
+__all__ = ["ModelScheduler", "QueuedRequest", "Slot"]
 
 
 @dataclass(frozen=True)
-class Admission:
+class QueuedRequest:
     """What the queue needs to know about a request (taken from the gateway's ``Job``)."""
 
     request_id: str
@@ -95,7 +95,7 @@ class ModelScheduler:
         )
         # Requests whose replica lost them before a first token: dispatched ahead of ``_queue``.
         self._redispatched: FairQueue[asyncio.Future[Slot]] = FairQueue(self._queue.config, fair=fair)
-        self._admission = AdmissionConfig()
+        self._queue_depth = QueueDepthConfig()
         self._dispatch = DispatchConfig(
             itl_target_ms=settings.itl_target_ms,
             max_waiting_per_replica=settings.max_waiting_per_replica,
@@ -235,7 +235,7 @@ class ModelScheduler:
         ``router_prefix_blocks`` blocks); None: the prompt is shorter than one KV block."""
         return prefix_key(tenant_id, prompt_token_ids, num_blocks=self._settings.router_prefix_blocks)
 
-    async def wait_for_dispatch(self, req: Admission, *, redispatch: bool = False) -> Slot:
+    async def wait_for_dispatch(self, req: QueuedRequest, *, redispatch: bool = False) -> Slot:
         """Queue the request and return its slot once dispatched. Raises ``OpenAIError`` (429) if it is
         refused or dropped; if the caller is cancelled while waiting, the request leaves the queue.
 
@@ -275,7 +275,7 @@ class ModelScheduler:
             self._update_depth()
             raise
 
-    def _refuse_if_full(self, req: Admission, now: float) -> None:
+    def _refuse_if_full(self, req: QueuedRequest, now: float) -> None:
         """429 ``service_overloaded`` when the queue ahead leaves too little time before its deadline."""
         position = self._queue.position(req.tenant_id, req.weight, req.request_class)
         refusal = check_queue(
@@ -284,7 +284,7 @@ class ModelScheduler:
             now,
             req.deadline_s,
             self.min_service_s(req.prompt_tokens),
-            self._admission,
+            self._queue_depth,
         )
         if refusal is not None:
             self._metrics.count_refused(self.model, "service_overloaded")
@@ -388,7 +388,7 @@ class ModelScheduler:
             if entry.payload.done():
                 continue
             self._metrics.count_refused(self.model, "deadline_unmeetable")
-            rate = self._drain.rate_per_s(time.monotonic()) or self._admission.min_drain_rate_per_s
+            rate = self._drain.rate_per_s(time.monotonic()) or self._queue_depth.min_drain_rate_per_s
             retry_after_s = max(1.0, self._queue.num_waiting(entry.request_class) / rate)
             entry.payload.set_exception(
                 refused(

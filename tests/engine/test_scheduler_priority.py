@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig
+from cpu_engine.preemption import PRIORITY_GRACE_TOKENS
 from cpu_engine.sampling import SamplingParams
-from cpu_engine.scheduler import PRIORITY_GRACE_TOKENS, Scheduler
+from cpu_engine.scheduler import Scheduler
 from cpu_engine.sequence import Sequence, SequenceStatus
 from sluice.engine_client.wire import EnginePriority
 from tests.engine.test_block_accounting import check_invariants, fake_step

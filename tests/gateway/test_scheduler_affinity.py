@@ -12,7 +12,7 @@ import pytest
 from fakes import ScriptedFakeEngine
 
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import Admission, ModelScheduler, Slot
+from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest, Slot
 from sluice.domain import RequestClass
 from sluice.engine_client import ReplicaStats
 from sluice.settings import Settings
@@ -31,7 +31,7 @@ def _engine(name: str) -> ScriptedFakeEngine:
 
 async def _dispatch(scheduler: ModelScheduler, request_id: str, tenant_id: str, prompt: list[int]) -> Slot:
     now = time.monotonic()
-    admission = Admission(
+    queued = QueuedRequest(
         request_id,
         tenant_id,
         1.0,
@@ -42,7 +42,7 @@ async def _dispatch(scheduler: ModelScheduler, request_id: str, tenant_id: str, 
         now + 30,
         scheduler.prefix_key(tenant_id, prompt),
     )
-    return await scheduler.wait_for_dispatch(admission)
+    return await scheduler.wait_for_dispatch(queued)
 
 
 async def test_a_tenants_repeated_prefix_goes_back_to_its_replica_while_not_saturated(tmp_path: Path) -> None:

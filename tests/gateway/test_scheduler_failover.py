@@ -23,7 +23,7 @@ from metrics_text import read_metric
 
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import Admission, ModelScheduler
+from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
 from sluice.domain import RequestClass
 from sluice.engine_client import (
     Delta,
@@ -78,10 +78,12 @@ def _engine(name: str) -> UnreachableFakeEngine:
     return engine
 
 
-def _admission(request_id: str, arrival_s: float | None = None, deadline_in_s: float = 30.0) -> Admission:
+def _queued(request_id: str, arrival_s: float | None = None, deadline_in_s: float = 30.0) -> QueuedRequest:
     now = time.monotonic()
     arrival_s = now if arrival_s is None else arrival_s
-    return Admission(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, arrival_s, now + deadline_in_s)
+    return QueuedRequest(
+        request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, arrival_s, now + deadline_in_s
+    )
 
 
 def _scheduler(tmp_path: Path, metrics: GatewayMetrics, **overrides: object) -> ModelScheduler:
@@ -91,7 +93,7 @@ def _scheduler(tmp_path: Path, metrics: GatewayMetrics, **overrides: object) -> 
 
 async def _dispatched_to(scheduler: ModelScheduler, request_id: str) -> EngineClient:
     """Where a request is dispatched (released at once: it holds nothing)."""
-    slot = await scheduler.wait_for_dispatch(_admission(request_id))
+    slot = await scheduler.wait_for_dispatch(_queued(request_id))
     scheduler.release(slot)
     return slot.engine
 
@@ -106,7 +108,7 @@ async def test_an_unreachable_replica_is_suspended_at_once_and_resumes_only_once
     await scheduler.start()
     await scheduler.add_replica(a)
     await scheduler.add_replica(b)
-    first = await scheduler.wait_for_dispatch(_admission("r0"))
+    first = await scheduler.wait_for_dispatch(_queued("r0"))
     lost, other = (a, b) if first.engine is a else (b, a)
     lost.reachable = False
     scheduler.suspend(first)
@@ -133,8 +135,8 @@ async def test_the_last_replica_taking_work_is_not_suspended(tmp_path: Path) -> 
     a, b = _engine("a"), _engine("b")
     await scheduler.add_replica(a)
     await scheduler.add_replica(b)
-    on_a = await scheduler.wait_for_dispatch(_admission("r0"))
-    on_b = await scheduler.wait_for_dispatch(_admission("r1"))
+    on_a = await scheduler.wait_for_dispatch(_queued("r0"))
+    on_b = await scheduler.wait_for_dispatch(_queued("r1"))
     assert {on_a.engine, on_b.engine} == {a, b}
     scheduler.suspend(on_a)
     assert not scheduler.takes_work_besides(on_b)
@@ -151,12 +153,12 @@ async def test_a_redispatched_request_goes_ahead_of_the_fair_queue(tmp_path: Pat
     metrics = GatewayMetrics()
     scheduler = _scheduler(tmp_path, metrics, max_waiting_per_replica=1)
     await scheduler.add_replica(_engine("a"))
-    busy = await scheduler.wait_for_dispatch(_admission("busy"))  # no first token: the gate is shut
+    busy = await scheduler.wait_for_dispatch(_queued("busy"))  # no first token: the gate is shut
     earlier_s = time.monotonic() - 1.0
-    queued = asyncio.create_task(scheduler.wait_for_dispatch(_admission("queued")))
+    queued = asyncio.create_task(scheduler.wait_for_dispatch(_queued("queued")))
     await asyncio.sleep(0)
     # Lost by another replica before its first token; it arrived before "queued".
-    again = asyncio.create_task(scheduler.wait_for_dispatch(_admission("again", earlier_s), redispatch=True))
+    again = asyncio.create_task(scheduler.wait_for_dispatch(_queued("again", earlier_s), redispatch=True))
     await asyncio.sleep(0)
     assert not queued.done() and not again.done()
     scheduler.release(busy)  # one place: the re-dispatched request takes it
@@ -174,7 +176,7 @@ async def test_a_redispatched_request_with_no_replica_is_dropped_at_its_deadline
     await scheduler.start()  # its background pass drops what can no longer meet its deadline
     began = time.monotonic()
     with pytest.raises(OpenAIError) as refused:
-        await scheduler.wait_for_dispatch(_admission("lost", deadline_in_s=0.3), redispatch=True)
+        await scheduler.wait_for_dispatch(_queued("lost", deadline_in_s=0.3), redispatch=True)
     assert refused.value.status_code == 429 and time.monotonic() - began < 2.0
     await scheduler.close()
 

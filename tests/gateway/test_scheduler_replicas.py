@@ -14,7 +14,7 @@ from fakes import ScriptedFakeEngine
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
 from gateway.scheduling.replicas import ReplicaView, p95
-from gateway.scheduling.scheduler import Admission, ModelScheduler
+from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient
 from sluice.policy.batch_bound import BatchBound
@@ -29,9 +29,9 @@ def _engine(name: str) -> ScriptedFakeEngine:
     return engine
 
 
-def _admission(request_id: str) -> Admission:
+def _queued(request_id: str) -> QueuedRequest:
     now = time.monotonic()
-    return Admission(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
+    return QueuedRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
 
 
 async def test_a_drained_replica_finishes_its_requests_takes_nothing_new_and_is_handed_back(
@@ -43,11 +43,11 @@ async def test_a_drained_replica_finishes_its_requests_takes_nothing_new_and_is_
     a, b = _engine("a"), _engine("b")
     await scheduler.add_replica(a, "a#1")
     await scheduler.add_replica(b, "b#1")
-    first = await scheduler.wait_for_dispatch(_admission("r1"))
+    first = await scheduler.wait_for_dispatch(_queued("r1"))
     held_key = first.replica_key
     scheduler.drain_replica(held_key)
     assert scheduler.replica_ids == [k for k in ("a#1", "b#1") if k != held_key] and drained == []
-    later = [await scheduler.wait_for_dispatch(_admission(f"r{i}")) for i in range(2, 6)]
+    later = [await scheduler.wait_for_dispatch(_queued(f"r{i}")) for i in range(2, 6)]
     assert {s.replica_key for s in later} == {k for k in ("a#1", "b#1") if k != held_key}
     scheduler.release(first)  # its last request ends: the client goes back
     assert drained == [first.engine]
@@ -70,7 +70,7 @@ async def test_closing_fails_the_requests_still_waiting_with_503_instead_of_leav
     settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
     scheduler = ModelScheduler("m", (), settings, metrics, version="1")
     await scheduler.start()
-    waiting = [asyncio.create_task(scheduler.wait_for_dispatch(_admission(f"r{i}"))) for i in range(3)]
+    waiting = [asyncio.create_task(scheduler.wait_for_dispatch(_queued(f"r{i}"))) for i in range(3)]
     await asyncio.sleep(0.05)
     assert not any(task.done() for task in waiting)  # no replica: they queue
     await asyncio.wait_for(scheduler.close(), 5)
@@ -89,8 +89,8 @@ async def test_the_oldest_wait_counts_requests_waiting_to_be_dispatched_again(tm
     scheduler = ModelScheduler("m", (), settings, GatewayMetrics(), version="1")
     now = time.monotonic()
     assert scheduler.oldest_wait_s(now) == 0.0
-    fresh = _admission("fresh")
-    lost = Admission("lost", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now - 5.0, now + 30)
+    fresh = _queued("fresh")
+    lost = QueuedRequest("lost", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now - 5.0, now + 30)
     waiting = [
         asyncio.create_task(scheduler.wait_for_dispatch(fresh)),
         asyncio.create_task(scheduler.wait_for_dispatch(lost, redispatch=True)),

@@ -15,7 +15,7 @@ from fakes import ScriptedFakeEngine
 from harness import MODEL, RunningGateway, start_gateway, wait_until
 
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import Admission, ModelScheduler
+from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
 from sluice.domain import RequestClass
 from sluice.engine_client import ReplicaStats
 from sluice.settings import Settings
@@ -25,9 +25,9 @@ QUEUE = {"model": "m", "version": "1", "pool": "general", "request_class": "inte
 REPLICA = {"model": "m", "version": "1", "replica": "fake-a"}
 
 
-def _admission(request_id: str) -> Admission:
+def _queued(request_id: str) -> QueuedRequest:
     now = time.monotonic()
-    return Admission(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
+    return QueuedRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
 
 
 async def _wait_for(cond: Callable[[], bool], timeout_s: float) -> None:
@@ -43,7 +43,7 @@ def test_queue_age_admissions_and_replica_kv_occupancy(tmp_path: Path) -> None:
         value = metrics.registry.get_sample_value
         scheduler = ModelScheduler("m", (), Settings(state_dir=tmp_path, checkpoint_dir=tmp_path), metrics)
         await scheduler.start()
-        waiting = asyncio.create_task(scheduler.wait_for_dispatch(_admission("r1")))
+        waiting = asyncio.create_task(scheduler.wait_for_dispatch(_queued("r1")))
         # No replica: the request waits, and the gauge reads its age as it grows (not only on events).
         await _wait_for(lambda: (value("sluice_gateway_queue_age_seconds", QUEUE) or 0) >= 0.1, 5)
         assert value("sluice_gateway_admitted_total", QUEUE) is None
@@ -63,7 +63,7 @@ def test_queue_age_admissions_and_replica_kv_occupancy(tmp_path: Path) -> None:
 
         # A request that lost its replica before a token is dispatched again: not a second admission.
         scheduler.release(slot)
-        again = await scheduler.wait_for_dispatch(_admission("r1"), redispatch=True)
+        again = await scheduler.wait_for_dispatch(_queued("r1"), redispatch=True)
         assert value("sluice_gateway_admitted_total", QUEUE) == 1
         assert value("sluice_gateway_redispatches_total", {"model": "m", "version": "1"}) == 1
 

@@ -22,7 +22,7 @@ class QueueRefusal:
 
 
 @dataclass(frozen=True)
-class AdmissionConfig:
+class QueueDepthConfig:
     # Before any dispatch was measured (a cold gateway), assume the queue drains at least this fast.
     min_drain_rate_per_s: float = 1.0
     min_retry_after_s: float = 1.0
@@ -48,7 +48,7 @@ def check_queue(
     now_s: float,
     deadline_s: float,
     min_service_s: float,
-    config: AdmissionConfig,
+    config: QueueDepthConfig,
 ) -> QueueRefusal | None:
     """None to admit; a refusal if the expected queue wait leaves too little time before the deadline
     for ``min_service_s`` of service."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from sluice.domain import RequestClass
-from sluice.policy.admission import AdmissionConfig, check_queue
 from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica, standing
+from sluice.policy.queue_depth import QueueDepthConfig, check_queue
 from sluice.policy.rate import RateMeter
 from sluice.policy.share import over_fair_share
 
-CONFIG = AdmissionConfig(min_drain_rate_per_s=1.0, min_retry_after_s=1.0)
+CONFIG = QueueDepthConfig(min_drain_rate_per_s=1.0, min_retry_after_s=1.0)
 
 
 def test_admits_while_the_expected_wait_fits_before_the_deadline() -> None:
@@ -105,7 +105,7 @@ def test_bad_configs_fail() -> None:
     with pytest.raises(ValueError):
         DispatchConfig(over_share_itl_fraction=0)
     with pytest.raises(ValueError):
-        AdmissionConfig(min_drain_rate_per_s=0)
+        QueueDepthConfig(min_drain_rate_per_s=0)
 
 
 def test_rate_meter_measures_over_its_window() -> None:
