@@ -111,8 +111,9 @@ BENCHES: tuple[Bench, ...] = (
 def unlisted(bench_dir: Path = REPO_ROOT / "bench", benches: Sequence[Bench] = BENCHES) -> list[str]:
     """The modules in ``bench_dir`` with a ``main`` that no entry runs (this runner excepted): a new
     benchmark must be added to ``BENCHES``."""
-    # NOTE: bench.fake_replica is a server the capacity benchmark starts, not a benchmark.
-    listed = {b.module for b in benches} | {__name__, "bench.all", "bench.fake_replica"}
+    # NOTE: bench.fake_replica is a server the capacity benchmark starts, not a benchmark; bench.stack_ab
+    # is a tool run by hand (it compares repositories rendered for the question at hand, on make run's ports).
+    listed = {b.module for b in benches} | {__name__, "bench.all", "bench.fake_replica", "bench.stack_ab"}
     with_main = [f"bench.{path.stem}" for path in sorted(bench_dir.glob("*.py"))
                  if re.search(r"^def main\(", path.read_text(), re.M)]  # fmt: skip
     return [module for module in with_main if module not in listed]

@@ -12,7 +12,8 @@ default, at the whole inter-token target, and off:
     .venv/bin/python -m bench.stack_ab --concurrency 16 32 --rounds 3 \\
         default=.sluice/model_repository off=/tmp/repo-off
 
-Prints one line per run and, per concurrency and variant, the medians over the rounds. The tenant is
+Stop `make run` first: each stack takes its ports. Prints one line per run and, per concurrency and
+variant, the medians over the rounds. The tenant is
 bench-none (safety policy none, no token budget or concurrency cap), as in bench.goodput.
 """
 
