@@ -77,7 +77,10 @@ def test_no_server_error_under_schemathesis(
         *selection,
         "--max-time", str(max(10, int(MAX_S * share))),
         "--seed", str(SEED),
-        "--workers", "2",
+        # NOTE: one worker. Two threads parsing source at once (hypothesis describes filters by their
+        # lambdas' AST) trip CPython 3.11's "AST constructor recursion depth mismatch" now and then
+        # (python/cpython gh-106905): a runtime error in the fuzzer, not a server error; it failed CI once.
+        "--workers", "1",
         "--request-timeout", "30",
         "--no-color",
         "--report", "junit", "--report-dir", str(tmp_path),
