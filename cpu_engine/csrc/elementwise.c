@@ -129,8 +129,6 @@ static int same_shape(PyArrayObject *a, PyArrayObject *b) {
            PyArray_CompareLists(PyArray_DIMS(a), PyArray_DIMS(b), PyArray_NDIM(a));
 }
 
-/* Whether the bytes two arrays span overlap; an array's span runs from its first row to the end of its
- * last (rows at a stride leave gaps inside, which count as covered). */
 /* Whether two arrays of one shape are the same elements (out given as x itself, or as another view of it). */
 static int same_elements(PyArrayObject *a, PyArrayObject *b) {
     return PyArray_BYTES(a) == PyArray_BYTES(b) &&

@@ -3,7 +3,9 @@
  * typed_array: obj as an ndarray of typenum (native byte order) with ndim dimensions, or NULL with a
  * TypeError / ValueError naming the argument and the expected shape. Layout (contiguity, alignment) is
  * each kernel's own rule, checked by the caller.
- * overlaps: whether the bytes of two (non-empty) arrays overlap.
+ * overlaps: whether the bytes two (non-empty) arrays span overlap; an array's span runs from its first
+ * row to the end of its last (rows at a positive stride leave gaps inside, which count as covered; for a
+ * C-contiguous array the span is its bytes).
  */
 #ifndef SLUICE_NPY_ARGS_H
 #define SLUICE_NPY_ARGS_H
@@ -29,10 +31,16 @@ static inline PyArrayObject *typed_array(PyObject *obj, const char *name, int ty
     return arr;
 }
 
+static inline npy_intp span_bytes(PyArrayObject *a) {
+    const npy_intp rows = PyArray_NDIM(a) > 0 ? PyArray_DIM(a, 0) : 1;
+    const npy_intp row_stride = PyArray_NDIM(a) > 0 ? PyArray_STRIDE(a, 0) : 0;
+    return (rows - 1) * row_stride + PyArray_NBYTES(a) / rows;
+}
+
 static inline int overlaps(PyArrayObject *a, PyArrayObject *b) {
+    if (PyArray_SIZE(a) == 0 || PyArray_SIZE(b) == 0) return 0;
     const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
-    return PyArray_NBYTES(a) > 0 && PyArray_NBYTES(b) > 0 && a0 < b0 + PyArray_NBYTES(b) &&
-           b0 < a0 + PyArray_NBYTES(a);
+    return a0 < b0 + span_bytes(b) && b0 < a0 + span_bytes(a);
 }
 
 #endif

@@ -203,3 +203,7 @@ def test_rope_refuses_bad_arguments() -> None:
     overlapping = np.ones((5, 2, 8), np.float32)
     with pytest.raises(ValueError, match="out must be x itself or not overlap"):
         table.apply(overlapping[:4], positions, out=overlapping[1:])
+    # Rows at a stride: out starts past x's own bytes (4 rows of 8 floats) but inside its span, on x's row 3.
+    strided = np.ones((7, 3, 8), np.float32)[:, :2]
+    with pytest.raises(ValueError, match="out must be x itself or not overlap"):
+        table.apply(strided[:4], positions, out=strided[3:7])
