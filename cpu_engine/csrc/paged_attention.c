@@ -92,6 +92,22 @@ static inline void chunk_offsets(const pa_problem *pb, const int32_t *table, npy
     }
 }
 
+/* A tile's tokens t0..t0+nt-1: each one's causal limit (the last position it sees) into limit[]; returns
+ * the largest, the position the tile walks to. */
+static inline npy_intp tile_limits(const pa_problem *pb, npy_intp t0, npy_intp nt, npy_intp *limit) {
+    npy_intp last = 0;
+    for (npy_intp i = 0; i < nt; ++i) {
+        limit[i] = pb->positions[t0 + i];
+        if (limit[i] > last) last = limit[i];
+    }
+    return last;
+}
+
+/* Where row r of a tile (token t0 + r / group, head r % group of kv head kvh's group) starts in q and out. */
+static inline npy_intp tile_row(const pa_problem *pb, npy_intp t0, npy_intp kvh, npy_intp group, npy_intp r) {
+    return ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * pb->head_dim;
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Portable implementation: plain C that the compiler vectorises for the machine it builds on (AVX2 on
  * an x86 without AVX-512, NEON on ARM). An item is a tile of up to TILE tokens of one sequence (a
@@ -240,13 +256,10 @@ static inline __attribute__((always_inline)) void tile_portable_body(const pa_pr
     const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t0] * pb->max_blocks;
     float *qs = scratch, *acc = qs + rows * D, *m = acc + rows * D, *l = m + rows, *p = l + rows;
     float *k_buf = p + rows * CHUNK, *v_buf = k_buf + CHUNK * D;
-    npy_intp limit[TILE], last = 0;
-    for (npy_intp i = 0; i < nt; ++i) {
-        limit[i] = pb->positions[t0 + i];
-        if (limit[i] > last) last = limit[i];
-    }
+    npy_intp limit[TILE];
+    const npy_intp last = tile_limits(pb, t0, nt, limit);
     for (npy_intp r = 0; r < rows; ++r) { /* row r: token r / group, head r % group of the kv head's group */
-        const float *qr = pb->q + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * D;
+        const float *qr = pb->q + tile_row(pb, t0, kvh, group, r);
         for (npy_intp i = 0; i < D; ++i) {
             qs[r * D + i] = qr[i] * pb->scale_log2;
             acc[r * D + i] = 0.0f;
@@ -277,7 +290,7 @@ static inline __attribute__((always_inline)) void tile_portable_body(const pa_pr
         }
     }
     for (npy_intp r = 0; r < rows; ++r) {
-        float *out = pb->out + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * D;
+        float *out = pb->out + tile_row(pb, t0, kvh, group, r);
         const float inv = 1.0f / l[r];
         for (npy_intp i = 0; i < D; ++i) out[i] = acc[r * D + i] * inv;
     }
@@ -453,15 +466,12 @@ ALWAYS_INLINE void tile_avx512_body(const pa_problem *pb, npy_intp t0, npy_intp 
     const int32_t *table = pb->block_tables + (npy_intp)pb->seq_index[t0] * pb->max_blocks;
     float *qs = scratch, *acc = qs + rows * padded, *m = acc + rows * padded, *l = m + rows;
     float *p = l + rows;
-    npy_intp offsets[AHEAD + 1][CHUNK], limit[TILE], last = 0;
-    for (npy_intp i = 0; i < nt; ++i) {
-        limit[i] = pb->positions[t0 + i];
-        if (limit[i] > last) last = limit[i];
-    }
+    npy_intp offsets[AHEAD + 1][CHUNK], limit[TILE];
+    const npy_intp last = tile_limits(pb, t0, nt, limit);
 
     const __m512 scale = _mm512_set1_ps(pb->scale_log2);
     for (npy_intp r = 0; r < rows; ++r) {
-        const float *qr = pb->q + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * d;
+        const float *qr = pb->q + tile_row(pb, t0, kvh, group, r);
         for (npy_intp c = 0; c < nvec; ++c) {
             __m512 x = _mm512_maskz_loadu_ps(chunk_mask(c, nvec, tail), qr + 16 * c);
             _mm512_storeu_ps(qs + r * padded + 16 * c, _mm512_mul_ps(x, scale));
@@ -506,7 +516,7 @@ ALWAYS_INLINE void tile_avx512_body(const pa_problem *pb, npy_intp t0, npy_intp 
     }
     for (npy_intp r = 0; r < rows; ++r) {
         const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
-        float *out = pb->out + ((t0 + r / group) * pb->num_heads + kvh * group + r % group) * d;
+        float *out = pb->out + tile_row(pb, t0, kvh, group, r);
         for (npy_intp c = 0; c < nvec; ++c)
             _mm512_mask_storeu_ps(out + 16 * c, chunk_mask(c, nvec, tail),
                                   _mm512_mul_ps(_mm512_loadu_ps(acc + r * padded + 16 * c), inv));
