@@ -13,8 +13,8 @@ default, at the whole inter-token target, and off:
         default=.sluice/model_repository off=/tmp/repo-off
 
 Stop `make run` first: each stack takes its ports. Prints one line per run and, per concurrency and
-variant, the medians over the rounds. The tenant is
-bench-none (safety policy none, no token budget or concurrency cap), as in bench.goodput.
+variant, the medians over the rounds. The tenant is bench-none (safety policy none, no token budget or
+concurrency cap), as in bench.goodput.
 """
 
 from __future__ import annotations
