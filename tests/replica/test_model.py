@@ -261,7 +261,11 @@ def test_a_stream_that_ends_is_not_held_for_its_budget(
         model.execute([request])
         wait_final(request, timeout_s=30.0)  # its end brings the held tokens, not the 60 s budget
         assert time.monotonic() - started_s < 30.0
-        assert [len(c) for c in request.sender.token_ids()] == [1, 11]
+        # Two responses: the first token(s) at once, the rest held until the end brought them. Not exactly
+        # [1, 11]: on a fast CPU the engine can make a token or two more before the sender thread first
+        # runs (a fresh-clone run saw [3, 9]); they leave in that first response.
+        sizes = [len(c) for c in request.sender.token_ids()]
+        assert len(sizes) == 2 and sum(sizes) == 12, sizes
     finally:
         next(loaded, None)  # finalize
 
