@@ -83,12 +83,12 @@ async def open_ledger(settings: Settings, *, keep_trying: bool = False) -> Usage
     closes it."""
 
     def postgres(url: str) -> UsageLedger:
-        from sluice.ledger.postgres import PostgresLedger
+        from sluice.ledger.store import PostgresLedger
 
         return PostgresLedger(url, pool_max_size=settings.database_pool_max_size)
 
     def sqlite(path: Path) -> UsageLedger:
-        from sluice.ledger.sqlite import SqliteLedger
+        from sluice.ledger.store import SqliteLedger
 
         return SqliteLedger(path)
 

@@ -116,11 +116,10 @@ def p95(values: Iterable[float]) -> float | None:
     return ordered[rank - 1]
 
 
-def version_traffic_sql(placeholder: str) -> tuple[str, str]:
-    """The two reads of ``version_traffic`` in a dialect's placeholder (``?`` or ``%s``): per-version
-    totals (params: ``error_statuses()``, model, since), and one version's newest latencies (params: model,
-    version, since, limit)."""
-    p = placeholder
+def version_traffic_sql() -> tuple[str, str]:
+    """The two reads of ``version_traffic``: per-version totals (params: ``error_statuses()``, model,
+    since), and one version's newest latencies (params: model, version, since, limit)."""
+    p = "?"
     errors = ", ".join([p] * len(ERROR_OUTCOMES))
     totals = (
         f"SELECT model_version, count(*), sum(CASE WHEN status IN ({errors}) THEN 1 ELSE 0 END),"
@@ -188,7 +187,6 @@ class TenantUsage:
 
 
 def usage_by_tenant_sql(
-    placeholder: str,
     *,
     since: object,
     until: object | None,
@@ -196,10 +194,10 @@ def usage_by_tenant_sql(
     model: str | None,
     request_class: RequestClass | None,
 ) -> tuple[str, list[object]]:
-    """``usage_by_tenant``'s one read and its params, in a dialect's placeholder (``?`` or ``%s``), the
-    times already as the backend stores them. Totals per (tenant, model, request class) over
+    """``usage_by_tenant``'s one read and its params, the times already as the backend stores them.
+    Totals per (tenant, model, request class) over
     ``since <= finished_at < until``, each optional filter an equality."""
-    p = placeholder
+    p = "?"
     errors = ", ".join([p] * len(ERROR_OUTCOMES))
     where, params = [f"finished_at >= {p}"], [*error_statuses(), since]
     for column, value in (

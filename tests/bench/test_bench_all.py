@@ -145,7 +145,7 @@ def test_simulator_readings_cover_one_run_and_several(tmp_path: Path) -> None:
 
 def test_parse_replica_state_reads_the_engine_gauges() -> None:
     text = (
-        '# HELP nv_trt_llm_request_metrics Requests\n'
+        "# HELP nv_trt_llm_request_metrics Requests\n"
         'nv_trt_llm_request_metrics{model="sluice-tiny",request_type="active",version="1"} 3\n'
         'nv_trt_llm_request_metrics{model="sluice-tiny",request_type="waiting",version="1"} 1\n'
         'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="sluice-tiny",version="1"} 17\n'

@@ -14,7 +14,7 @@ import httpx
 from sluice.admin_tokens.roles import Role
 from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
 from sluice.domain import Outcome, UsageRecord
-from sluice.ledger.sqlite import SqliteLedger
+from sluice.ledger.store import SqliteLedger
 from sluice.settings import Settings
 
 DIGEST = "sha256:" + "ab" * 32

@@ -20,7 +20,7 @@ from control_plane.service.app import create_app
 from control_plane.service.rollout_guard import GUARD_ACTOR, RolloutGuardTask, judge
 from sluice.admin_tokens.roles import Role
 from sluice.ledger.base import VersionTraffic
-from sluice.ledger.sqlite import SqliteLedger
+from sluice.ledger.store import SqliteLedger
 from sluice.policy.rollout import GuardAction
 from sluice.registry.base import ChangeAction, VersionState
 from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutMove, RolloutState

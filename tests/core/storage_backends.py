@@ -13,8 +13,7 @@ import psycopg
 from psycopg import sql
 
 from sluice.ledger.base import UsageLedger
-from sluice.ledger.postgres import PostgresLedger
-from sluice.ledger.sqlite import SqliteLedger
+from sluice.ledger.store import PostgresLedger, SqliteLedger
 from sluice.tenants.base import TenantStore
 from sluice.tenants.postgres import PostgresTenantStore
 from sluice.tenants.sqlite import SqliteTenantStore

@@ -15,14 +15,13 @@ import psycopg
 import pytest
 from storage_backends import Backend
 
-import sluice.ledger.postgres
-import sluice.ledger.sqlite
+import sluice.ledger.store
 from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
 from sluice.domain import Outcome, RequestClass, UsageGroup, UsageRecord, UsageTotals
 from sluice.ledger.base import USAGE_COLUMNS, LedgerUnavailable, UsageLedger, VersionTraffic
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
-from sluice.ledger.postgres import PostgresLedger
-from sluice.ledger.sqlite import to_text
+from sluice.ledger.store import PostgresLedger
+from sluice.transactions import SQLITE_CODECS
 
 pytestmark = pytest.mark.anyio
 
@@ -215,7 +214,11 @@ async def test_rows_written_before_the_attempt_and_key_columns_read_as_attempt_1
             apply_sqlite_migrations(conn, COMPONENT, MIGRATIONS[:1])
             conn.execute(
                 f"INSERT INTO usage ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*values, to_text(old.started_at), to_text(old.finished_at)),
+                (
+                    *values,
+                    SQLITE_CODECS.to_db_time(old.started_at),
+                    SQLITE_CODECS.to_db_time(old.finished_at),
+                ),
             )
     else:
         pool = await open_pg_pool(backend.database_url, max_size=1, name="v1")
@@ -320,7 +323,18 @@ async def test_request_class_round_trips_and_the_table_refuses_an_unknown_one(
     assert rows == [interactive, batch]
     assert [r.request_class for r in rows] == [RequestClass.INTERACTIVE, RequestClass.BATCH]
     # The CHECK holds the column to the known classes even for a writer that bypasses the ledger.
-    values = ("acme", "raw", "m", "1", 1, 1, "finished", to_text(T0), to_text(T0), "premium")
+    values = (
+        "acme",
+        "raw",
+        "m",
+        "1",
+        1,
+        1,
+        "finished",
+        SQLITE_CODECS.to_db_time(T0),
+        SQLITE_CODECS.to_db_time(T0),
+        "premium",
+    )
     sql = "INSERT INTO usage (tenant_id, request_id, model, model_version, prompt_tokens, output_tokens,"
     sql += " status, started_at, finished_at, request_class) VALUES ({})"
     if backend.database_url is None:
@@ -421,8 +435,7 @@ async def test_version_traffic_per_version_of_one_model_over_the_window(ledger: 
 async def test_version_traffic_percentiles_read_only_the_newest_measured_rows(
     ledger: UsageLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (sluice.ledger.sqlite, sluice.ledger.postgres):
-        monkeypatch.setattr(module, "MAX_LATENCY_ROWS_PER_VERSION", 3)
+    monkeypatch.setattr(sluice.ledger.store, "MAX_LATENCY_ROWS_PER_VERSION", 3)
     for i in range(10):  # the newer, the faster: 1000 ms first, 100 ms last
         await ledger.record(rec(request_id=f"r{i}", finished_at=T0 + timedelta(seconds=i),
                                 ttft_ms=1000.0 - 100 * i, itl_p95_ms=100.0 - 10 * i))  # fmt: skip

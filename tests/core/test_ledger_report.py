@@ -13,8 +13,7 @@ from storage_backends import Backend
 
 from sluice.domain import Outcome, RequestClass, UsageRecord
 from sluice.ledger.base import LedgerUnavailable, TenantUsage, UsageLedger, usage_by_tenant_sql
-from sluice.ledger.postgres import PostgresLedger
-from sluice.ledger.sqlite import SqliteLedger
+from sluice.ledger.store import PostgresLedger, SqliteLedger
 from sluice.ledger.window import DEFAULT_WINDOW, WindowError, parse_instant, report_window
 
 pytestmark = pytest.mark.anyio
@@ -201,7 +200,7 @@ async def test_the_report_across_tenants_reads_its_window_by_index(tmp_path: Pat
     await ledger.open()
     await ledger.close()
     sql, params = usage_by_tenant_sql(
-        "?", since=T0.isoformat(), until=UNTIL.isoformat(), tenant_id=None, model=None, request_class=None
+        since=T0.isoformat(), until=UNTIL.isoformat(), tenant_id=None, model=None, request_class=None
     )
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
         plan = " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))

@@ -17,7 +17,7 @@ import pytest
 
 from sluice.domain import Outcome, UsageRecord, UsageReport
 from sluice.ledger.base import TenantUsage, UsageLedger, VersionTraffic
-from sluice.ledger.sqlite import SqliteLedger
+from sluice.ledger.store import SqliteLedger
 from sluice.metering.outbox import FILE_NAME, Outbox
 from sluice.metering.pipeline import UsageMeter
 
