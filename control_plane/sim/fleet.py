@@ -228,6 +228,7 @@ class Fleet:
             max_tokens=stream.output_tokens,
             arrival_s=now_s,
             deadline_s=deadline_s,
+            weight=tenant.weight,
         )
         self.requests.append(request)
         self._schedule_arrival(i, self._arrivals[i])
@@ -249,17 +250,7 @@ class Fleet:
             self.quota.settle_now(grant, 0, now_s)
             self._refuse(request, "queue_depth", refusal.retry_after_s)
             return
-        entry = QueueEntry(
-            request_id=request.request_id,
-            tenant_id=tenant.tenant_id,
-            weight=tenant.weight,
-            request_class=request.request_class,
-            prompt_tokens=request.prompt_tokens,
-            max_tokens=request.max_tokens,
-            arrival_s=now_s,
-            deadline_s=deadline_s,
-            payload=request,
-        )
+        entry = QueueEntry(request, payload=request)
         self.queue.push(entry)
 
     def _min_service_s(self, request: SimRequest) -> float:

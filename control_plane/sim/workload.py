@@ -45,6 +45,7 @@ class SimRequest:
     max_tokens: int
     arrival_s: float
     deadline_s: float  # absolute
+    weight: float = 1.0  # its tenant's
     # gateway side
     grant: QuotaGrant | None = None
     outcome: Outcome | None = None

@@ -33,7 +33,7 @@ from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, Quota
 from gateway.openai.records import Ended, record_request, usage_record
 from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
-from gateway.scheduling.scheduler import QueuedRequest, Slot
+from gateway.scheduling.scheduler import Slot
 from gateway.state import GatewayState
 from sluice.domain import Outcome
 from sluice.engine_client import (
@@ -214,7 +214,7 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
         if isinstance(begun, list):
             return begun
         end.attempt = begun
-    end.slot = await job.target.scheduler.wait_for_dispatch(_queued(job))
+    end.slot = await job.target.scheduler.wait_for_dispatch(job, prefix_key=_prefix_key(job))
     end.num_dispatches = 1
     if job.batch_id is None:
         end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
@@ -363,7 +363,7 @@ async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError)
         # NOTE: its own bound, before the stream's deadline: a request out of time fails as the lost
         # replica failed it, not as a generation that ran out of time.
         async with asyncio.timeout(job.deadline_s - REDISPATCH_MARGIN_S - time.monotonic()):
-            end.slot = await scheduler.wait_for_dispatch(_queued(job), redispatch=True)
+            end.slot = await scheduler.wait_for_dispatch(job, prefix_key=_prefix_key(job), redispatch=True)
     except (OpenAIError, TimeoutError):  # dropped at its deadline
         raise lost from None
     end.num_dispatches += 1
@@ -443,15 +443,5 @@ def _screened(screen: StreamScreen, text: str, ended: bool) -> tuple[str, Verdic
     return released, verdict
 
 
-def _queued(job: Job) -> QueuedRequest:
-    return QueuedRequest(
-        request_id=job.request_id,
-        tenant_id=job.tenant.tenant_id,
-        weight=job.tenant.weight,
-        request_class=job.request_class,
-        prompt_tokens=len(job.prompt_token_ids),
-        max_tokens=job.max_tokens,
-        arrival_s=job.arrival_s,
-        deadline_s=job.deadline_s,
-        prefix_key=job.target.scheduler.prefix_key(job.tenant.tenant_id, job.prompt_token_ids),
-    )
+def _prefix_key(job: Job) -> int | None:
+    return job.target.scheduler.prefix_key(job.tenant_id, job.prompt_token_ids)

@@ -59,6 +59,19 @@ class Job:
     # run is ``Outcome.INTERRUPTED`` and bills nothing. None: an interactive call (a cut one is billed).
     runs_again_if_cut: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
 
+    # What the fair queue reads of it (``sluice.policy.fair_queue.Waiting``): it waits by reference.
+    @property
+    def tenant_id(self) -> str:
+        return self.tenant.tenant_id
+
+    @property
+    def weight(self) -> float:
+        return self.tenant.weight
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
     @property
     def model_version(self) -> str:
         return self.target.version

@@ -24,6 +24,7 @@ from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.batch_bound import BatchBound, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
+from sluice.policy.fair_queue import Waiting
 
 # The replica's inter-token latency is the p95 of its last BatchBound.num_gaps_between_moves gaps between
 # the deltas of its requests, as this gateway reads them (a client sees the same gaps), recomputed after
@@ -39,16 +40,30 @@ _READY_CHECK_TIMEOUT_S = 1.0  # a suspended replica's readiness check; no answer
 class Slot:
     """A dispatched request's claim on one replica, until ``release``; ``engine`` is how to reach it."""
 
-    request_id: str
-    tenant_id: str
-    request_class: RequestClass
-    kv_tokens: int
+    request: Waiting  # by reference: the gateway's ``Job``
     dispatched_s: float
     engine: EngineClient
     replica_key: str  # the scheduler's key of the replica it was dispatched to
     # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
     priority: EnginePriority = EnginePriority.UNDER_SHARE
     has_first_token: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def tenant_id(self) -> str:
+        return self.request.tenant_id
+
+    @property
+    def request_class(self) -> RequestClass:
+        return self.request.request_class
+
+    @property
+    def kv_tokens(self) -> int:
+        """What the request may occupy in KV memory at most (its prompt and every token it may make)."""
+        return self.request.prompt_tokens + self.request.max_tokens
 
 
 @dataclass

@@ -29,7 +29,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from gateway.errors import refused
 from gateway.metrics import GatewayMetrics
@@ -40,7 +39,7 @@ from sluice.policy.affinity import AffinityMemory
 from sluice.policy.batch_bound import BatchBound
 from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
-from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry, Waiting
 from sluice.policy.placement import PlacementRule, ScoreWeights, prefix_key
 from sluice.policy.queue_depth import QueueDepthConfig, check_queue, min_service_s
 from sluice.policy.rate import RateMeter
@@ -51,22 +50,7 @@ log = logging.getLogger(__name__)
 
 _EXPIRE_PERIOD_S = 0.05  # how often waiting requests are checked against their deadlines
 
-__all__ = ["ModelScheduler", "QueuedRequest", "Slot"]
-
-
-@dataclass(frozen=True)
-class QueuedRequest:
-    """What the queue needs to know about a request (taken from the gateway's ``Job``)."""
-
-    request_id: str
-    tenant_id: str
-    weight: float
-    request_class: RequestClass
-    prompt_tokens: int
-    max_tokens: int
-    arrival_s: float  # time.monotonic()
-    deadline_s: float
-    prefix_key: int | None = None  # ``ModelScheduler.prefix_key`` of its tenant and prompt
+__all__ = ["ModelScheduler", "Slot"]
 
 
 class ModelScheduler:
@@ -235,9 +219,13 @@ class ModelScheduler:
         ``router_prefix_blocks`` blocks); None: the prompt is shorter than one KV block."""
         return prefix_key(tenant_id, prompt_token_ids, num_blocks=self._settings.router_prefix_blocks)
 
-    async def wait_for_dispatch(self, req: QueuedRequest, *, redispatch: bool = False) -> Slot:
-        """Queue the request and return its slot once dispatched. Raises ``OpenAIError`` (429) if it is
-        refused or dropped; if the caller is cancelled while waiting, the request leaves the queue.
+    async def wait_for_dispatch(
+        self, req: Waiting, *, prefix_key: int | None = None, redispatch: bool = False
+    ) -> Slot:
+        """Queue the request (held by reference: the gateway's ``Job``) and return its slot once
+        dispatched; ``prefix_key``: this scheduler's ``prefix_key`` of its tenant and prompt. Raises
+        ``OpenAIError`` (429) if it is refused or dropped; if the caller is cancelled while waiting, the
+        request leaves the queue.
 
         ``redispatch``: its replica lost it before its first token (released, and suspended by the
         caller). It waits ahead of the fair queue, is never refused for the queue's length, and is counted
@@ -250,20 +238,7 @@ class ModelScheduler:
             self._refuse_if_full(req, now)
             queue = self._queue
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        queue.push(
-            QueueEntry(
-                req.request_id,
-                req.tenant_id,
-                req.weight,
-                req.request_class,
-                req.prompt_tokens,
-                req.max_tokens,
-                req.arrival_s,
-                req.deadline_s,
-                future,
-                req.prefix_key,
-            )
-        )
+        queue.push(QueueEntry(req, future, prefix_key))
         self._dispatch_pass(now)
         self._update_depth()
         try:
@@ -275,7 +250,7 @@ class ModelScheduler:
             self._update_depth()
             raise
 
-    def _refuse_if_full(self, req: QueuedRequest, now: float) -> None:
+    def _refuse_if_full(self, req: Waiting, now: float) -> None:
         """429 ``service_overloaded`` when the queue ahead leaves too little time before its deadline."""
         position = self._queue.position(req.tenant_id, req.weight, req.request_class)
         refusal = check_queue(
@@ -354,16 +329,7 @@ class ModelScheduler:
             self._drain.observe(now)
             key = placed.replica.replica_id
             view = self._replicas[key]
-            slot = Slot(
-                head.request_id,
-                head.tenant_id,
-                head.request_class,
-                head.kv_tokens,
-                now,
-                view.engine,
-                key,
-                placed.priority,
-            )
+            slot = Slot(head.request, now, view.engine, key, placed.priority)
             view.slots[slot.request_id] = slot
             self._num_in_flight.add(head.request_class, head.tenant_id)
             self._weights[head.tenant_id] = head.weight

@@ -27,15 +27,46 @@ import math
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from sluice.domain import RequestClass
 
 T = TypeVar("T")
 
 
-@dataclass
-class QueueEntry(Generic[T]):
+class Waiting(Protocol):
+    """What the queue reads of a request. The gateway's ``Job`` and the simulator's ``SimRequest`` both
+    have it, so the queue holds the caller's own request rather than a copy of its fields."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...  # the tenant's
+
+    @property
+    def request_class(self) -> RequestClass: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def arrival_s(self) -> float: ...
+
+    @property
+    def deadline_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class WaitingRequest:
+    """A ``Waiting`` for callers without a request type of their own (tests, tools)."""
+
     request_id: str
     tenant_id: str
     weight: float
@@ -44,14 +75,54 @@ class QueueEntry(Generic[T]):
     max_tokens: int
     arrival_s: float
     deadline_s: float
-    payload: T  # the caller's: a future in the gateway, a simulated request in the simulator
+
+
+@dataclass
+class QueueEntry(Generic[T]):
+    """A request in the queue, by reference, with what the caller waits on (``payload``: a future in the
+    gateway, the simulated request in the simulator)."""
+
+    request: Waiting
+    payload: T
     # Tenant-scoped key of the prompt's leading KV blocks (``placement.prefix_key``); None: no full block.
     prefix_key: int | None = None
 
     @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def tenant_id(self) -> str:
+        return self.request.tenant_id
+
+    @property
+    def weight(self) -> float:
+        return self.request.weight
+
+    @property
+    def request_class(self) -> RequestClass:
+        return self.request.request_class
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.request.prompt_tokens
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.max_tokens
+
+    @property
+    def arrival_s(self) -> float:
+        return self.request.arrival_s
+
+    @property
+    def deadline_s(self) -> float:
+        return self.request.deadline_s
+
+    @property
     def kv_tokens(self) -> int:
         """What the request may occupy in KV memory at most."""
-        return self.prompt_tokens + self.max_tokens
+        return self.request.prompt_tokens + self.request.max_tokens
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
 from gateway.routing.router import Router, Target
 from gateway.routing.table import PoolChoice, ReplicaTarget, RoutingTable, choose_pool
-from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
+from gateway.scheduling.scheduler import ModelScheduler
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
+from sluice.policy.fair_queue import WaitingRequest
 from sluice.registry.base import (
     Model,
     ModelVersion,
@@ -214,7 +215,7 @@ def test_what_waits_for_a_version_that_leaves_routing_is_refused_to_retry(tmp_pa
             scheduler = pools.scheduler("m", "1")
             assert scheduler is not None
             now = time.monotonic()
-            queued = QueuedRequest("r1", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 60)
+            queued = WaitingRequest("r1", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 60)
             waiting = asyncio.create_task(scheduler.wait_for_dispatch(queued))
             await asyncio.sleep(0.05)
             assert not waiting.done()  # no free KV: it waits in the queue

@@ -12,9 +12,10 @@ import pytest
 from fakes import ScriptedFakeEngine
 
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest, Slot
+from gateway.scheduling.scheduler import ModelScheduler, Slot
 from sluice.domain import RequestClass
 from sluice.engine_client import ReplicaStats
+from sluice.policy.fair_queue import WaitingRequest
 from sluice.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -31,18 +32,10 @@ def _engine(name: str) -> ScriptedFakeEngine:
 
 async def _dispatch(scheduler: ModelScheduler, request_id: str, tenant_id: str, prompt: list[int]) -> Slot:
     now = time.monotonic()
-    queued = QueuedRequest(
-        request_id,
-        tenant_id,
-        1.0,
-        RequestClass.INTERACTIVE,
-        len(prompt),
-        8,
-        now,
-        now + 30,
-        scheduler.prefix_key(tenant_id, prompt),
+    queued = WaitingRequest(
+        request_id, tenant_id, 1.0, RequestClass.INTERACTIVE, len(prompt), 8, now, now + 30
     )
-    return await scheduler.wait_for_dispatch(queued)
+    return await scheduler.wait_for_dispatch(queued, prefix_key=scheduler.prefix_key(tenant_id, prompt))
 
 
 async def test_a_tenants_repeated_prefix_goes_back_to_its_replica_while_not_saturated(tmp_path: Path) -> None:

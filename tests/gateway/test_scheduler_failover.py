@@ -23,7 +23,7 @@ from metrics_text import read_metric
 
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
+from gateway.scheduling.scheduler import ModelScheduler
 from sluice.domain import RequestClass
 from sluice.engine_client import (
     Delta,
@@ -33,6 +33,7 @@ from sluice.engine_client import (
     GenerateRequest,
     ReplicaStats,
 )
+from sluice.policy.fair_queue import WaitingRequest
 from sluice.settings import Settings
 from sluice.text import TextCodec
 
@@ -78,10 +79,10 @@ def _engine(name: str) -> UnreachableFakeEngine:
     return engine
 
 
-def _queued(request_id: str, arrival_s: float | None = None, deadline_in_s: float = 30.0) -> QueuedRequest:
+def _queued(request_id: str, arrival_s: float | None = None, deadline_in_s: float = 30.0) -> WaitingRequest:
     now = time.monotonic()
     arrival_s = now if arrival_s is None else arrival_s
-    return QueuedRequest(
+    return WaitingRequest(
         request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, arrival_s, now + deadline_in_s
     )
 

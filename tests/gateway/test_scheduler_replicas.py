@@ -14,10 +14,11 @@ from fakes import ScriptedFakeEngine
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
 from gateway.scheduling.replicas import ReplicaView, p95
-from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
+from gateway.scheduling.scheduler import ModelScheduler
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient
 from sluice.policy.batch_bound import BatchBound
+from sluice.policy.fair_queue import WaitingRequest
 from sluice.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -29,9 +30,9 @@ def _engine(name: str) -> ScriptedFakeEngine:
     return engine
 
 
-def _queued(request_id: str) -> QueuedRequest:
+def _queued(request_id: str) -> WaitingRequest:
     now = time.monotonic()
-    return QueuedRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
+    return WaitingRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
 
 
 async def test_a_drained_replica_finishes_its_requests_takes_nothing_new_and_is_handed_back(
@@ -90,7 +91,7 @@ async def test_the_oldest_wait_counts_requests_waiting_to_be_dispatched_again(tm
     now = time.monotonic()
     assert scheduler.oldest_wait_s(now) == 0.0
     fresh = _queued("fresh")
-    lost = QueuedRequest("lost", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now - 5.0, now + 30)
+    lost = WaitingRequest("lost", "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now - 5.0, now + 30)
     waiting = [
         asyncio.create_task(scheduler.wait_for_dispatch(fresh)),
         asyncio.create_task(scheduler.wait_for_dispatch(lost, redispatch=True)),

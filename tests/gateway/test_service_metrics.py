@@ -15,9 +15,10 @@ from fakes import ScriptedFakeEngine
 from harness import MODEL, RunningGateway, start_gateway, wait_until
 
 from gateway.metrics import GatewayMetrics
-from gateway.scheduling.scheduler import ModelScheduler, QueuedRequest
+from gateway.scheduling.scheduler import ModelScheduler
 from sluice.domain import RequestClass
 from sluice.engine_client import ReplicaStats
+from sluice.policy.fair_queue import WaitingRequest
 from sluice.settings import Settings
 from sluice.text import TextCodec
 
@@ -25,9 +26,9 @@ QUEUE = {"model": "m", "version": "1", "pool": "general", "request_class": "inte
 REPLICA = {"model": "m", "version": "1", "replica": "fake-a"}
 
 
-def _queued(request_id: str) -> QueuedRequest:
+def _queued(request_id: str) -> WaitingRequest:
     now = time.monotonic()
-    return QueuedRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
+    return WaitingRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 8, 8, now, now + 30)
 
 
 async def _wait_for(cond: Callable[[], bool], timeout_s: float) -> None:

@@ -14,7 +14,7 @@ from sluice.policy.dispatch import (
     pick_replica,
 )
 from sluice.policy.dispatch_pass import NEWCOMER_WEIGHT, DispatchPass
-from sluice.policy.fair_queue import FairQueue, QueueEntry
+from sluice.policy.fair_queue import FairQueue, QueueEntry, WaitingRequest
 from sluice.policy.share import InFlight, over_fair_share
 
 DISPATCH = DispatchConfig(itl_target_ms=50.0, max_waiting_per_replica=8)
@@ -71,7 +71,9 @@ def test_work_that_yields_leaves_waiting_places_free() -> None:
 
 
 def entry(request_id: str, tenant: str) -> QueueEntry[None]:
-    return QueueEntry(request_id, tenant, 1.0, RequestClass.INTERACTIVE, 10, 100, 0.0, 1e9, None)
+    return QueueEntry(
+        WaitingRequest(request_id, tenant, 1.0, RequestClass.INTERACTIVE, 10, 100, 0.0, 1e9), None
+    )
 
 
 def test_the_pass_hands_out_the_priority_it_judged_the_standing_by() -> None:

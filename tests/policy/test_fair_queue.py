@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.domain import RequestClass
-from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry, WaitingRequest
 
 INTER, B = RequestClass.INTERACTIVE, RequestClass.BATCH
 
@@ -25,7 +25,9 @@ def entry(
     arrival_s: float = 0.0,
     deadline_s: float = 1e9,
 ) -> QueueEntry[None]:
-    return QueueEntry(f"r{n}-{tenant}", tenant, weight, cls, prompt, 10, arrival_s, deadline_s, None)
+    return QueueEntry(
+        WaitingRequest(f"r{n}-{tenant}", tenant, weight, cls, prompt, 10, arrival_s, deadline_s), None
+    )
 
 
 def drain(q: FairQueue[None], now_s: float = 0.0, **kw: object) -> list[QueueEntry[None]]:

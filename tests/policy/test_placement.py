@@ -8,7 +8,7 @@ import pytest
 from sluice.domain import RequestClass
 from sluice.policy.dispatch import DispatchConfig, ReplicaLoad, Standing, pick_replica
 from sluice.policy.dispatch_pass import DispatchPass
-from sluice.policy.fair_queue import FairQueue, QueueEntry
+from sluice.policy.fair_queue import FairQueue, QueueEntry, WaitingRequest
 from sluice.policy.placement import ScoreWeights, prefix_key, saturated, score
 from sluice.policy.share import InFlight
 
@@ -146,8 +146,14 @@ def test_ties_go_to_the_smallest_replica_id_whatever_the_order() -> None:
 def test_the_dispatch_pass_places_by_the_heads_prefix_key() -> None:
     queue: FairQueue[None] = FairQueue()
     key = prefix_key("acme", PROMPT)
-    queue.push(QueueEntry("r1", "acme", 1.0, RequestClass.INTERACTIVE, 64, 16, 0.0, 1e9, None, key))
-    queue.push(QueueEntry("r2", "globex", 1.0, RequestClass.INTERACTIVE, 64, 16, 0.0, 1e9, None, None))
+    queue.push(
+        QueueEntry(WaitingRequest("r1", "acme", 1.0, RequestClass.INTERACTIVE, 64, 16, 0.0, 1e9), None, key)
+    )
+    queue.push(
+        QueueEntry(
+            WaitingRequest("r2", "globex", 1.0, RequestClass.INTERACTIVE, 64, 16, 0.0, 1e9), None, None
+        )
+    )
     assert key is not None
     loads = [load("a", 4_000), load("b", 9_000)]
     dispatch = DispatchPass(queue, 0.0, DISPATCH, lambda e: 0.0, 0.25, affinity={key: "a"})

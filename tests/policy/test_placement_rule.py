@@ -11,7 +11,7 @@ import pytest
 from sluice.domain import RequestClass
 from sluice.policy.dispatch import DispatchConfig, PlacementRule, ReplicaLoad, Standing, pick_replica
 from sluice.policy.dispatch_pass import DispatchPass
-from sluice.policy.fair_queue import FairQueue, QueueEntry
+from sluice.policy.fair_queue import FairQueue, QueueEntry, WaitingRequest
 from sluice.policy.placement import hashed, least_loaded
 from sluice.policy.share import InFlight
 from sluice.settings import SettingsError, load_settings
@@ -95,7 +95,11 @@ def test_the_dispatch_pass_hands_the_heads_request_id_to_the_random_rule() -> No
     queue: FairQueue[None] = FairQueue()
     for request_id in ids:
         queue.push(
-            QueueEntry(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 64, 16, 0.0, 1e9, None, None)
+            QueueEntry(
+                WaitingRequest(request_id, "acme", 1.0, RequestClass.INTERACTIVE, 64, 16, 0.0, 1e9),
+                None,
+                None,
+            )
         )
     dispatch = DispatchPass(queue, 0.0, config(PlacementRule.RANDOM), lambda e: 0.0, 0.25)
     placed = {}
