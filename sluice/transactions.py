@@ -6,14 +6,16 @@ A body is an ``async def body(tx) -> result`` that awaits nothing but ``tx``'s m
 the databases go through the dialect's codecs (``tx.codecs``): timestamps are ISO-8601 text in SQLite and
 ``timestamptz`` in PostgreSQL, JSON is text in SQLite and ``jsonb`` in PostgreSQL.
 
-Three ways to run a body, the same on both databases:
-- ``run``: no transaction of its own (one statement is atomic by itself); a cancelled caller does not
-  stop it, and ``close`` waits for it (a usage row must not be lost to a client's disconnect).
+Four ways to run a body, the same on both databases:
+- ``run``: no transaction of its own (one statement is atomic by itself), for reads and for writes a
+  caller may give up on: a cancelled caller lets go at once (its pooled connection is returned).
 - ``read``: one snapshot (SQLite: a deferred ``BEGIN`` on WAL; PostgreSQL: ``REPEATABLE READ``), so every
-  statement sees the same state.
+  statement sees the same state; lets go like ``run``.
 - ``write``: one transaction that no other writer interleaves with (SQLite: ``BEGIN IMMEDIATE``;
-  PostgreSQL: a transaction, plus whatever row lock the body takes first); like ``run``, it completes
-  once started.
+  PostgreSQL: a transaction, plus whatever row lock the body takes first). Once started it completes
+  even if its caller is cancelled (a usage row or a registry change must not be lost to a client's
+  disconnect), and ``close`` waits for it.
+- ``write_one``: one statement's write, without the cost of a transaction; completes like ``write``.
 
 SQLite runs the whole body on its connection's thread in one hop (``_drive``: the body's coroutine is
 stepped there to its end, which works because a ``SqliteTx`` method never suspends); PostgreSQL awaits
@@ -118,6 +120,8 @@ class SqlRunner(Protocol):
 
     async def write(self, body: Body[T]) -> T: ...
 
+    async def write_one(self, body: Body[T]) -> T: ...
+
 
 # ---------------------------------------------------------------------------------------------- SQLite
 
@@ -200,6 +204,11 @@ class SqliteRunner:
             self._unavailable, lambda conn: transaction(conn, lambda c: _drive(body, c))
         )
 
+    async def write_one(self, body: Body[T]) -> T:
+        # NOTE: a job handed to the connection's thread always runs to its end (SqliteDb.run): what
+        # ``write_one`` promises, and why ``run`` on SQLite lets go of the caller but not of the job.
+        return await self.run(body)
+
 
 # ------------------------------------------------------------------------------------------ PostgreSQL
 
@@ -270,7 +279,7 @@ class PostgresRunner:
         await self.db.close()
 
     async def run(self, body: Body[T]) -> T:
-        return await self._to_the_end(self._autocommit(body))
+        return await self._autocommit(body)
 
     async def read(self, body: Body[T]) -> T:
         async with self.db.connection_or(self._unavailable) as conn, conn.transaction():
@@ -279,6 +288,9 @@ class PostgresRunner:
 
     async def write(self, body: Body[T]) -> T:
         return await self._to_the_end(self._transaction(body))
+
+    async def write_one(self, body: Body[T]) -> T:
+        return await self._to_the_end(self._autocommit(body))
 
     async def _autocommit(self, body: Body[T]) -> T:
         async with self.db.connection_or(self._unavailable) as conn:

@@ -73,9 +73,9 @@ class SqlLedger(UsageLedger):
             )
             return await tx.execute(_INSERT, params) == 1  # 0 when the row was there already
 
-        # NOTE: one statement, so atomic without a transaction; ``run`` finishes it even if the caller
-        # is cancelled (a client's disconnect must not lose the row) and close() waits for it.
-        return await self._db.run(insert)
+        # NOTE: one statement, so atomic without a transaction; finished even if the caller is cancelled
+        # (a client's disconnect must not lose the row), and close() waits for it.
+        return await self._db.write_one(insert)
 
     async def query(
         self,
