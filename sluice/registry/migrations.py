@@ -1,5 +1,5 @@
 """The registry's schema, as numbered migrations applied at ``open()`` (see ``sluice.db``), and how its
-values are laid out in rows (the same for both backends; JSON is TEXT on SQLite, JSONB on PostgreSQL).
+values are laid out in rows (the same for both databases; JSON is TEXT on SQLite, JSONB on PostgreSQL).
 
 ``registry_generation`` holds one row: the generation. Every change updates it first, so on PostgreSQL
 the row lock orders writers and they commit in generation order; ``registry_audit`` is keyed by the
@@ -8,8 +8,7 @@ generation, so two changes can never share one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from sluice.db import Migration
@@ -26,6 +25,7 @@ from sluice.registry.base import (
     VersionState,
 )
 from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutState
+from sluice.transactions import Codecs
 
 COMPONENT = "registry"
 
@@ -190,21 +190,14 @@ ROLLOUT_COLUMNS = (
 
 
 class RowCodec:
-    """How one backend turns its column values into ours: timestamps into aware UTC datetimes, stored JSON
-    into Python values (and back, for writes)."""
+    """Rows to our values and back, in one database's codecs (``Tx.codecs``): timestamps as aware UTC
+    datetimes, stored JSON as Python values."""
 
-    def __init__(
-        self,
-        *,
-        to_utc: Callable[[Any], datetime],
-        from_db_json: Callable[[Any], Any],
-        to_db_json: Callable[[Any], Any],
-        to_db_time: Callable[[datetime], Any],
-    ) -> None:
-        self.to_utc = to_utc
-        self.from_db_json = from_db_json
-        self.to_db_json = to_db_json
-        self.to_db_time = to_db_time
+    def __init__(self, codecs: Codecs) -> None:
+        self.to_utc = codecs.from_db_time
+        self.from_db_json = codecs.from_db_json
+        self.to_db_json = codecs.to_db_json
+        self.to_db_time = codecs.to_db_time
 
     def model(self, row: Sequence[Any]) -> Model:
         name, description, created_at = row

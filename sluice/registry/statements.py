@@ -1,5 +1,5 @@
-"""The registry's SQL, written once for both dialects: they differ here only in the placeholder (``?`` for
-SQLite, ``%s`` for PostgreSQL). Built from constant table and column names, never from input."""
+"""The registry's SQL, written once for both databases (``?`` placeholders: ``sluice.transactions``). Built
+from constant table and column names, never from input."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from sluice.registry.migrations import (
 from sluice.registry.rollouts import ACTIVE_ROLLOUT_STATES
 
 
-def _insert(table: str, columns: tuple[str, ...], p: str, key: tuple[str, ...] = ()) -> str:
-    text = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([p] * len(columns))})"
+def _insert(table: str, columns: tuple[str, ...], key: tuple[str, ...] = ()) -> str:
+    text = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['?'] * len(columns))})"
     if key:
         updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
         text += f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
@@ -39,9 +39,10 @@ class Statements:
     insert_audit: str
     bump_generation: str  # returns the new generation
     select_generation: str
+    lock_generation: str  # PostgreSQL only: orders writers (SQLite's writes take BEGIN IMMEDIATE instead)
+    notify: str  # PostgreSQL only: (channel, generation), delivered on commit
     select_model: str
     select_models: str
-    select_version: str
     select_versions_of: str
     select_versions: str
     select_route_of: str
@@ -58,8 +59,7 @@ class Statements:
     select_active_rollouts: str  # running or paused, by model
 
 
-def statements(p: str) -> Statements:
-    """Every statement with placeholder ``p``."""
+def _statements() -> Statements:
     models = _select("registry_models", MODEL_COLUMNS)
     versions = _select("registry_versions", VERSION_COLUMNS)
     routes = _select("registry_routes", ROUTE_COLUMNS)
@@ -68,32 +68,36 @@ def statements(p: str) -> Statements:
     rollouts = _select("registry_rollouts", ROLLOUT_COLUMNS)
     active = ", ".join(f"'{s}'" for s in sorted(ACTIVE_ROLLOUT_STATES))
     return Statements(
-        insert_model=_insert("registry_models", MODEL_COLUMNS, p),
-        upsert_version=_insert("registry_versions", VERSION_COLUMNS, p, ("model", "version")),
-        upsert_replica=_insert("registry_replicas", REPLICA_COLUMNS, p, ("replica_id",)),
-        insert_route_entry=_insert("registry_routes", ROUTE_COLUMNS, p),
-        delete_route=f"DELETE FROM registry_routes WHERE model = {p}",
-        delete_replica=f"DELETE FROM registry_replicas WHERE replica_id = {p}",
-        insert_audit=_insert("registry_audit", AUDIT_COLUMNS, p),
+        insert_model=_insert("registry_models", MODEL_COLUMNS),
+        upsert_version=_insert("registry_versions", VERSION_COLUMNS, ("model", "version")),
+        upsert_replica=_insert("registry_replicas", REPLICA_COLUMNS, ("replica_id",)),
+        insert_route_entry=_insert("registry_routes", ROUTE_COLUMNS),
+        delete_route="DELETE FROM registry_routes WHERE model = ?",
+        delete_replica="DELETE FROM registry_replicas WHERE replica_id = ?",
+        insert_audit=_insert("registry_audit", AUDIT_COLUMNS),
         bump_generation=(
             "UPDATE registry_generation SET generation = generation + 1 WHERE id = 1 RETURNING generation"
         ),
         select_generation="SELECT generation FROM registry_generation WHERE id = 1",
-        select_model=f"{models} WHERE name = {p}",
+        lock_generation="SELECT generation FROM registry_generation WHERE id = 1 FOR UPDATE",
+        notify="SELECT pg_notify(?, ?)",
+        select_model=f"{models} WHERE name = ?",
         select_models=f"{models} ORDER BY name",
-        select_version=f"{versions} WHERE model = {p} AND version = {p}",
-        select_versions_of=f"{versions} WHERE model = {p} ORDER BY version",
+        select_versions_of=f"{versions} WHERE model = ? ORDER BY version",
         select_versions=f"{versions} ORDER BY model, version",
-        select_route_of=f"{routes} WHERE model = {p} ORDER BY version",
+        select_route_of=f"{routes} WHERE model = ? ORDER BY version",
         select_routes=f"{routes} ORDER BY model, version",
-        select_replica=f"{replicas} WHERE replica_id = {p}",
-        select_replicas_of=f"{replicas} WHERE model = {p} ORDER BY replica_id",
+        select_replica=f"{replicas} WHERE replica_id = ?",
+        select_replicas_of=f"{replicas} WHERE model = ? ORDER BY replica_id",
         select_replicas=f"{replicas} ORDER BY replica_id",
-        select_audit=f"{audit} ORDER BY generation DESC LIMIT {p}",
-        select_audit_of=f"{audit} WHERE model = {p} ORDER BY generation DESC LIMIT {p}",
-        select_changes=f"{audit} WHERE generation > {p} ORDER BY generation LIMIT {p}",
-        upsert_rollout=_insert("registry_rollouts", ROLLOUT_COLUMNS, p, ("model",)),
-        select_rollout=f"{rollouts} WHERE model = {p}",
+        select_audit=f"{audit} ORDER BY generation DESC LIMIT ?",
+        select_audit_of=f"{audit} WHERE model = ? ORDER BY generation DESC LIMIT ?",
+        select_changes=f"{audit} WHERE generation > ? ORDER BY generation LIMIT ?",
+        upsert_rollout=_insert("registry_rollouts", ROLLOUT_COLUMNS, ("model",)),
+        select_rollout=f"{rollouts} WHERE model = ?",
         select_rollouts=f"{rollouts} ORDER BY model",
         select_active_rollouts=f"{rollouts} WHERE state IN ({active}) ORDER BY model",
     )
+
+
+SQL = _statements()

@@ -23,6 +23,7 @@ from sluice.registry.feed import LISTEN_APPLICATION_NAME
 from sluice.registry.postgres import PostgresRegistry
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import load_settings
+from sluice.transactions import Tx
 
 pytestmark = pytest.mark.anyio
 
@@ -265,17 +266,17 @@ async def test_sqlite_failures_raise_registry_unavailable(tmp_path: Path) -> Non
     try:
         await registry.create_model("tiny", actor="a")
 
-        def refuse(conn: sqlite3.Connection) -> None:
+        async def refuse(tx: Tx) -> None:
             raise sqlite3.OperationalError("database is locked")  # what a writer past busy_timeout sees
 
         with pytest.raises(RegistryUnavailable, match="locked"):
-            await registry._run(refuse)
+            await registry._db.run(refuse)
 
-        def bug(conn: sqlite3.Connection) -> None:
-            conn.execute("SELECT * FROM no_such_table")
+        async def bug(tx: Tx) -> None:
+            await tx.execute("SELECT * FROM no_such_table")
 
         with pytest.raises(sqlite3.OperationalError, match="no such table"):
-            await registry._run(bug)  # our own mistake is not an outage
+            await registry._db.run(bug)  # our own mistake is not an outage
     finally:
         await registry.close()
 
@@ -284,7 +285,7 @@ async def test_a_locked_sqlite_file_raises_registry_unavailable(tmp_path: Path) 
     """Another process holding the write lock past the busy timeout: the write is refused as an outage
     and nothing moves."""
     registry = SqliteRegistry(tmp_path / "sluice.db")
-    registry._db._busy_timeout_s = 0.2  # a short wait, so the test is quick
+    registry._db._db._busy_timeout_s = 0.2  # a short wait, so the test is quick
     await registry.open()
     try:
         await registry.create_model("tiny", actor="a")
