@@ -17,12 +17,12 @@ async def open_batch_store(settings: Settings, *, keep_trying: bool = False) -> 
     ``keep_trying`` raises ``BatchStoreUnavailable`` here."""
 
     def postgres(url: str) -> BatchStore:
-        from sluice.batches.postgres import PostgresBatchStore
+        from sluice.batches.store import PostgresBatchStore
 
         return PostgresBatchStore(url, pool_max_size=settings.database_pool_max_size)
 
     def sqlite(path: Path) -> BatchStore:
-        from sluice.batches.sqlite import SqliteBatchStore
+        from sluice.batches.store import SqliteBatchStore
 
         return SqliteBatchStore(path)
 

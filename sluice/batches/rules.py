@@ -37,6 +37,8 @@ def check_new_batch(batch: Batch) -> None:
     counts = batch.request_counts
     if min(counts.total, counts.completed, counts.failed) < 0:
         raise ValueError(f"request counts cannot be negative: {counts}")
+    if batch.output_expires_after_s is not None and batch.output_expires_after_s <= 0:
+        raise ValueError(f"output_expires_after_s must be > 0, got {batch.output_expires_after_s}")
     utc(batch.created_at), utc(batch.expires_at)
 
 

@@ -19,6 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tcp_proxy import TcpProxy
 
+import sluice.batches.store
 from sluice.batches.base import (
     Batch,
     BatchError,
@@ -31,8 +32,7 @@ from sluice.batches.base import (
     UnknownBatchError,
 )
 from sluice.batches.factory import open_batch_store
-from sluice.batches.postgres import PostgresBatchStore
-from sluice.batches.sqlite import SqliteBatchStore
+from sluice.batches.store import PostgresBatchStore, SqliteBatchStore
 from sluice.settings import load_settings
 
 pytestmark = pytest.mark.anyio
@@ -406,10 +406,8 @@ async def test_result_expiry_and_the_input_copy_round_trip(store: BatchStore) ->
 async def test_a_batch_written_before_version_2_reads_no_expiry_and_no_input_copy(
     backend: BatchBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sluice.batches import postgres, sqlite
-
-    for module in (sqlite, postgres):  # a gateway of before: only the first migration
-        monkeypatch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:1])
+    # a gateway of before: only the first migration
+    monkeypatch.setattr(sluice.batches.store, "MIGRATIONS", sluice.batches.store.MIGRATIONS[:1])
     old = backend.make()
     await old.open()
     await old.close()
@@ -478,7 +476,7 @@ async def test_sqlite_failures_raise_batch_store_unavailable(tmp_path: Path) -> 
     holder = sqlite3.connect(tmp_path / "sluice.db", isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")  # another process holding the write lock past the busy timeout
-        await store._run(lambda conn: conn.execute("PRAGMA busy_timeout = 0"))
+        await store._db.run(lambda tx: tx.execute("PRAGMA busy_timeout = 0"))
         with pytest.raises(BatchStoreUnavailable, match="locked"):
             await store.create(new_batch("batch_a"))
     finally:
