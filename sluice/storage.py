@@ -100,12 +100,12 @@ async def open_tenant_store(settings: Settings, *, keep_trying: bool = False) ->
     ``keep_trying`` one opening (and seeding) in the background; the caller closes it."""
 
     def postgres(url: str) -> TenantStore:
-        from sluice.tenants.postgres import PostgresTenantStore
+        from sluice.tenants.store import PostgresTenantStore
 
         return PostgresTenantStore(url, pool_max_size=settings.database_pool_max_size)
 
     def sqlite(path: Path) -> TenantStore:
-        from sluice.tenants.sqlite import SqliteTenantStore
+        from sluice.tenants.store import SqliteTenantStore
 
         return SqliteTenantStore(path)
 

@@ -27,12 +27,12 @@ async def open_admin_token_store(settings: Settings, *, keep_trying: bool = Fals
     caller closes it."""
 
     def postgres(url: str) -> AdminTokenStore:
-        from sluice.admin_tokens.postgres import PostgresAdminTokenStore
+        from sluice.admin_tokens.store import PostgresAdminTokenStore
 
         return PostgresAdminTokenStore(url)
 
     def sqlite(path: Path) -> AdminTokenStore:
-        from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+        from sluice.admin_tokens.store import SqliteAdminTokenStore
 
         return SqliteAdminTokenStore(path)
 

@@ -32,7 +32,7 @@ from ports import free_ports
 
 from sluice.client import AsyncSluiceClient, SluiceClient
 from sluice.domain import Tenant
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import SqliteTenantStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "sluice-tiny"

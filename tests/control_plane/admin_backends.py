@@ -13,11 +13,9 @@ import psycopg
 from psycopg import sql
 
 from sluice.admin_tokens.base import AdminTokenStore
-from sluice.admin_tokens.postgres import PostgresAdminTokenStore
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
 from sluice.tenants.base import TenantStore
-from sluice.tenants.postgres import PostgresTenantStore
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import PostgresTenantStore, SqliteTenantStore
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Outcome, UsageRecord
 from sluice.ledger.store import SqliteLedger
 from sluice.settings import Settings

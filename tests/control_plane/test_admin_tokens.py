@@ -25,11 +25,11 @@ from sluice.admin_tokens.base import (
 )
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN, DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
 from sluice.admin_tokens.factory import open_admin_token_store, prepare_dev_admin_token
-from sluice.admin_tokens.postgres import PostgresAdminTokenStore
 from sluice.admin_tokens.roles import ROLES_BY_RANK, Role, parse_role, role_allows
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
 from sluice.domain import Tenant
 from sluice.settings import load_settings
+from sluice.transactions import Tx
 
 pytestmark = pytest.mark.anyio
 
@@ -272,17 +272,17 @@ async def test_sqlite_failures_raise_the_interfaces_error(tmp_path: Path) -> Non
     await store.open()
     try:
 
-        def refuse(conn: sqlite3.Connection) -> None:
+        async def refuse(tx: Tx) -> None:
             raise sqlite3.OperationalError("database is locked")  # what a writer past busy_timeout sees
 
         with pytest.raises(AdminTokenStoreUnavailable, match="locked"):
-            await store._run(refuse)
+            await store._db.run(refuse)
 
-        def bug(conn: sqlite3.Connection) -> None:
-            conn.execute("SELECT * FROM no_such_table")
+        async def bug(tx: Tx) -> None:
+            await tx.execute("SELECT * FROM no_such_table")
 
         with pytest.raises(sqlite3.OperationalError, match="no such table"):
-            await store._run(bug)  # our own mistake is not an outage
+            await store._db.run(bug)  # our own mistake is not an outage
     finally:
         await store.close()
 

@@ -22,7 +22,7 @@ from proc_table import processes_mentioning
 
 from control_plane.service.app import create_app
 from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.registry.base import ReplicaState
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import Settings, load_settings

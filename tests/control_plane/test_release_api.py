@@ -24,7 +24,7 @@ from sluice.admin_tokens.roles import Role
 from sluice.domain import Tenant
 from sluice.registry.postgres import PostgresRegistry
 from sluice.settings import Settings, load_settings
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import SqliteTenantStore
 
 API = "/admin/v1"
 

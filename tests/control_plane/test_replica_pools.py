@@ -16,7 +16,7 @@ from test_local_replicas import MODEL, error, register_versions, replicas, servi
 
 from control_plane.cli.replicas import HEADERS, print_replicas
 from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.registry.base import ChangeAction
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import Settings, load_settings

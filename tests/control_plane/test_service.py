@@ -22,12 +22,12 @@ from control_plane.service.app import create_app
 from control_plane.service.auth import check_roles_declared
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
 from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Tenant
 from sluice.registry.base import ReplicaState, VersionState
 from sluice.registry.factory import open_registry
 from sluice.settings import Settings, load_settings
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import SqliteTenantStore
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -27,7 +27,7 @@ from control_plane.cli.main import main
 from control_plane.service.app import create_app
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
 from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.sqlite import SqliteAdminTokenStore
+from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Outcome, RequestClass, UsageRecord
 from sluice.settings import Settings, get_settings, load_settings
 from sluice.storage import open_ledger

@@ -15,8 +15,7 @@ from psycopg import sql
 from sluice.ledger.base import UsageLedger
 from sluice.ledger.store import PostgresLedger, SqliteLedger
 from sluice.tenants.base import TenantStore
-from sluice.tenants.postgres import PostgresTenantStore
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import PostgresTenantStore, SqliteTenantStore
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 from sluice.domain import Tenant
 from sluice.tenants.base import TenantStoreUnavailable
 from sluice.tenants.cache import CachedTenantResolver, ResolverLimits
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import SqliteTenantStore
 
 pytestmark = pytest.mark.anyio
 

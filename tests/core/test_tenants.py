@@ -33,8 +33,8 @@ from sluice.tenants.base import (
 )
 from sluice.tenants.cache import CachedTenantResolver, ResolverLimits
 from sluice.tenants.migrations import COMPONENT, MIGRATIONS
-from sluice.tenants.postgres import PostgresTenantStore
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import PostgresTenantStore, SqliteTenantStore
+from sluice.transactions import Tx
 
 pytestmark = pytest.mark.anyio
 
@@ -350,17 +350,17 @@ async def test_sqlite_failures_raise_the_interfaces_error(tmp_path: Path) -> Non
     try:
         await locked.create(Tenant("acme", "Acme"))
 
-        def refuse(conn: sqlite3.Connection) -> None:
+        async def refuse(tx: Tx) -> None:
             raise sqlite3.OperationalError("database is locked")  # what a writer past busy_timeout sees
 
         with pytest.raises(TenantStoreUnavailable, match="locked"):
-            await locked._run(refuse)
+            await locked._db.run(refuse)
 
-        def bug(conn: sqlite3.Connection) -> None:
-            conn.execute("SELECT * FROM no_such_table")
+        async def bug(tx: Tx) -> None:
+            await tx.execute("SELECT * FROM no_such_table")
 
         with pytest.raises(sqlite3.OperationalError, match="no such table"):
-            await locked._run(bug)  # our own mistake is not an outage
+            await locked._db.run(bug)  # our own mistake is not an outage
     finally:
         await locked.close()
 

@@ -19,7 +19,7 @@ from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 
 from sluice.domain import Tenant
 from sluice.idempotency.inprocess import InProcessIdempotencyStore
-from sluice.tenants.sqlite import SqliteTenantStore
+from sluice.tenants.store import SqliteTenantStore
 from sluice.text import TextCodec
 
 KEY_HEADER = "Idempotency-Key"
