@@ -123,6 +123,37 @@ class SqlRunner(Protocol):
     async def write_one(self, body: Body[T]) -> T: ...
 
 
+@dataclass(frozen=True)
+class StoreSchema:
+    """What a store's two runners share: its name in errors (``what``), its pool's name in logs, its
+    migrations, and its own "unavailable" error, built from a message."""
+
+    what: str  # "tenant store": "tenant store (SQLite) unavailable: ..."
+    pool_name: str
+    component: str
+    migrations: Sequence[Migration]
+    unavailable: Callable[[str], Exception]
+
+    def sqlite(self, path: Path) -> SqliteRunner:
+        return SqliteRunner(
+            path,
+            component=self.component,
+            migrations=self.migrations,
+            unavailable=lambda exc: self.unavailable(f"{self.what} (SQLite) unavailable: {exc}"),
+        )
+
+    def postgres(self, url: str, *, pool_max_size: int, acquire_timeout_s: float) -> PostgresRunner:
+        return PostgresRunner(
+            url,
+            name=self.pool_name,
+            component=self.component,
+            migrations=self.migrations,
+            unavailable=lambda exc: self.unavailable(f"{self.what} (PostgreSQL) unavailable: {exc}"),
+            pool_max_size=pool_max_size,
+            acquire_timeout_s=acquire_timeout_s,
+        )
+
+
 # ---------------------------------------------------------------------------------------------- SQLite
 
 

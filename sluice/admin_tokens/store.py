@@ -25,7 +25,7 @@ from sluice.admin_tokens.base import (
     token_prefix,
 )
 from sluice.admin_tokens.migrations import COMPONENT, LIST_COLUMNS, MIGRATIONS
-from sluice.transactions import Codecs, PostgresRunner, Row, SqliteRunner, SqlRunner, Tx
+from sluice.transactions import Codecs, Row, SqlRunner, StoreSchema, Tx
 
 
 def _token_from_row(row: Row, codecs: Codecs) -> AdminToken:
@@ -135,20 +135,14 @@ class SqlAdminTokenStore(AdminTokenStore):
         return AdminPrincipal(name=rows[0][1], role=Role(rows[0][2]))
 
 
+_SCHEMA = StoreSchema("admin token store", "admin_tokens", COMPONENT, MIGRATIONS, AdminTokenStoreUnavailable)
+
+
 class SqliteAdminTokenStore(SqlAdminTokenStore):
     """The embedded store: a table in the same SQLite file as the tenant store and the ledger."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(
-            SqliteRunner(
-                path,
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: AdminTokenStoreUnavailable(
-                    f"admin token store (SQLite) unavailable: {exc}"
-                ),
-            )
-        )
+        super().__init__(_SCHEMA.sqlite(path))
 
 
 class PostgresAdminTokenStore(SqlAdminTokenStore):
@@ -159,15 +153,5 @@ class PostgresAdminTokenStore(SqlAdminTokenStore):
         that waits ``acquire_timeout_s`` for a connection fails as unavailable (an operator or a probe
         learns of an outage in seconds, not after the pool's usual 30)."""
         super().__init__(
-            PostgresRunner(
-                url,
-                name="admin_tokens",
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: AdminTokenStoreUnavailable(
-                    f"admin token store (PostgreSQL) unavailable: {exc}"
-                ),
-                pool_max_size=pool_max_size,
-                acquire_timeout_s=acquire_timeout_s,
-            )
+            _SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=acquire_timeout_s)
         )

@@ -43,7 +43,7 @@ from sluice.batches.migrations import (
     part_from_row,
     part_row,
 )
-from sluice.transactions import PostgresRunner, SqliteRunner, SqlRunner, Tx
+from sluice.transactions import SqlRunner, StoreSchema, Tx
 
 # NOTE: built once from constant column and status names (never from input).
 _INSERT_BATCH = (
@@ -274,18 +274,14 @@ class SqlBatchStore(BatchStore):
         return await self._db.write(write)
 
 
+_SCHEMA = StoreSchema("batch store", "batches", COMPONENT, MIGRATIONS, BatchStoreUnavailable)
+
+
 class SqliteBatchStore(SqlBatchStore):
     """The embedded batch store: tables in the same SQLite file as the ledger."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(
-            SqliteRunner(
-                path,
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: BatchStoreUnavailable(f"batch store (SQLite) unavailable: {exc}"),
-            )
-        )
+        super().__init__(_SCHEMA.sqlite(path))
 
 
 class PostgresBatchStore(SqlBatchStore):
@@ -297,13 +293,5 @@ class PostgresBatchStore(SqlBatchStore):
 
     def __init__(self, url: str, *, pool_max_size: int = 5, acquire_timeout_s: float = 5.0) -> None:
         super().__init__(
-            PostgresRunner(
-                url,
-                name="batches",
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: BatchStoreUnavailable(f"batch store (PostgreSQL) unavailable: {exc}"),
-                pool_max_size=pool_max_size,
-                acquire_timeout_s=acquire_timeout_s,
-            )
+            _SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=acquire_timeout_s)
         )

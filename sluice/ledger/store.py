@@ -29,7 +29,7 @@ from sluice.ledger.base import (
     version_traffic_sql,
 )
 from sluice.ledger.migrations import COMPONENT, MIGRATIONS
-from sluice.transactions import PostgresRunner, SqliteRunner, SqlRunner, Tx
+from sluice.transactions import SqlRunner, StoreSchema, Tx
 
 _INSERT = (
     f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES ({', '.join('?' * len(USAGE_COLUMNS.split(',')))})"
@@ -159,18 +159,14 @@ class SqlLedger(UsageLedger):
         return await self._db.run(read)  # one statement: one snapshot by itself
 
 
+_SCHEMA = StoreSchema("usage ledger", "ledger", COMPONENT, MIGRATIONS, LedgerUnavailable)
+
+
 class SqliteLedger(SqlLedger):
     """The embedded ledger: one SQLite file (``<state_dir>/sluice.db`` by default)."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(
-            SqliteRunner(
-                path,
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: LedgerUnavailable(f"usage ledger (SQLite) unavailable: {exc}"),
-            )
-        )
+        super().__init__(_SCHEMA.sqlite(path))
 
 
 class PostgresLedger(SqlLedger):
@@ -182,13 +178,5 @@ class PostgresLedger(SqlLedger):
 
     def __init__(self, url: str, *, pool_max_size: int = 10, acquire_timeout_s: float = 5.0) -> None:
         super().__init__(
-            PostgresRunner(
-                url,
-                name="ledger",
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: LedgerUnavailable(f"usage ledger (PostgreSQL) unavailable: {exc}"),
-                pool_max_size=pool_max_size,
-                acquire_timeout_s=acquire_timeout_s,
-            )
+            _SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=acquire_timeout_s)
         )

@@ -7,11 +7,8 @@ Every write locks the generation row first and sends ``NOTIFY`` on ``channel`` i
 
 from __future__ import annotations
 
-from sluice.registry.base import RegistryUnavailable
 from sluice.registry.feed import PgListener, wait_for_generation
-from sluice.registry.migrations import COMPONENT, MIGRATIONS
-from sluice.registry.store import DEFAULT_CHANNEL, SqlRegistry
-from sluice.transactions import PostgresRunner
+from sluice.registry.store import DEFAULT_CHANNEL, SCHEMA, SqlRegistry
 
 
 class PostgresRegistry(SqlRegistry):
@@ -34,17 +31,7 @@ class PostgresRegistry(SqlRegistry):
         listen_retry_max_s: float = 30.0,
     ) -> None:
         super().__init__(
-            PostgresRunner(
-                url,
-                name="registry",
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: RegistryUnavailable(
-                    f"model registry (PostgreSQL) unavailable: {exc}"
-                ),
-                pool_max_size=pool_max_size,
-                acquire_timeout_s=pool_acquire_timeout_s,
-            ),
+            SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=pool_acquire_timeout_s),
             channel=channel,
         )
         self._poll_interval_s = poll_interval_s

@@ -9,23 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.registry.base import RegistryUnavailable
 from sluice.registry.feed import wait_for_generation
-from sluice.registry.migrations import COMPONENT, MIGRATIONS
-from sluice.registry.store import SqlRegistry
-from sluice.transactions import SqliteRunner
+from sluice.registry.store import SCHEMA, SqlRegistry
 
 
 class SqliteRegistry(SqlRegistry):
     def __init__(self, path: Path, *, poll_interval_s: float = 0.2) -> None:
-        super().__init__(
-            SqliteRunner(
-                path,
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: RegistryUnavailable(f"model registry (SQLite) unavailable: {exc}"),
-            )
-        )
+        super().__init__(SCHEMA.sqlite(path))
         self._poll_interval_s = poll_interval_s
 
     async def wait_for_change(self, after_generation: int, timeout_s: float) -> int:

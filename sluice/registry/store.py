@@ -23,6 +23,7 @@ from sluice.registry.base import (
     NotFound,
     Registry,
     RegistrySnapshot,
+    RegistryUnavailable,
     Replica,
     ReplicaPool,
     ReplicaState,
@@ -50,11 +51,11 @@ from sluice.registry.changes import (
     plan_version_state,
 )
 from sluice.registry.feed import ChangeSignal
-from sluice.registry.migrations import RowCodec, routes_from_rows
+from sluice.registry.migrations import COMPONENT, MIGRATIONS, RowCodec, routes_from_rows
 from sluice.registry.rollout_plans import plan_move_rollout, plan_start_rollout
 from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutMove
 from sluice.registry.statements import SQL
-from sluice.transactions import SqlRunner, Tx
+from sluice.transactions import SqlRunner, StoreSchema, Tx
 
 R = TypeVar("R")
 DEFAULT_CHANNEL = "sluice_registry"
@@ -387,3 +388,6 @@ class SqlRegistry(Registry):
     async def changes(self, after_generation: int, limit: int = 1000) -> builtins.list[AuditEntry]:
         check_limit(limit)
         return await self._decoded(RowCodec.audit, SQL.select_changes, (after_generation, limit))
+
+
+SCHEMA = StoreSchema("model registry", "registry", COMPONENT, MIGRATIONS, RegistryUnavailable)

@@ -31,7 +31,7 @@ from sluice.tenants.migrations import (
     tenant_from_row,
     tenant_row,
 )
-from sluice.transactions import PostgresRunner, SqliteRunner, SqlRunner, Tx
+from sluice.transactions import SqlRunner, StoreSchema, Tx
 
 _INSERT_TENANT = (
     f"INSERT INTO tenants ({select_columns()}, created_at)"
@@ -213,33 +213,18 @@ class SqlTenantStore(TenantStore):
         return await self._db.read(read)
 
 
+_SCHEMA = StoreSchema("tenant store", "tenants", COMPONENT, MIGRATIONS, TenantStoreUnavailable)
+
+
 class SqliteTenantStore(SqlTenantStore):
     """The embedded tenant store: tables in the same SQLite file as the ledger."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(
-            SqliteRunner(
-                path,
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: TenantStoreUnavailable(f"tenant store (SQLite) unavailable: {exc}"),
-            )
-        )
+        super().__init__(_SCHEMA.sqlite(path))
 
 
 class PostgresTenantStore(SqlTenantStore):
     """The production tenant store: PostgreSQL through a psycopg async connection pool."""
 
     def __init__(self, url: str, *, pool_max_size: int = 5) -> None:
-        super().__init__(
-            PostgresRunner(
-                url,
-                name="tenants",
-                component=COMPONENT,
-                migrations=MIGRATIONS,
-                unavailable=lambda exc: TenantStoreUnavailable(
-                    f"tenant store (PostgreSQL) unavailable: {exc}"
-                ),
-                pool_max_size=pool_max_size,
-            )
-        )
+        super().__init__(_SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=30.0))
