@@ -33,13 +33,13 @@ from control_plane.sim.progress import Tick
 from control_plane.sim.replica import Replica, ReplicaConfig, StepResult
 from control_plane.sim.workload import (
     BATCH_DEADLINE_S,
+    DEADLINE_AT_HEAD,
     Arrivals,
-    Outcome,
     SimRequest,
     Stream,
     interactive_deadline_s,
 )
-from sluice.domain import RequestClass, Tenant
+from sluice.domain import Outcome, RequestClass, Tenant
 from sluice.policy.dispatch import DispatchConfig
 from sluice.policy.dispatch_pass import DispatchPass
 from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
@@ -156,9 +156,6 @@ class Fleet:
                 self._autoscale(end_s)
             if len(self.queue):
                 self._dispatch()
-        for request in self.requests:
-            if request.outcome is None:
-                request.outcome = Outcome.OPEN
         step_end_s, step_duration_s, step_num_decode, step_num_emitted = self._steps
         return FleetRun(
             self.config,
@@ -276,8 +273,8 @@ class Fleet:
         request = entry.payload
         assert request.grant is not None
         self.quota.settle_now(request.grant, 0, self.now_s)
-        request.outcome = Outcome.DROPPED
-        request.reason = "deadline_at_head"  # never reached a replica; no Retry-After
+        request.outcome = Outcome.REFUSED  # as the gateway's 429: never reached a replica
+        request.reason = DEADLINE_AT_HEAD  # no Retry-After
 
     # ----- gateway: dispatch -----
     def _dispatch(self) -> None:

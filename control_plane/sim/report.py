@@ -7,7 +7,7 @@ Definitions (also written into every summary's ``definitions``):
   over tokens (steps weighted by how many decode tokens they emitted), steps ending after warm-up.
 - utilisation: achieved output tokens/s / (replicas x the replica's peak output tokens/s at the ITL target
   for the seed's token mix, from the roofline): "percent of peak achievable".
-- shed rate: (refused + dropped) / arrived, by reason.
+- shed rate: refused (at admission or at the head of the queue) / arrived, by reason.
 - served past deadline: finished after its deadline (counted per class).
 - cost per million output tokens: replicas x GPUs per replica x $/GPU-hour over the tokens produced.
 - with the autoscaler, "replicas" in utilisation and cost is the mean number paid for over the window
@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 
 from control_plane.sim.fleet import FleetRun
-from control_plane.sim.workload import SEED_OUTPUT_TOKENS, SEED_PROMPT_TOKENS, Outcome
-from sluice.domain import RequestClass
+from control_plane.sim.workload import DEADLINE_AT_HEAD, SEED_OUTPUT_TOKENS, SEED_PROMPT_TOKENS
+from sluice.domain import Outcome, RequestClass
 
 DEFINITIONS = {
     "ttft": "first output token time - arrival (queue wait + prefill), interactive requests",
     "itl": "per decode token: the duration of the step that produced it; steps weighted by decode tokens",
     "utilisation": "output tokens/s / (replicas x roofline peak output tokens/s per replica at the ITL "
     "target for 1000 prompt / 300 output tokens): percent of peak achievable",
-    "shed_rate": "(refused + dropped at the head) / arrived, by reason",
+    "shed_rate": "refused (at admission or dropped at the head) / arrived, by reason",
     "served_past_deadline": "finished after its deadline",
     "cost_per_m_output_tokens_usd": "replicas x GPUs per replica x $/GPU-hour / output tokens per hour x 1e6",
     "window": "arrivals in [warmup_s, duration_s); steps ending in the same window",
@@ -76,9 +76,12 @@ def summarize(run: FleetRun) -> dict[str, Any]:
     span_s = end_s - start_s
     output_tokens_per_s = float(num_emitted.sum()) / span_s
     peak = cal.peak_output_tokens_per_s(SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS, config.itl_target_s)
-    outcomes = Counter(r.outcome.value for r in window if r.outcome is not None)
-    shed = Counter(r.reason for r in window if r.outcome in (Outcome.REFUSED, Outcome.DROPPED))
-    refused = [r for r in window if r.outcome is Outcome.REFUSED]
+    # "open": still queued or running when the run ended (no outcome yet)
+    outcomes = Counter("open" if r.outcome is None else r.outcome.value for r in window)
+    shed = Counter(r.reason for r in window if r.outcome is Outcome.REFUSED)
+    refused_at_admission = [
+        r for r in window if r.outcome is Outcome.REFUSED and r.reason != DEADLINE_AT_HEAD
+    ]
     past_deadline = Counter(
         r.request_class.value
         for r in window
@@ -108,7 +111,7 @@ def summarize(run: FleetRun) -> dict[str, Any]:
         "num_shed_by_reason": dict(sorted(shed.items())),
         "served_past_deadline": dict(sorted(past_deadline.items())),
         "every_refusal_has_retry_after": all(
-            r.retry_after_s is not None and r.retry_after_s > 0 for r in refused
+            r.retry_after_s is not None and r.retry_after_s > 0 for r in refused_at_admission
         ),
         "cost_per_m_output_tokens_usd": (
             round(gpu_usd_per_s / output_tokens_per_s * 1e6, 3) if output_tokens_per_s > 0 else None

@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from enum import StrEnum
 
-from sluice.domain import RequestClass
+from sluice.domain import Outcome, RequestClass
 from sluice.quota.base import QuotaGrant
 
 SEED_RATE_PER_S = 280.0  # "1 M requests/hour at peak ÷ 3 600 s = ~280/s"
@@ -29,11 +28,7 @@ INTERACTIVE_SLACK_S = 3.0
 BATCH_DEADLINE_S = 600.0
 
 
-class Outcome(StrEnum):
-    FINISHED = "finished"
-    REFUSED = "refused"  # at the gateway: a quota or the queue's depth; carries a Retry-After
-    DROPPED = "dropped"  # at the head of the queue: its deadline could no longer be met
-    OPEN = "open"  # still queued or running when the run ended
+DEADLINE_AT_HEAD = "deadline_at_head"  # the reason of a request refused at the head of the queue
 
 
 @dataclass(eq=False)
@@ -48,8 +43,11 @@ class SimRequest:
     weight: float = 1.0  # its tenant's
     # gateway side
     grant: QuotaGrant | None = None
+    # The gateway's own (sluice.domain.Outcome): FINISHED, or REFUSED at admission (a quota or the queue's
+    # depth, with a Retry-After) or at the head of the queue (``reason`` DEADLINE_AT_HEAD: its deadline
+    # could no longer be met, no Retry-After); None: still queued or running when the run ended.
     outcome: Outcome | None = None
-    reason: str = ""  # refusal / drop reason
+    reason: str = ""  # why it was refused
     retry_after_s: float | None = None
     dispatch_s: float | None = None
     first_token_s: float | None = None
