@@ -26,6 +26,7 @@ from sluice.domain import RequestClass, Tenant
 from sluice.engine_limits import EngineLimits
 from sluice.policy.degrade import Degraded
 from sluice.policy.rollout import conversation_key
+from sluice.settings import Settings
 from sluice.text import ChatTemplateError
 
 MAX_STOP_STRINGS = 4
@@ -214,6 +215,37 @@ def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
     return chosen
 
 
+def _max_tokens(
+    asked: int | None, param: str, num_prompt: int, context: int, settings: Settings, prompt_param: str
+) -> int:
+    """The output budget: what the client asked, checked against the limits and the model's context, or
+    the default that fits."""
+    if asked is None:
+        max_tokens = min(settings.default_max_tokens or settings.max_output_tokens, context - num_prompt)
+        if max_tokens < 1:
+            raise context_length_exceeded(
+                f"This model's maximum context length is {context} tokens. However, your prompt is "
+                f"{num_prompt} tokens, which leaves no room for output.",
+                param=prompt_param,
+            )
+        return max_tokens
+    if asked < 1:
+        raise invalid_request(f"{param} must be at least 1.", param=param)
+    if asked > settings.max_output_tokens:
+        raise invalid_request(
+            f"{param} is too large: {asked}. This model supports at most "
+            f"{settings.max_output_tokens} output tokens.",
+            param=param,
+        )
+    if num_prompt + asked > context:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{num_prompt + asked} tokens ({num_prompt} in the prompt, {asked} for the output).",
+            param=prompt_param,
+        )
+    return asked
+
+
 def _job(
     request_id: str,
     target: Target,
@@ -237,30 +269,7 @@ def _job(
     _check_engine_input(num_prompt, target.limits, prompt.param)
     target = gw.router.for_prompt(target, num_prompt)  # the version's pool, by the prompt's length
     context = _context_tokens(target, settings.max_prompt_tokens + settings.max_output_tokens)
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise invalid_request(f"{max_tokens_param} must be at least 1.", param=max_tokens_param)
-        if max_tokens > settings.max_output_tokens:
-            raise invalid_request(
-                f"{max_tokens_param} is too large: {max_tokens}. This model supports at most "
-                f"{settings.max_output_tokens} output tokens.",
-                param=max_tokens_param,
-            )
-        if num_prompt + max_tokens > context:
-            raise context_length_exceeded(
-                f"This model's maximum context length is {context} tokens. However, you requested "
-                f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for the "
-                "output).",
-                param=prompt.param,
-            )
-    else:
-        max_tokens = min(settings.default_max_tokens or settings.max_output_tokens, context - num_prompt)
-        if max_tokens < 1:
-            raise context_length_exceeded(
-                f"This model's maximum context length is {context} tokens. However, your prompt is "
-                f"{num_prompt} tokens, which leaves no room for output.",
-                param=prompt.param,
-            )
+    max_tokens = _max_tokens(max_tokens, max_tokens_param, num_prompt, context, settings, prompt.param)
     chosen_class = request_class(req, tenant)
     # While the model is overloaded: its fallbacks (a capped max_tokens, the batch class), counted.
     max_tokens, chosen_class, degraded_as = gw.degradation.apply(
