@@ -5,7 +5,7 @@ carries, without an engine competing for the cores.
 
 Each request gets ``request_output_len`` tokens, ``tokens_per_message`` to a response, one response every
 ``tokens_per_message x interval_s`` from the request's arrival (the first at once), carrying the CPU
-engine model's output tensors (``sluice.engine_client.wire``; what
+engine model's output tensors (``sluice.wire``; what
 model_repository/cpu_engine/1/replica_converters.py ``response_tensors`` builds): ``output_ids`` INT32
 [1, 1, T] and ``sequence_length`` INT32 [1, 1], and on the last response ``finish_reason`` ("length"),
 ``num_prompt_tokens`` and ``num_cached_tokens``. The stream then ends, as Triton ends it. A request the

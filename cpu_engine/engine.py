@@ -17,7 +17,7 @@ from cpu_engine.sequence import Sequence
 from cpu_engine.stats import EngineStats, StepTimeHistogram
 from cpu_engine.step_plan import SchedulerOutput
 from cpu_engine.weights import LlamaWeights, load_llama_weights
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from enum import StrEnum
 from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import EngineStats
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason
 
 log = logging.getLogger(__name__)
 

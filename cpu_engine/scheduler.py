@@ -23,7 +23,7 @@ from cpu_engine.preemption import memory_victim, priority_victims, protect_after
 from cpu_engine.prefill_budget import StepCostModel, prefill_token_budget
 from cpu_engine.sequence import Sequence, SequenceStatus
 from cpu_engine.step_plan import SchedulerOutput, StepBudget
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason
 
 
 class Scheduler:

@@ -1,6 +1,6 @@
 """One request's state inside the engine: its tokens, its place in the KV cache and its lifecycle.
 
-How a sequence ends is the wire's ``FinishReason`` (``sluice.engine_client.wire``, which imports nothing
+How a sequence ends is the wire's ``FinishReason`` (``sluice.wire``, which imports nothing
 from Sluice): the engine's one import from Sluice, so the reason reaches the gateway as it is, unmapped.
 """
 
@@ -12,7 +12,7 @@ from enum import Enum
 import numpy as np
 
 from cpu_engine.sampling import SamplingParams
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason
 
 
 class SequenceStatus(Enum):

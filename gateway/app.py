@@ -25,6 +25,7 @@ from gateway.auth import tenant_resolver
 from gateway.batches.controller import BatchesController
 from gateway.batches.runner import BatchRunner
 from gateway.batches.work import Stores, WorkLimits
+from gateway.engine_clients import open_engine_client
 from gateway.errors import exception_handlers
 from gateway.files.controller import files_controller
 from gateway.files.sweeper import FileSweeper
@@ -40,28 +41,30 @@ from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import TelemetryWriter, open_telemetry
 from gateway.usage.controller import UsageController
-from sluice.batches.factory import open_batch_store
 from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
-from sluice.engine_client.factory import open_engine_client
 from sluice.engine_client.triton import TritonEngineClient
 from sluice.engine_limits import limits_of
 from sluice.files.base import ObjectStore
 from sluice.files.catalog import FileCatalog
-from sluice.files.factory import open_object_store
-from sluice.idempotency.factory import open_idempotency_store
 from sluice.ledger.base import UsageLedger
 from sluice.metering.outbox import Outbox
 from sluice.metering.pipeline import UsageMeter
 from sluice.quota.base import QuotaStore
-from sluice.quota.factory import open_quota_store
 from sluice.registry.base import Registry
-from sluice.registry.factory import open_registry
 from sluice.safety.config import load_safety_config
 from sluice.safety.policy import SafetyPolicy, build_policies
 from sluice.safety.triton import TritonClassifier
 from sluice.settings import Settings, redact_secrets
-from sluice.storage import open_ledger, open_tenant_store
+from sluice.storage import (
+    open_batch_store,
+    open_idempotency_store,
+    open_ledger,
+    open_object_store,
+    open_quota_store,
+    open_registry,
+    open_tenant_store,
+)
 from sluice.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
 from sluice.triton.verify import Verification, verify_replica

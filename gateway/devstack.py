@@ -36,10 +36,9 @@ from pathlib import Path
 from gateway.app import create_app
 from gateway.serving import configure_logging, serve
 from sluice.admin_tokens.base import AdminTokenStoreUnavailable
-from sluice.admin_tokens.factory import prepare_dev_admin_token
 from sluice.registry.base import AlreadyExists, Registry, RegistryError, ReplicaState, VersionState
-from sluice.registry.factory import open_registry
 from sluice.settings import Settings, SettingsError, load_settings
+from sluice.storage import open_registry, prepare_dev_admin_token
 from sluice.tenants.base import DEV_TENANT_KEYS
 from sluice.triton.launcher import TritonServer, TritonServerConfig, run_in_foreground
 from sluice.weights_digest import weights_digest

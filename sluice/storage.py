@@ -1,21 +1,48 @@
-"""Which storage backend runs, chosen once from settings: PostgreSQL when ``database_url`` is set, else the
-SQLite file ``<state_dir>/sluice.db``. The choice is logged at start, never made by silent fallback.
+"""Settings to stores: the one module that maps ``Settings`` to every store a process opens. Each
+family's backend is chosen once, here, and logged at start, never by silent fallback:
 
-An unreachable PostgreSQL fails here, unless ``keep_trying`` (the gateway's start): then the store is
-returned unopened and opens in the background once the server answers (``sluice.db.MigratedPgPool``);
-until then it behaves as during an outage (tenant lookups 503 or the last good view, usage kept in the
-outbox).
+==============  ================  ==============================  ===================================
+family          chosen by         when set                        otherwise
+==============  ================  ==============================  ===================================
+usage ledger    ``database_url``  PostgreSQL                      SQLite ``<state_dir>/sluice.db``
+tenants         ``database_url``  PostgreSQL                      SQLite, the same file
+model registry  ``database_url``  PostgreSQL                      SQLite, the same file
+batches         ``database_url``  PostgreSQL                      SQLite, the same file
+admin tokens    ``database_url``  PostgreSQL                      SQLite, the same file
+idempotency     ``redis_url``     Redis, shared by every gateway  in this process (one gateway)
+quotas          ``redis_url``     Redis, failing open             in this process (one gateway)
+files           ``files_url``     S3 ``s3://BUCKET/PREFIX``       the directory ``<state_dir>/files``
+==============  ================  ==============================  ===================================
+
+The SQL families share one choice, ``open_backend``. An unreachable PostgreSQL fails there, unless
+``keep_trying`` (a server's start): then the store is returned unopened and opens in the background once
+the server answers (``sluice.db.MigratedPgPool``); until then it behaves as during an outage (tenant
+lookups 503 or the last good view, usage kept in the outbox). An unreachable Redis or S3 never fails the
+start; each opener says what its store does until it answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
+from sluice.admin_tokens.base import AdminTokenStore
+from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
+from sluice.batches.base import BatchStore
 from sluice.db import describe_pg_url
+from sluice.files.base import ObjectStore
+from sluice.files.local import LocalObjectStore
+from sluice.files.s3 import S3ObjectStore, parse_files_url
+from sluice.idempotency.base import IdempotencyStore
+from sluice.idempotency.inprocess import InProcessIdempotencyStore
 from sluice.ledger.base import UsageLedger
+from sluice.quota.base import QuotaStore
+from sluice.quota.failopen import FailOpenQuotaStore
+from sluice.quota.inprocess import InProcessQuotaStore
+from sluice.registry.base import Registry
 from sluice.settings import Settings
 from sluice.tenants.base import TenantStore, seed_dev_tenants
 
@@ -115,3 +142,154 @@ async def open_tenant_store(settings: Settings, *, keep_trying: bool = False) ->
             log.info("tenant store: dev tenants seeded (acme, globex)")
 
     return await open_backend(settings, "tenant store", postgres, sqlite, keep_trying=keep_trying, seed=seed)
+
+
+async def open_registry(settings: Settings, *, keep_trying: bool = False) -> Registry:
+    """An opened (migrated) registry; the caller closes it. ``keep_trying`` (a server's start): an
+    unreachable PostgreSQL does not fail here, the registry opens in the background and raises
+    ``RegistryUnavailable`` until then (``sluice.db.MigratedPgPool``); without it, it fails at once."""
+
+    def postgres(url: str) -> Registry:
+        from sluice.registry.postgres import PostgresRegistry
+
+        return PostgresRegistry(url, pool_max_size=settings.database_pool_max_size)
+
+    def sqlite(path: Path) -> Registry:
+        from sluice.registry.sqlite import SqliteRegistry
+
+        return SqliteRegistry(path)
+
+    return await open_backend(settings, "model registry", postgres, sqlite, keep_trying=keep_trying)
+
+
+async def open_batch_store(settings: Settings, *, keep_trying: bool = False) -> BatchStore:
+    """An opened (migrated) batch store, or with ``keep_trying`` one opening in the background (until then
+    it raises ``BatchStoreUnavailable``); the caller closes it. An unreachable PostgreSQL without
+    ``keep_trying`` raises ``BatchStoreUnavailable`` here."""
+
+    def postgres(url: str) -> BatchStore:
+        from sluice.batches.store import PostgresBatchStore
+
+        return PostgresBatchStore(url, pool_max_size=settings.database_pool_max_size)
+
+    def sqlite(path: Path) -> BatchStore:
+        from sluice.batches.store import SqliteBatchStore
+
+        return SqliteBatchStore(path)
+
+    return await open_backend(settings, "batch store", postgres, sqlite, keep_trying=keep_trying)
+
+
+async def open_admin_token_store(settings: Settings, *, keep_trying: bool = False) -> AdminTokenStore:
+    """An opened (migrated) admin token store, with the dev admin token seeded if
+    ``settings.dev_tenants``, or with ``keep_trying`` (the control plane service's start) one opening (and
+    seeding) in the background, every call raising ``AdminTokenStoreUnavailable`` until then; the caller
+    closes it. Without ``keep_trying`` (the CLI) an unreachable PostgreSQL fails here."""
+
+    def postgres(url: str) -> AdminTokenStore:
+        from sluice.admin_tokens.store import PostgresAdminTokenStore
+
+        return PostgresAdminTokenStore(url)
+
+    def sqlite(path: Path) -> AdminTokenStore:
+        from sluice.admin_tokens.store import SqliteAdminTokenStore
+
+        return SqliteAdminTokenStore(path)
+
+    async def seed(store: AdminTokenStore) -> None:
+        await _seed_dev_admin_token(store, settings)
+
+    return await open_backend(
+        settings, "admin token store", postgres, sqlite, keep_trying=keep_trying, seed=seed
+    )
+
+
+async def _seed_dev_admin_token(store: AdminTokenStore, settings: Settings) -> None:
+    if not settings.dev_tenants:
+        return
+    if await ensure_dev_admin_token(store) is None:
+        log.warning(
+            "admin token store: the dev admin token %r was revoked; not seeding it", DEV_ADMIN_TOKEN_NAME
+        )
+    else:
+        log.info("admin token store: dev admin token %r seeded", DEV_ADMIN_TOKEN_NAME)
+
+
+def prepare_dev_admin_token(settings: Settings) -> str | None:
+    """For the dev stack (``make run``), before it starts the services: the dev platform-admin token to
+    print, seeded in the store settings name if missing; None when ``settings.dev_tenants`` is off or an
+    operator revoked it. Runs its own event loop (call it outside one); ``AdminTokenStoreUnavailable``
+    if the store cannot be reached."""
+    if not settings.dev_tenants:
+        return None
+
+    async def run() -> str | None:
+        store = await open_admin_token_store(settings)  # seeds it
+        try:
+            return await ensure_dev_admin_token(store)  # a no-op now: what it holds
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+async def open_idempotency_store(settings: Settings) -> IdempotencyStore:
+    """An opened idempotency store; the caller closes it. Redis (shared by every gateway, so a retry
+    landing on another gateway still finds its key) when ``redis_url`` is set, else in this process's
+    memory. An unreachable Redis does not fail the start (logged): requests with an Idempotency-Key get
+    503 until it answers."""
+    store: IdempotencyStore
+    if settings.redis_url is not None:
+        from sluice.idempotency.redis import RedisIdempotencyStore
+
+        log.info("idempotency store: Redis")
+        store = RedisIdempotencyStore(
+            settings.redis_url,
+            key_prefix=f"{settings.redis_key_prefix}idem:",
+            max_records_per_tenant=settings.idempotency_max_records_per_tenant,
+        )
+    else:
+        log.info("idempotency store: in-process (one gateway)")
+        store = InProcessIdempotencyStore(settings.idempotency_max_records_per_tenant)
+    await store.open()
+    return store
+
+
+async def open_quota_store(settings: Settings, on_fail_open: Callable[[], None] | None = None) -> QuotaStore:
+    """An opened quota store; the caller closes it. Redis (shared by every gateway) when ``redis_url`` is
+    set, else in this process's memory. An unreachable Redis does not fail the start: it starts the
+    fail-open window of ``quota_fail_open_s`` (logged). ``on_fail_open`` counts acquires answered without
+    Redis."""
+    store: QuotaStore
+    if settings.redis_url is not None:
+        from sluice.quota.redis import RedisQuotaStore
+
+        log.info("quota store: Redis (fail-open for %g s)", settings.quota_fail_open_s)
+        store = FailOpenQuotaStore(
+            RedisQuotaStore(settings.redis_url, key_prefix=f"{settings.redis_key_prefix}quota:"),
+            InProcessQuotaStore(),
+            window_s=settings.quota_fail_open_s,
+            on_fail_open=on_fail_open,
+        )
+    else:
+        log.info("quota store: in-process (one gateway)")
+        store = InProcessQuotaStore()
+    await store.open()
+    return store
+
+
+async def open_object_store(settings: Settings) -> ObjectStore:
+    """An opened object store for files; the caller closes it. ``files_url`` unset: a directory under the
+    state directory (``<state_dir>/files``); ``s3://BUCKET/PREFIX``: that bucket (endpoint
+    ``s3_endpoint_url``). An unreachable S3 does not fail the start: file requests get 503 until it
+    answers."""
+    store: ObjectStore
+    if settings.files_url is None:
+        store = LocalObjectStore(settings.state_dir / "files")
+        log.info("files: in the directory %s", store.root)
+    else:
+        bucket, prefix = parse_files_url(settings.files_url)
+        store = S3ObjectStore(bucket, prefix, endpoint_url=settings.s3_endpoint_url)
+        log.info("files: in s3://%s/%s (endpoint %s)", bucket, prefix, settings.s3_endpoint_url or "AWS")
+    await store.open()
+    return store

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 from sluice.admin_tokens.base import (
     AdminToken,
     AdminTokenExistsError,
@@ -29,10 +29,10 @@ from sluice.admin_tokens.base import (
     UnknownAdminTokenError,
     token_prefix,
 )
-from sluice.admin_tokens.factory import open_admin_token_store
 from sluice.admin_tokens.roles import ROLES_BY_RANK, Role
 from sluice.db import describe_pg_url
 from sluice.settings import Settings, SettingsError, get_settings
+from sluice.storage import open_admin_token_store
 
 EXIT_OK = 0
 EXIT_FAILED = 1

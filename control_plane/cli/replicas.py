@@ -30,7 +30,7 @@ from typing import Any
 
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, add_options, fail, print_json, when
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 from sluice.registry.base import ReplicaPool
 
 HEADERS = (

@@ -16,7 +16,7 @@ from typing import Any
 
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, add_options, model_path, print_json, route_text, when
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 from sluice.policy.rollout import GuardBounds, RolloutSteps
 from sluice.registry.base import InvalidChange, weights_bp_from_pct
 

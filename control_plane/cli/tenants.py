@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 from sluice.db import describe_pg_url
 from sluice.domain import ALL_CLASSES, RequestClass, Tenant
 from sluice.safety.config import load_safety_config, policy_names

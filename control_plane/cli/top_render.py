@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from control_plane.cli.table import render_table
 from control_plane.cli.top_view import Snapshot
+from control_plane.table import render_table
 
 HEADERS = (
     "MODEL", "VERSION", "REPLICA", "STATE", "RUNNING", "WAITING", "QUEUED", "KV %",

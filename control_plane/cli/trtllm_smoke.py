@@ -33,10 +33,10 @@ from build_engines.pipeline import BuildRefused
 from build_engines.spec import BuildInputError
 from build_engines.trtllm_release import EXAMPLES_DIR, TRITON_IMAGE_REF, TRTLLM_VERSION
 from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, positive_int
-from control_plane.cli.table import render_table
 from control_plane.smoke.checks import CheckResult, SmokeTarget, run_checks
 from control_plane.smoke.preconditions import node_problems
 from control_plane.smoke.stack import SmokeError, SmokeOptions, engine_build, image_replica, run_smoke
+from control_plane.table import render_table
 from sluice.triton.launcher import IMAGE_TRITON_ROOT, TritonLaunchError
 
 HEADERS = ("check", "result", "TTFT ms", "tok/s", "tokens", "detail")

@@ -16,7 +16,7 @@ from typing import Any
 
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, UsageError, add_options, print_json, when
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 from sluice.domain import RequestClass
 from sluice.ledger.window import WindowError, report_window
 

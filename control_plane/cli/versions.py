@@ -14,7 +14,7 @@ from typing import Any
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, add_options, model_path, print_json
 from control_plane.cli.models import VERSION_HEADERS, version_rows
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 from sluice.registry.base import (
     InvalidChange,
     VersionState,

@@ -38,10 +38,9 @@ from control_plane.service.tokens import AdminController
 from control_plane.service.usage import UsageReportController
 from sluice.admin_tokens.base import AdminTokenStore
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
-from sluice.admin_tokens.factory import open_admin_token_store
 from sluice.registry.base import Registry
-from sluice.registry.factory import open_registry
 from sluice.settings import Settings, redact_secrets
+from sluice.storage import open_admin_token_store, open_registry
 
 log = logging.getLogger("sluice.control_plane")
 

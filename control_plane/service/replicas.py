@@ -5,7 +5,7 @@
   plane started it (``local``) and, for those, its cold start so far (``cold_start``: each phase's
   seconds, the bytes downloaded into the weight cache).
 - ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?, pool?}``: start ``count``
-  local tritonserver replicas of the version (``control_plane.service.local_replicas``); 202 with them
+  local tritonserver replicas of the version (``control_plane.replicas.local_replicas``); 202 with them
   ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
 - ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version, metrics_url?, pool?}``:
   register a replica started elsewhere (its Triton gRPC address, and its Triton metrics URL for gateways to
@@ -38,16 +38,16 @@ from litestar import Controller, Request, delete, get, post, put
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
-from control_plane.service.errors import AdminError, ErrorBody, unavailable
-from control_plane.service.health import HealthChecker, ReplicaStates
-from control_plane.service.local_replicas import (
+from control_plane.replicas.health import HealthChecker, ReplicaStates
+from control_plane.replicas.local_replicas import (
     DEFAULT_STOP_TIMEOUT_S,
     MAX_REPLICAS_PER_START,
     InvalidReplicaRequest,
     LocalReplicas,
     ReplicaConflict,
 )
+from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
+from control_plane.service.errors import AdminError, ErrorBody, unavailable
 from control_plane.service.metrics import ControlPlaneMetrics
 from control_plane.service.state import ReplicaServices, state_of
 from sluice.admin_tokens.roles import Role
@@ -111,7 +111,7 @@ class ReplicaView(msgspec.Struct):
     registered_at: datetime
     updated_at: datetime
     local: bool  # started (and owned) by this control plane
-    # A local replica's start (control_plane.service.replica_weights.ColdStart): phase, download_s,
+    # A local replica's start (control_plane.replicas.replica_weights.ColdStart): phase, download_s,
     # num_downloaded_bytes, num_downloaded_files, verify_s, load_s, first_token_s, total_s; None otherwise.
     cold_start: dict[str, Any] | None = None
 

@@ -10,8 +10,8 @@ from typing import Any
 from litestar.connection import ASGIConnection
 
 from control_plane.autoscaler.loop import Autoscaler
-from control_plane.service.health import HealthChecker, ReplicaStates
-from control_plane.service.local_replicas import LocalReplicas
+from control_plane.replicas.health import HealthChecker, ReplicaStates
+from control_plane.replicas.local_replicas import LocalReplicas
 from control_plane.service.metrics import ControlPlaneMetrics
 from control_plane.service.rollout_guard import RolloutServices
 from sluice.admin_tokens.base import AdminTokenStore

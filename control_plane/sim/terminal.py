@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from control_plane.cli.table import render_table
+from control_plane.table import render_table
 
 # The scenario's run its targets judge, when it runs several (``None``: the summary's own figures).
 JUDGED_RUN = {"noisy-tenant": "wfq-noisy", "doubling": "warm-pool"}

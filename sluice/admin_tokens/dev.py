@@ -1,7 +1,8 @@
 """The dev admin token: a fixed platform-admin token for ``make run``, like the dev tenant keys.
 
-Anyone can read it in the source, so it exists only where ``SLUICE_DEV_TENANTS`` is true (the factory
-seeds it then; ``make run`` turns that on), and the service logs a warning while it is on.
+Anyone can read it in the source, so it exists only where ``SLUICE_DEV_TENANTS`` is true
+(``sluice.storage.open_admin_token_store`` seeds it then; ``make run`` turns that on), and the service
+logs a warning while it is on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""One way for the gateway to reach a replica: ``EngineClient``, over Triton gRPC or in process, and the
-wire types every side shares (``sluice.engine_client.wire``)."""
+"""One way for the gateway to reach a replica: ``EngineClient``, over Triton gRPC
+(``sluice.engine_client.triton``) or in process (``cpu_engine.client``), and the wire types every side
+shares (``sluice.wire``)."""
 
-from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
-from sluice.engine_client.wire import EngineError, EngineErrorKind, EnginePriority, FinishReason
+from sluice.engine_client.base import Delta, EngineClient, GenerateRequest
+from sluice.wire import EngineError, EngineErrorKind, EnginePriority, FinishReason, ReplicaStats
 
 __all__ = [
     "Delta",

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason, ReplicaStats
 
 # A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
 # dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
@@ -64,16 +64,6 @@ class Delta:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class ReplicaStats:
-    """A replica's load as its engine reports it (TensorRT-LLM's ``nv_trt_llm_*`` metric families)."""
-
-    num_kv_tokens_total: int
-    num_kv_tokens_free: int
-    num_waiting: int  # accepted by the engine, not yet running (waiting for KV memory or a slot)
-    num_running: int
 
 
 class EngineClient(ABC):

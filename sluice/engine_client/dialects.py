@@ -5,7 +5,7 @@ what these build and feeds back what the replica answers.
 A version's dialect follows from how it was built (the registry version's ``build_config["target"]``):
 
 - ``cpu_engine`` (target ``cpu``, and any version without a target): Sluice's CPU engine model, the
-  tensors ``sluice.engine_client.wire`` documents; its responses carry the finish reason and totals.
+  tensors ``sluice.wire`` documents; its responses carry the finish reason and totals.
 - ``tensorrt_llm`` (target ``trtllm``): the tensorrtllm_backend ``tensorrt_llm`` model
   (``model_repository/trtllm/tensorrt_llm/``), under the backend's own names and shapes. What it cannot
   carry, checked against the backend's config.pbtxt and request parser (TensorRT-LLM 1.2, and main as of
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from sluice.engine_client.base import Delta, GenerateRequest
-from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
 from sluice.triton.client import request_tensors
+from sluice.wire import EngineError, EngineErrorKind, FinishReason
 
 
 class Dialect(StrEnum):
@@ -89,7 +89,7 @@ def _sent_top_p(request: GenerateRequest) -> float | None:
 
 
 def cpu_engine_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
-    """The CPU engine model's tensors (``sluice.engine_client.wire``). ``eos_token_ids`` are not sent:
+    """The CPU engine model's tensors (``sluice.wire``). ``eos_token_ids`` are not sent:
     the engine applies its checkpoint's own."""
     # NOTE: a tiny temperature is sent as greedy (no sampling inputs), whatever engine serves it.
     sampled = not request.greedy

@@ -30,9 +30,9 @@ from tritonclient.utils import InferenceServerException
 
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
 from sluice.engine_client.dialects import TRTLLM_OUTPUTS, Dialect, TrtllmDecoder, build_tensors
-from sluice.engine_client.wire import EngineError, EngineErrorKind, FinishReason
 from sluice.triton.client import GenerateStream, chunk_from_response, grpc_target
 from sluice.triton.metrics import replica_stats_from_metrics
+from sluice.wire import EngineError, EngineErrorKind, FinishReason
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ the same fields).
   (``share.over_fair_share``), the stricter ``over_share_itl_fraction``; both leave
   ``yield_kv_reserve_fraction`` of the KV free and may fill only ``1 - yield_waiting_reserve_fraction``
   of the waiting places (at least one).
-- Engine priority (``EnginePriority``, the wire type of ``sluice.engine_client.wire``, sent with the
+- Engine priority (``EnginePriority``, the wire type of ``sluice.wire``, sent with the
   request): the engine admits a request ahead of work of a lower priority and preempts it to make room.
   So a request finds a replica that runs lower-priority work open to it: that work's KV counts as
   free, and neither the latency gate nor waiting work of lower priority holds it back (only waiting
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sluice.domain import RequestClass
-from sluice.engine_client.wire import EnginePriority
 from sluice.policy.load import PriorityLoad, ReplicaLoad
 from sluice.policy.placement import (
     PlacementRule,
@@ -46,6 +45,7 @@ from sluice.policy.placement import (
     saturated,
     score,
 )
+from sluice.wire import EnginePriority
 
 # Re-exported: callers take the load types and the wire priority from here, beside the gate that reads them.
 __all__ = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.engine_client.wire import EnginePriority
+from sluice.wire import EnginePriority
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """One generation over Triton's gRPC streaming API, with cancellation that actually reaches the model:
-the client's side of the tensor contract in ``sluice.engine_client.wire``.
+the client's side of the tensor contract in ``sluice.wire``.
 
     async with GenerateStream(client, "sluice-tiny", request_tensors(ids, 64)) as stream:
         async for chunk in stream:
@@ -41,7 +41,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferResult
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from sluice.engine_client.wire import EngineError, EngineErrorKind
+from sluice.wire import EngineError, EngineErrorKind
 
 
 def grpc_target(endpoint: str) -> str:
@@ -86,7 +86,7 @@ def request_tensors(
     cache_scope: str,
     ignore_eos: bool | None = None,
 ) -> dict[str, np.ndarray]:
-    """A request's input tensors (``sluice.engine_client.wire``), each with its batch dimension of 1.
+    """A request's input tensors (``sluice.wire``), each with its batch dimension of 1.
 
     ``cache_scope`` (the tenant) is always sent; other arguments left as None are not, so the model's
     defaults apply. Values are not checked here: the model refuses what it cannot serve.
@@ -125,7 +125,7 @@ def to_infer_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferI
 
 
 def chunk_from_result(result: Any) -> TokenChunk:
-    """Decode one ``InferResult`` of the model's outputs (``sluice.engine_client.wire``). Raises
+    """Decode one ``InferResult`` of the model's outputs (``sluice.wire``). Raises
     ``EngineError`` for a response that carries ``error_kind``."""
     error_kind = result.as_numpy("error_kind")
     if error_kind is not None:

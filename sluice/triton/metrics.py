@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from sluice.engine_client.base import ReplicaStats
+from sluice.wire import ReplicaStats
 
 _SAMPLE = re.compile(r"^(nv_trt_llm_(?:kv_cache_block|request)_metrics)\{([^}]*)\}\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')

@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 from tritonclient.utils import InferenceServerException
 
-from sluice.engine_client.wire import EngineError, EnginePriority
 from sluice.triton.client import check_client, chunk_from_result, request_tensors, to_infer_inputs
+from sluice.wire import EngineError, EnginePriority
 
 PROBE_CACHE_SCOPE = "sluice-health-probe"
 # NOTE: small ids, inside every vocabulary we serve (the dev checkpoint has 8192); what they mean is moot.

@@ -1,5 +1,5 @@
 """The admin token store's contract, run over every backend (SQLite and PostgreSQL); the role ordering;
-the dev admin token; the factory."""
+the dev admin token; the opener (``sluice.storage.open_admin_token_store``)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from sluice.admin_tokens.base import (
     hash_token,
 )
 from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN, DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
-from sluice.admin_tokens.factory import open_admin_token_store, prepare_dev_admin_token
 from sluice.admin_tokens.roles import ROLES_BY_RANK, Role, parse_role, role_allows
 from sluice.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
 from sluice.domain import Tenant
 from sluice.settings import load_settings
+from sluice.storage import open_admin_token_store, prepare_dev_admin_token
 from sluice.transactions import Tx
 
 pytestmark = pytest.mark.anyio
@@ -288,7 +288,7 @@ async def test_sqlite_failures_raise_the_interfaces_error(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("dev_tenants", [True, False])
-async def test_the_factory_picks_the_backend_from_settings_and_seeds_only_in_dev(
+async def test_the_opener_picks_the_backend_from_settings_and_seeds_only_in_dev(
     admin_backend: AdminBackend, tmp_path: Path, dev_tenants: bool
 ) -> None:
     settings = load_settings(

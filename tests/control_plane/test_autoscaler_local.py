@@ -19,8 +19,8 @@ from control_plane.autoscaler.local import LocalActuator
 from control_plane.autoscaler.loop import Autoscaler
 from control_plane.autoscaler.metrics import AutoscalerMetrics
 from control_plane.autoscaler.signals import VersionKey, WindowSignals
-from control_plane.service.health import ReplicaStates
-from control_plane.service.local_replicas import LocalReplicas
+from control_plane.replicas.health import ReplicaStates
+from control_plane.replicas.local_replicas import LocalReplicas
 from sluice.policy.autoscale import AutoscaleConfig, Direction, Reason
 from sluice.registry.base import NotFound, Registry, ReplicaPool, ReplicaState, VersionState
 from sluice.registry.sqlite import SqliteRegistry

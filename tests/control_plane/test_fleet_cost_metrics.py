@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.service.health import HealthMetrics
+from control_plane.replicas.health import HealthMetrics
 from control_plane.service.metrics import ControlPlaneMetrics
 from sluice.registry.base import Replica, ReplicaPool, ReplicaState
 

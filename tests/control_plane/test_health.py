@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tcp_proxy import ProxyThread
 from wedge import wedged_engine
 
-from control_plane.service.health import HealthChecker, ReplicaStates, next_state
+from control_plane.replicas.health import HealthChecker, ReplicaStates, next_state
 from sluice.registry.base import Registry, ReplicaState
 from sluice.registry.postgres import PostgresRegistry
 from sluice.registry.sqlite import SqliteRegistry

@@ -17,7 +17,7 @@ from fake_kube_api import FakeKubeApi
 from kubernetes import client as kube
 
 from control_plane.autoscaler.kube import DELETION_COST, KubeActuator, KubeError, deployment_name
-from control_plane.service.health import ReplicaStates
+from control_plane.replicas.health import ReplicaStates
 from sluice.registry.base import NotFound, ReplicaPool, ReplicaState, VersionState
 from sluice.registry.sqlite import SqliteRegistry
 

@@ -25,8 +25,8 @@ from sluice.admin_tokens.roles import Role
 from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Tenant
 from sluice.registry.base import ReplicaState, VersionState
-from sluice.registry.factory import open_registry
 from sluice.settings import Settings, load_settings
+from sluice.storage import open_registry
 from sluice.tenants.store import SqliteTenantStore
 
 

@@ -31,9 +31,9 @@ from sluice.batches.base import (
     RequestCounts,
     UnknownBatchError,
 )
-from sluice.batches.factory import open_batch_store
 from sluice.batches.store import PostgresBatchStore, SqliteBatchStore
 from sluice.settings import load_settings
+from sluice.storage import open_batch_store
 
 pytestmark = pytest.mark.anyio
 

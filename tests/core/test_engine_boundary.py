@@ -1,6 +1,6 @@
 """The gateway and the control plane run without the CPU engine: none of their modules (nor the Triton
 engine client, launcher or renderer they use) imports ``cpu_engine``, whose native kernels they never
-run. Only the in-process engine client loads it, when it is chosen (``sluice.engine_client.factory``).
+run. Only the in-process engine client loads it, when it is chosen (``gateway.engine_clients``).
 
 Each check imports in a fresh interpreter, so modules other tests loaded do not hide an import.
 """
@@ -17,7 +17,7 @@ SERVING_MODULES = (
     "gateway.app",
     "gateway.devstack",
     "sluice.engine_client",
-    "sluice.engine_client.factory",
+    "gateway.engine_clients",
     "sluice.engine_client.triton",
     "sluice.triton.client",
     "sluice.triton.launcher",
@@ -44,7 +44,7 @@ def test_the_serving_path_never_imports_the_cpu_engine() -> None:
     assert engine_modules_after_importing(*SERVING_MODULES) == []
 
 
-@pytest.mark.parametrize("module", ["sluice.engine_client.inprocess"])
+@pytest.mark.parametrize("module", ["cpu_engine.client"])
 def test_the_check_sees_an_engine_import(module: str) -> None:
     """The in-process backend is the engine in this process: the check must report it."""
     assert "cpu_engine.engine" in engine_modules_after_importing(module)

@@ -43,10 +43,10 @@ from sluice.idempotency.base import (
     IdempotencyStore,
     IdempotencyStoreUnavailableError,
 )
-from sluice.idempotency.factory import open_idempotency_store
 from sluice.idempotency.inprocess import InProcessIdempotencyStore
 from sluice.idempotency.redis import RedisIdempotencyStore
 from sluice.settings import load_settings
+from sluice.storage import open_idempotency_store
 
 KEY_PREFIX = f"{RUN_PREFIX}idem:"
 RUNNING_TTL_S = 30.0
@@ -576,10 +576,10 @@ async def test_in_process_records_expire_by_the_injected_clock() -> None:
     is_new(await store.begin(tenant, key, BODY, RUNNING_TTL_S), 1)
 
 
-# --- the factory ----------------------------------------------------------------------------------------
+# --- the opener -----------------------------------------------------------------------------------------
 
 
-async def test_the_factory_picks_redis_when_a_url_is_set(redis_up: str | None) -> None:
+async def test_the_opener_picks_redis_when_a_url_is_set(redis_up: str | None) -> None:
     in_process = await open_idempotency_store(load_settings(redis_url=None))
     try:
         assert isinstance(in_process, InProcessIdempotencyStore)

@@ -42,11 +42,11 @@ from tcp_proxy import TcpProxy
 from sluice.domain import Tenant
 from sluice.quota import bucket
 from sluice.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore, QuotaStoreUnavailable
-from sluice.quota.factory import open_quota_store
 from sluice.quota.failopen import FailOpenQuotaStore
 from sluice.quota.inprocess import InProcessQuotaStore
 from sluice.quota.redis import RedisQuotaStore
 from sluice.settings import load_settings
+from sluice.storage import open_quota_store
 
 KEY_PREFIX = f"{RUN_PREFIX}quota:"
 LEASE_TTL_S = 30.0
@@ -510,7 +510,7 @@ async def test_grants_come_from_redis_again_once_it_is_back(redis_up: str | None
         await proxy.cut()
 
 
-async def test_the_factory_picks_the_store_from_settings(redis_up: str | None) -> None:
+async def test_the_opener_picks_the_store_from_settings(redis_up: str | None) -> None:
     local = await open_quota_store(load_settings(redis_url=None))
     assert isinstance(local, InProcessQuotaStore)
     await local.close()

@@ -16,7 +16,7 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler
 from cpu_engine.sequence import Sequence, SequenceStatus
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason
 
 BLOCK = 4
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cpu_engine.client import InProcessEngineClient
 from cpu_engine.config import EngineConfig
 from cpu_engine.cpu_features import (
     DTypeChoice,
@@ -20,8 +21,7 @@ from cpu_engine.cpu_features import (
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread
 from cpu_engine.sampling import SamplingParams
-from sluice.engine_client.factory import open_engine_client
-from sluice.engine_client.inprocess import InProcessEngineClient
+from gateway.engine_clients import open_engine_client
 
 ZEN3 = {"sse2", "avx", "avx2", "fma"}  # no AVX-512: CI and many cloud VMs
 ICELAKE = ZEN3 | {"avx512f", "avx512bw", "avx512vl"}  # AVX-512 without BF16

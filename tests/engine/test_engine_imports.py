@@ -1,5 +1,5 @@
 """The CPU engine's imports point one way: from Sluice it reads only the shared wire types
-(``sluice.engine_client.wire``, e.g. ``FinishReason``), never the applications nor the rest of ``sluice``.
+(``sluice.wire``, e.g. ``FinishReason``), never the applications nor the rest of ``sluice``.
 
 The check imports every ``cpu_engine`` module in a fresh interpreter, so modules other tests loaded do not
 hide an import.
@@ -17,7 +17,7 @@ ALLOWED_SLUICE_MODULES = {
     "sluice",
     "sluice.engine_client",
     "sluice.engine_client.base",
-    "sluice.engine_client.wire",
+    "sluice.wire",
 }
 APPLICATIONS = ("gateway", "control_plane", "build_engines")
 
@@ -39,5 +39,5 @@ def project_modules_after_importing_the_engine() -> list[str]:
 
 def test_the_engine_imports_only_the_wire_types_from_sluice() -> None:
     loaded = project_modules_after_importing_the_engine()
-    assert "sluice.engine_client.wire" in loaded  # the check sees an import when there is one
+    assert "sluice.wire" in loaded  # the check sees an import when there is one
     assert set(loaded) <= ALLOWED_SLUICE_MODULES, sorted(set(loaded) - ALLOWED_SLUICE_MODULES)

@@ -12,7 +12,7 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
 from cpu_engine.sampling import SamplingParams
-from sluice.engine_client.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason
 
 
 @pytest.fixture

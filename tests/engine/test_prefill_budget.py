@@ -20,7 +20,7 @@ from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler
 from cpu_engine.sequence import Sequence
 from cpu_engine.step_plan import SchedulerOutput
-from sluice.engine_client.wire import EnginePriority
+from sluice.wire import EnginePriority
 from tests.engine.test_block_accounting import check_invariants, fake_step
 from tests.engine.test_scheduler_priority import ops
 

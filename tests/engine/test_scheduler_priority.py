@@ -12,7 +12,7 @@ from cpu_engine.preemption import PRIORITY_GRACE_TOKENS
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler
 from cpu_engine.sequence import Sequence, SequenceStatus
-from sluice.engine_client.wire import EnginePriority
+from sluice.wire import EnginePriority
 from tests.engine.test_block_accounting import check_invariants, fake_step
 
 BLOCK = 4

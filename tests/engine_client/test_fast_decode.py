@@ -16,8 +16,8 @@ from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from bench.fake_replica import token_response
-from sluice.engine_client.wire import EngineErrorKind
 from sluice.triton.client import chunk_from_response, chunk_from_result
+from sluice.wire import EngineErrorKind
 
 Tensors = dict[str, np.ndarray]
 DATATYPES = {np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64", np.dtype(np.object_): "BYTES"}

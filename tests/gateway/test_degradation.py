@@ -25,9 +25,9 @@ from metrics_text import read_metric
 from openai.types import Completion
 from ports import free_ports
 
+from cpu_engine.client import InProcessEngineClient
 from cpu_engine.config import EngineConfig
 from cpu_engine.devckpt import write_checkpoint
-from sluice.engine_client.inprocess import InProcessEngineClient
 from sluice.registry.base import ReplicaState, VersionState
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import SettingsError, load_settings

@@ -31,7 +31,6 @@ from sluice.engine_client.dialects import (
     dialect_of,
     stop_words_list,
 )
-from sluice.engine_client.wire import EngineError
 from sluice.registry.base import (
     Model,
     ModelVersion,
@@ -45,6 +44,7 @@ from sluice.registry.base import (
 from sluice.triton.client import request_tensors
 from sluice.triton.render import CpuEngineModelSettings
 from sluice.triton.verify import served_digest
+from sluice.wire import EngineError
 
 DIGEST = "sha256:" + "0" * 64
 PROMPT = [5, 17, 99, 4]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from metrics_text import used_kv_blocks
 
+from cpu_engine.client import InProcessEngineClient
 from sluice.engine_client import (
     Delta,
     EngineClient,
@@ -22,7 +23,6 @@ from sluice.engine_client import (
     FinishReason,
     GenerateRequest,
 )
-from sluice.engine_client.inprocess import InProcessEngineClient
 from sluice.engine_client.triton import TritonEngineClient
 from sluice.triton.launcher import TritonServer
 

@@ -35,7 +35,7 @@ from metrics_text import read_metric
 from ports import free_ports
 from prometheus_client import CollectorRegistry
 
-from control_plane.service.health import HealthChecker, ReplicaStates
+from control_plane.replicas.health import HealthChecker, ReplicaStates
 from sluice.registry.base import ReplicaState, VersionState
 from sluice.registry.postgres import PostgresRegistry
 from sluice.triton.launcher import TritonServer, TritonServerConfig

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
 
+from cpu_engine.client import InProcessEngineClient
 from sluice.engine_client import Delta, GenerateRequest
-from sluice.engine_client.inprocess import InProcessEngineClient
 from sluice.text import TextCodec
 
 HEADERS = {"Authorization": f"Bearer {ACME_KEY}", "Content-Type": "application/json"}

@@ -14,7 +14,7 @@ import pytest
 from fakes import ScriptedFakeEngine
 from harness import MODEL, RunningGateway, start_gateway
 
-from sluice.engine_client.inprocess import InProcessEngineClient
+from cpu_engine.client import InProcessEngineClient
 from sluice.text import TextCodec
 
 

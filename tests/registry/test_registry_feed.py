@@ -18,11 +18,11 @@ from registry_backends import RegistryBackend
 from tcp_proxy import TcpProxy
 
 from sluice.registry.base import Registry, RegistryUnavailable
-from sluice.registry.factory import open_registry
 from sluice.registry.feed import LISTEN_APPLICATION_NAME
 from sluice.registry.postgres import PostgresRegistry
 from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import load_settings
+from sluice.storage import open_registry
 from sluice.transactions import Tx
 
 pytestmark = pytest.mark.anyio
@@ -314,7 +314,7 @@ async def test_migrations_are_idempotent_and_safe_to_start_concurrently(backend:
         await b.close()
 
 
-async def test_the_factory_picks_the_backend_from_settings(backend: RegistryBackend, tmp_path: Path) -> None:
+async def test_the_opener_picks_the_backend_from_settings(backend: RegistryBackend, tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path / "state", database_url=backend.database_url)
     registry = await open_registry(settings)
     try:

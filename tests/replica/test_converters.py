@@ -24,8 +24,8 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.engine_thread import StreamDelta, StreamError
 from cpu_engine.stats import EngineStats
 from sluice.engine_client import EngineErrorKind, EnginePriority, FinishReason
-from sluice.engine_client.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, TOKEN_OUTPUTS
 from sluice.triton.client import request_tensors
+from sluice.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, TOKEN_OUTPUTS
 
 VOCAB = 8192
 

@@ -14,7 +14,6 @@ from tritonclient.grpc import model_config_pb2
 
 from cpu_engine.config import DTYPE_SETTINGS as ENGINE_DTYPE_SETTINGS
 from cpu_engine.config import EngineConfig
-from sluice.engine_client.wire import INPUT_NAMES, OUTPUT_NAMES
 from sluice.settings import ITL_TARGET_MS, get_settings
 from sluice.triton.render import (
     DTYPE_SETTINGS,
@@ -25,6 +24,7 @@ from sluice.triton.render import (
     render_model_repository,
 )
 from sluice.weights_digest import weights_digest
+from sluice.wire import INPUT_NAMES, OUTPUT_NAMES
 
 
 def _checkpoint(root: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The client's side of the wire (sluice.engine_client.wire), without a server: a replica's error kind is
+"""The client's side of the wire (sluice.wire), without a server: a replica's error kind is
 read from its field, never from its text; an error without the field is classified by gRPC status only.
 """
 

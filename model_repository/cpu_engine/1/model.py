@@ -57,8 +57,8 @@ from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
 from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
-from sluice.engine_client.wire import INPUT_NAMES, EngineErrorKind
 from sluice.weights_digest import weights_digest
+from sluice.wire import INPUT_NAMES, EngineErrorKind
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.

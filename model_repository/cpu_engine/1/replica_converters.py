@@ -1,9 +1,9 @@
-"""The replica's converters between the wire (``sluice.engine_client.wire``: tensor names, finish
+"""The replica's converters between the wire (``sluice.wire``: tensor names, finish
 reasons, priorities, error kinds) and the CPU engine's own types: pure functions, no Triton import, no
 threads, no I/O. They live beside model.py, the one user, and travel with it into the rendered model
 repository; the gateway never imports them (nor the engine).
 
-The tensors and their meaning are documented in ``sluice.engine_client.wire``. Here: how the CPU engine
+The tensors and their meaning are documented in ``sluice.wire``. Here: how the CPU engine
 reads them. A temperature below ``cpu_engine.sampling.MIN_SAMPLED_TEMPERATURE`` (1e-5) is greedy, as is
 a request with none of the sampling inputs; TensorRT-LLM's top-p of 0 is no cut.
 """
@@ -21,14 +21,14 @@ from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
 from cpu_engine.engine_thread import StreamDelta, StreamError
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
-from sluice.engine_client.wire import (
+from sluice.weights_digest import check_digest
+from sluice.wire import (
     ERROR_OUTPUTS,
     INPUT_NAMES,
     REQUIRED_INPUTS,
     EngineErrorKind,
     EnginePriority,
 )
-from sluice.weights_digest import check_digest
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from control_plane.service.local_replica import InvalidReplicaRequest
+from control_plane.replicas.local_replica import InvalidReplicaRequest
 from sluice.artifacts import ArtifactUnavailable, StoreFactory, artifact_folder, artifact_manifest
 from sluice.registry.base import ModelVersion
 from sluice.triton.render import DTYPE_SETTINGS, CpuEngineModelSettings, DTypeSetting

@@ -1,6 +1,6 @@
 """One local replica's process, with nothing of the registry: its folder under
 ``<state_dir>/replicas/<replica_id>/`` (the model repository, rendered once its weights are local), its
-tritonserver on free loopback ports, and what the actuator (``control_plane.service.local_replicas``) asks
+tritonserver on free loopback ports, and what the actuator (``control_plane.replicas.local_replicas``) asks
 of it: its gRPC endpoint and metrics URL, how many requests it holds (its Triton metrics), why a launch
 failed in one line, and its cold start's phases so far (``ColdStart``).
 """
@@ -24,7 +24,7 @@ from sluice.triton.metrics import replica_stats_from_metrics
 from sluice.triton.render import CpuEngineModelSettings, render_model_repository
 
 if TYPE_CHECKING:
-    from control_plane.service.replica_weights import ColdStart
+    from control_plane.replicas.replica_weights import ColdStart
 
 # NOTE: a gateway sees a registry change within about a second; a request it dispatched just before it
 # saw the drain is on the replica by then. So a stop reads the replica's load only after this.

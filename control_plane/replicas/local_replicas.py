@@ -42,14 +42,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from control_plane.service.health import CHECK_TIMEOUT_S, Probe, ReplicaStates, Verify
-from control_plane.service.local_replica import (
+from control_plane.replicas.health import CHECK_TIMEOUT_S, Probe, ReplicaStates, Verify
+from control_plane.replicas.local_replica import (
     InvalidReplicaRequest,
     LocalReplica,
     launch_failure,
     triton_version,
 )
-from control_plane.service.replica_weights import (
+from control_plane.replicas.replica_weights import (
     ColdStart,
     PullFailed,
     check_local_folder,

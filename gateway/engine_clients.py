@@ -37,8 +37,8 @@ def open_engine_client(
             triton_grpc_url, model_name, metrics_url=triton_metrics_url, dialect=dialect_of(build_config)
         )
     elif kind == "inprocess":
+        from cpu_engine.client import InProcessEngineClient
         from cpu_engine.config import EngineConfig, check_dtype_setting
-        from sluice.engine_client.inprocess import InProcessEngineClient
 
         if checkpoint_dir is None:
             raise ValueError("engine_client 'inprocess' needs checkpoint_dir")

@@ -15,7 +15,7 @@ from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamError
 from cpu_engine.sampling import SamplingParams
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
-from sluice.engine_client.wire import EngineError, EngineErrorKind
+from sluice.wire import EngineError, EngineErrorKind
 
 log = logging.getLogger(__name__)
 

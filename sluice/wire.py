@@ -1,10 +1,11 @@
-"""The wire types between the gateway and a replica, defined once: what a request's class and priority
-are, how a generation ends, how it fails, and the tensor names of the Triton model that carries them.
+"""The wire types between the gateway and a replica, defined once: what a request's priority is, how a
+generation ends, how it fails, what load a replica reports, and the tensor names of the Triton model
+that carries them.
 
-Imports nothing from Sluice: the gateway, the policies, the engine clients, the replica's model
-(model_repository/cpu_engine/1/) and the CPU engine all read these. The CPU engine ends its sequences with
-``FinishReason`` itself (its one import from Sluice); its other types (priority classes, stream errors)
-are its own, and the replica's converters map them to these.
+Imports nothing from Sluice, and sits below everything that reads it: the gateway, the policies, the
+engine clients, the Triton client, the replica's model (model_repository/cpu_engine/1/) and the CPU
+engine, which schedules by ``EnginePriority`` and ends its sequences with ``FinishReason`` itself; its
+stream errors are its own, and the replica's converters map them to these.
 
 Tensors of the CPU engine's model, the ``cpu_engine`` dialect (``sluice.engine_client.dialects`` maps a
 request onto the TensorRT-LLM backend's ``tensorrt_llm`` model instead, whose names these follow where
@@ -43,6 +44,7 @@ BYTES [1, 1] instead. An empty response flagged final ends every other request.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
 
@@ -88,3 +90,13 @@ TOKEN_OUTPUTS = ("output_ids", "sequence_length")
 FINAL_OUTPUTS = ("finish_reason", "num_prompt_tokens", "num_cached_tokens")
 ERROR_OUTPUTS = ("error_kind", "error_message")
 OUTPUT_NAMES = TOKEN_OUTPUTS + FINAL_OUTPUTS + ERROR_OUTPUTS
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """A replica's load as its engine reports it (TensorRT-LLM's ``nv_trt_llm_*`` metric families)."""
+
+    num_kv_tokens_total: int
+    num_kv_tokens_free: int
+    num_waiting: int  # accepted by the engine, not yet running (waiting for KV memory or a slot)
+    num_running: int
