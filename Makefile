@@ -33,7 +33,7 @@ $(STATE)/itl_target: FORCE
 	@mkdir -p $(STATE) && echo "$${SLUICE_ITL_TARGET_MS:-default}" | cmp -s - $@ || echo "$${SLUICE_ITL_TARGET_MS:-default}" > $@
 
 $(STATE)/model_repository/sluice-tiny/config.pbtxt: $(DEV_MODEL)/model.safetensors $(STATE)/engine_dtype $(STATE)/itl_target $(wildcard model_repository/*/*.template model_repository/*/1/*.py)
-	$(PY) -m sluice.triton.render --out $(STATE)/model_repository --checkpoint-dir $(DEV_MODEL) --model-name sluice-tiny
+	$(PY) -m replicas.render --out $(STATE)/model_repository --checkpoint-dir $(DEV_MODEL) --model-name sluice-tiny
 
 repository: $(STATE)/model_repository/sluice-tiny/config.pbtxt
 
@@ -49,7 +49,7 @@ test: install checkpoint
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy cpu_engine sluice gateway control_plane build_engines bench
+	$(PY) -m mypy cpu_engine sluice sluice_client replicas gateway control_plane build_engines bench
 
 # The first-GPU-node check (`sluice trtllm-smoke`, docs/operations.md "Building engines"): inside the NGC
 # TensorRT-LLM image with Sluice installed (the build-engine image), on one GPU, it builds the dev

@@ -38,14 +38,14 @@ import httpx
 from bench import plots
 from bench.report import cpu_description, load_average, pct, write_measured
 from bench.servers import REPO_ROOT, SluiceStack, StackPorts, log
-from sluice.tenants.base import dev_tenant
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from replicas.render import CpuEngineModelSettings, render_model_repository
+from sluice.stores.tenants.base import dev_tenant
 
 SECTION = "cancel-to-free"
 WORK_DIR = REPO_ROOT / ".sluice" / "bench" / "cancel"
 PLOT = REPO_ROOT / "docs" / "img" / "cancel-to-free.png"
 TENANT_ID, API_KEY = "bench-cancel", "sk-bench-cancel"
-_GAUGE = re.compile(r'^(nv_trt_llm_\w+)\{([^}]*)\}\s+(\S+)', re.M)
+_GAUGE = re.compile(r"^(nv_trt_llm_\w+)\{([^}]*)\}\s+(\S+)", re.M)
 
 
 @dataclass(frozen=True)

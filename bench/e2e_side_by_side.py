@@ -62,9 +62,9 @@ from bench.side_by_side import (
 )
 from cpu_engine.config import EngineConfig, check_dtype_setting
 from cpu_engine.cpu_features import detect_dtype
+from replicas.launcher import port_is_free
 from sluice.domain import Tenant
-from sluice.tenants.base import dev_tenant
-from sluice.triton.launcher import port_is_free
+from sluice.stores.tenants.base import dev_tenant
 
 BENCH_LOG = Path(".sluice/bench/devstack.log")
 BENCH_STATE = Path(".sluice/bench/state")  # the stack's own: the developer's .sluice tenants are not touched
@@ -424,7 +424,11 @@ def serving(
         None
         if args.sluice_url
         else SluiceStack(
-            args.model_repository, sluice_url, log_path, state_dir=state_dir, checkpoint_dir=args.model,
+            args.model_repository,
+            sluice_url,
+            log_path,
+            state_dir=state_dir,
+            checkpoint_dir=args.model,
             ports=ports,
         )
     )

@@ -27,7 +27,7 @@ from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
 from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
-from sluice.triton.render import optional_float
+from replicas.render import optional_float
 
 
 @dataclass

@@ -329,7 +329,7 @@ async def wait_streams_ended(stats_shm: fake_replica.FakeStats, timeout_s: float
 def prepare_state(checkpoint_dir: Path) -> None:
     """The bench's tenant (safety none, no quota) in its own state directory's store."""
     from sluice.settings import Settings
-    from sluice.storage import open_tenant_store
+    from sluice.stores.openers import open_tenant_store
 
     STATE_DIR.mkdir(parents=True, exist_ok=True)
 

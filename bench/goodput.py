@@ -72,7 +72,7 @@ from bench.report import cpu_description, cpu_flags, load_average, write_section
 from bench.servers import REPO_ROOT, log
 from bench.side_by_side import SLUICE, SLUICE_DEFAULT, TARGET_LABELS, VLLM, alternation
 from sluice.domain import Tenant
-from sluice.tenants.base import dev_tenant
+from sluice.stores.tenants.base import dev_tenant
 
 STATE_DIR = Path(".sluice/bench/goodput")
 IMG = REPO_ROOT / "docs" / "img"

@@ -38,10 +38,10 @@ from bench.placement_workload import median_range, tenant_ids
 from bench.report import cpu_description, cpu_flags, pct, write_measured
 from bench.servers import log
 from cpu_engine.devckpt import write_checkpoint
-from sluice.registry.base import ReplicaPool
-from sluice.registry.sqlite import SqliteRegistry
+from replicas.launcher import TritonServer
 from sluice.settings import Settings
-from sluice.triton.launcher import TritonServer
+from sluice.stores.registry.base import ReplicaPool
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 SECTION = "long-prompt-pool"
 LAYOUTS = ("one-pool", "split")

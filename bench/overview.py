@@ -89,9 +89,11 @@ def read_sim(data: Mapping[str, Any]) -> str:
     """A scenario's targets met, and each fleet run's figures: one run's at the top level of its summary,
     several runs' (e.g. noisy-tenant's wfq-baseline, wfq-noisy, fcfs-noisy) each under its name."""
     checks = data.get("targets", {}).get("checks", [])
-    runs = {"": data} if "ttft_p95_ms" in data else {
-        name: row for name, row in data.items() if isinstance(row, dict) and "ttft_p95_ms" in row
-    }
+    runs = (
+        {"": data}
+        if "ttft_p95_ms" in data
+        else {name: row for name, row in data.items() if isinstance(row, dict) and "ttft_p95_ms" in row}
+    )
     rows = [f"{f'{name}: ' if name else ''}TTFT p95 {row['ttft_p95_ms']:,.0f} ms, utilisation "
             f"{row['utilisation']:.0%}, shed {row['shed_rate']:.1%}"
             for name, row in runs.items()]  # fmt: skip

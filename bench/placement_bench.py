@@ -52,13 +52,13 @@ from bench.placement_workload import (
 from bench.report import cpu_description, cpu_flags, pct, write_measured
 from bench.servers import REPO_ROOT, http_ok, http_text, log, proc_id, stop_tree
 from cpu_engine.devckpt import write_checkpoint
-from sluice.registry.base import ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository
 from sluice.settings import Settings
-from sluice.storage import open_tenant_store
-from sluice.tenants.base import dev_tenant
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.stores.openers import open_tenant_store
+from sluice.stores.registry.base import ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
+from sluice.stores.tenants.base import dev_tenant
 from sluice.weights_digest import weights_digest
 
 SECTION = "placement"

@@ -33,9 +33,9 @@ from bench.report import cpu_description, cpu_flags, pct, write_section
 from gateway.metrics import GatewayMetrics
 from gateway.routing.follower import RegistryFollower
 from gateway.routing.table import RoutingTable
-from sluice.registry.base import Registry, VersionState
-from sluice.registry.postgres import PostgresRegistry
-from sluice.registry.sqlite import SqliteRegistry
+from sluice.stores.registry.base import Registry, VersionState
+from sluice.stores.registry.postgres import PostgresRegistry
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MODEL = "m"

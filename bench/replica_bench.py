@@ -27,9 +27,9 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 from bench.report import pct
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, optional_float, render_model_repository
 from sluice.triton.client import GenerateStream, request_tensors
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, optional_float, render_model_repository
 
 
 @dataclass

@@ -29,7 +29,7 @@ from sluice.text.tokenizer import TextCodec
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["README.md", "docs/architecture.md", "docs/operations.md", "sluice/triton/client.py"]
-SOURCES += ["sluice/tenants/base.py", "sluice/policy/fair_queue.py", "cpu_engine/engine.py"]
+SOURCES += ["sluice/stores/tenants/base.py", "sluice/policy/fair_queue.py", "cpu_engine/engine.py"]
 REGEXES = [
     ("internal-host", r"\bhost-\d{2,4}\.corp\.example\b", 40),
     ("api-key", r"\bsk-live-[A-Za-z0-9]{24,40}\b", 48),

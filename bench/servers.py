@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sluice.domain import Tenant
 from sluice.settings import Settings
-from sluice.storage import open_tenant_store
+from sluice.stores.openers import open_tenant_store
 
 ProcId = tuple[int, int]  # (pid, start time in clock ticks since boot)
 

@@ -4,10 +4,10 @@ replica knob is worth end to end.
 Each round starts the stack (gateway + tritonserver + CPU engine, the dev checkpoint) on each repository
 in turn, runs one closed-loop load through it (bench/e2e_bench.run_load: C streams, distinct random
 prompts, ignore_eos), and stops it; the prompts of a round are the same for every repository. Render
-the variants with `python -m sluice.triton.render`, e.g. the engine's step-time bound at the rendered
+the variants with `python -m replicas.render`, e.g. the engine's step-time bound at the rendered
 default, at the whole inter-token target, and off:
 
-    .venv/bin/python -m sluice.triton.render --out /tmp/repo-off \\
+    .venv/bin/python -m replicas.render --out /tmp/repo-off \\
         --checkpoint-dir .sluice/models/sluice-tiny --model-name sluice-tiny --target-step-ms none
     .venv/bin/python -m bench.stack_ab --concurrency 16 32 --rounds 3 \\
         default=.sluice/model_repository off=/tmp/repo-off

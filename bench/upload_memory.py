@@ -1,7 +1,7 @@
 """A gateway's memory under concurrent uploads, with and without its upload bound.
 
 An upload's body is read whole before its handler runs, so each one in flight holds a few times its size
-(``gateway/files/upload_slots.py``). This starts ``python -m gateway`` (in-process engine, SQLite and files
+(``gateway/upload_slots.py``). This starts ``python -m gateway`` (in-process engine, SQLite and files
 under a temporary state directory: uploads reach no engine) once per setting of
 ``SLUICE_FILE_MAX_CONCURRENT_UPLOADS``, sends ``--uploads`` uploads of ``--size-mib`` MiB at once with the
 official openai client, alternating between the two dev tenants (one tenant may hold half the slots), and

@@ -38,9 +38,9 @@ from build_engines.repository import (
 )
 from build_engines.spec import BuildSpec
 from build_engines.trtllm_release import EXAMPLES_DIR, TRTLLM_VERSION, version_problem
+from replicas.render import CpuEngineModelSettings, render_model_repository
 from sluice import artifacts
 from sluice.engine_limits import BUILD_CONFIG_KEY, EngineLimits, read_engine_limits
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
 from sluice.weight_store import Manifest, ManifestNotFoundError, WeightStore
 from sluice.weights_digest import weights_digest
 

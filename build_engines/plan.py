@@ -30,7 +30,7 @@ from build_engines.repository import (
     render_trtllm,
 )
 from build_engines.spec import BuildSpec
-from sluice.triton.render import CpuEngineModelSettings
+from replicas.render import CpuEngineModelSettings
 
 # What the rendered trtllm config shows for the engine's digest before the engine exists (dry run).
 ENGINE_DIGEST_PENDING = "(the built engine's sha256, computed after trtllm-build)"

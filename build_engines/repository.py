@@ -1,6 +1,6 @@
 """The Triton model repositories of the three targets, rendered from ``model_repository/`` templates.
 
-- ``cpu``: the CPU engine's model (``sluice.triton.render``, unchanged);
+- ``cpu``: the CPU engine's model (``replicas.render``, unchanged);
 - ``trtllm``: the tensorrtllm_backend ``inflight_batcher_llm`` repository's ``tensorrt_llm`` model alone
   (``model_repository/trtllm/tensorrt_llm/``): the gateway tokenizes and detokenizes, so the replica
   takes token ids and streams token ids back, and the ensemble with its ``preprocessing`` /
@@ -9,7 +9,7 @@
   ``config.pbtxt`` and ``model.yaml`` (arguments of ``tensorrt_llm.LLM()``), no engine; the release's
   ``model.py`` and the ``helpers.py`` it imports are copied in beside ``model.yaml``.
 
-Every render goes through ``sluice.triton.render.fill_template``: a placeholder left unfilled or a value
+Every render goes through ``replicas.render.fill_template``: a placeholder left unfilled or a value
 for a placeholder the template lacks is a ValueError. ``render_for_replica`` is what a replica calls at
 start on its cached artifact, with the registry version's build config.
 """
@@ -24,16 +24,16 @@ from typing import Any
 
 from build_engines.replica_launch import world_size
 from build_engines.trtllm_release import LLMAPI_MODEL_FILES
-from sluice.engine_limits import read_engine_config
-from sluice.triton.render import (
+from replicas.render import (
     SOURCE_DIR as CPU_SOURCE_DIR,
 )
-from sluice.triton.render import (
+from replicas.render import (
     TEMPLATE_NAME,
     CpuEngineModelSettings,
     fill_template,
     render_model_repository,
 )
+from sluice.engine_limits import read_engine_config
 from sluice.weights_digest import weights_digest
 
 TRTLLM_DIR = CPU_SOURCE_DIR.parent / "trtllm"

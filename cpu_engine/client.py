@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
-from cpu_engine.engine_thread import EngineThread, StreamError
+from cpu_engine.engine_thread import EngineThread, error_kind
 from cpu_engine.sampling import SamplingParams
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
 from sluice.wire import EngineError, EngineErrorKind
@@ -96,12 +96,7 @@ class InProcessEngineClient(EngineClient):
                     continue
                 if delta.error is not None:
                     finished = True
-                    kind = (
-                        EngineErrorKind.INVALID_REQUEST
-                        if delta.error_kind is StreamError.INVALID_REQUEST
-                        else EngineErrorKind.ENGINE_ERROR
-                    )
-                    raise EngineError(kind, delta.error)
+                    raise EngineError(error_kind(delta.error_kind), delta.error)
                 if delta.finished:
                     finished = True
                     yield Delta(

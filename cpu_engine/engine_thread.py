@@ -18,7 +18,7 @@ from enum import StrEnum
 from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import EngineStats
-from sluice.wire import EnginePriority, FinishReason
+from sluice.wire import EngineErrorKind, EnginePriority, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,14 @@ class StreamError(StrEnum):
     INVALID_REQUEST = "invalid_request"  # refused at add (bad token ids, too long for the model or pool)
     ENGINE_ERROR = "engine_error"  # a step failed; the request may be retried
     ENGINE_STOPPED = "engine_stopped"
+
+
+def error_kind(stream_error: StreamError | None) -> EngineErrorKind:
+    """The wire's kind of an engine stream's error: only a request the engine refused is the caller's
+    fault; a failed step, the engine stopping, or an error it did not classify is the engine's."""
+    if stream_error is StreamError.INVALID_REQUEST:
+        return EngineErrorKind.INVALID_REQUEST
+    return EngineErrorKind.ENGINE_ERROR
 
 
 @dataclass

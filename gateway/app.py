@@ -3,7 +3,7 @@ the ledger and its usage meter (outbox under ``<state_dir>/outbox``), the tenant
 store, the model's scheduler, the safety policies, the idempotency store, the files' object store,
 telemetry, metrics, controllers and error handlers.
 
-``create_app(settings)`` opens what settings name (``sluice.storage`` picks PostgreSQL or SQLite; the
+``create_app(settings)`` opens what settings name (``sluice.stores.openers`` picks PostgreSQL or SQLite; the
 engine client is the one ``settings.engine_client`` names, logged at start, never a fallback). Tests may
 pass their own ``engine`` / ``ledger`` / ``tenant_store``; the app opens and closes them the same way.
 """
@@ -29,6 +29,8 @@ from gateway.engine_clients import open_engine_client
 from gateway.errors import exception_handlers
 from gateway.files.controller import files_controller
 from gateway.files.sweeper import FileSweeper
+from gateway.metering.outbox import Outbox
+from gateway.metering.pipeline import UsageMeter
 from gateway.metrics import GatewayMetrics
 from gateway.openai.controller import OpenAIController
 from gateway.openapi_links import add_links
@@ -41,22 +43,19 @@ from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import TelemetryWriter, open_telemetry
 from gateway.usage.controller import UsageController
+from replicas.verify import Verification, verify_replica
 from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.triton import TritonEngineClient
 from sluice.engine_limits import limits_of
-from sluice.files.base import ObjectStore
-from sluice.files.catalog import FileCatalog
-from sluice.ledger.base import UsageLedger
-from sluice.metering.outbox import Outbox
-from sluice.metering.pipeline import UsageMeter
-from sluice.quota.base import QuotaStore
-from sluice.registry.base import Registry
 from sluice.safety.config import load_safety_config
 from sluice.safety.policy import SafetyPolicy, build_policies
 from sluice.safety.triton import TritonClassifier
 from sluice.settings import Settings, redact_secrets
-from sluice.storage import (
+from sluice.stores.files.base import ObjectStore
+from sluice.stores.files.catalog import FileCatalog
+from sluice.stores.ledger.base import UsageLedger
+from sluice.stores.openers import (
     open_batch_store,
     open_idempotency_store,
     open_ledger,
@@ -65,9 +64,10 @@ from sluice.storage import (
     open_registry,
     open_tenant_store,
 )
-from sluice.tenants.base import TenantStore, seed_dev_tenants
+from sluice.stores.quota.base import QuotaStore
+from sluice.stores.registry.base import Registry
+from sluice.stores.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
-from sluice.triton.verify import Verification, verify_replica
 
 log = logging.getLogger("sluice.gateway")
 

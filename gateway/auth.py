@@ -18,8 +18,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState
 from sluice.domain import Tenant
 from sluice.settings import Settings
-from sluice.tenants.base import TenantStore, TenantStoreUnavailable
-from sluice.tenants.cache import CachedTenantResolver, ResolverLimits
+from sluice.stores.tenants.base import TenantStore, TenantStoreUnavailable
+from sluice.stores.tenants.cache import CachedTenantResolver, ResolverLimits
 
 
 def tenant_resolver(store: TenantStore, settings: Settings, metrics: GatewayMetrics) -> CachedTenantResolver:

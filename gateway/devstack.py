@@ -35,12 +35,12 @@ from pathlib import Path
 
 from gateway.app import create_app
 from gateway.serving import configure_logging, serve
-from sluice.admin_tokens.base import AdminTokenStoreUnavailable
-from sluice.registry.base import AlreadyExists, Registry, RegistryError, ReplicaState, VersionState
+from replicas.launcher import TritonServer, TritonServerConfig, run_in_foreground
 from sluice.settings import Settings, SettingsError, load_settings
-from sluice.storage import open_registry, prepare_dev_admin_token
-from sluice.tenants.base import DEV_TENANT_KEYS
-from sluice.triton.launcher import TritonServer, TritonServerConfig, run_in_foreground
+from sluice.stores.admin_tokens.base import AdminTokenStoreUnavailable
+from sluice.stores.openers import open_registry, prepare_dev_admin_token
+from sluice.stores.registry.base import AlreadyExists, Registry, RegistryError, ReplicaState, VersionState
+from sluice.stores.tenants.base import DEV_TENANT_KEYS
 from sluice.weights_digest import weights_digest
 
 log = logging.getLogger("gateway.devstack")
@@ -184,7 +184,7 @@ def _answers(url: str) -> bool:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it if we die (as ``sluice.triton.launcher`` does for Triton)."""
+    """In the child before exec: SIGTERM it if we die (as ``replicas.launcher`` does for Triton)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 

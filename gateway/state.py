@@ -10,21 +10,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.degradation import Degradation
-from gateway.files.upload_slots import UploadLimit
+from gateway.metering.pipeline import UsageMeter
 from gateway.metrics import GatewayMetrics
 from gateway.routing.follower import RegistryFollower
 from gateway.routing.router import Router
 from gateway.telemetry import TelemetryWriter
-from sluice.batches.base import BatchStore
+from gateway.upload_slots import UploadLimit
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
-from sluice.files.catalog import FileCatalog
-from sluice.idempotency.base import IdempotencyStore
-from sluice.ledger.base import UsageLedger
-from sluice.metering.pipeline import UsageMeter
-from sluice.quota.base import QuotaStore
 from sluice.safety.policy import SafetyPolicy
 from sluice.settings import Settings
+from sluice.stores.batches.base import BatchStore
+from sluice.stores.files.catalog import FileCatalog
+from sluice.stores.idempotency.base import IdempotencyStore
+from sluice.stores.ledger.base import UsageLedger
+from sluice.stores.quota.base import QuotaStore
 from sluice.text import TextCodec
 
 
@@ -71,7 +71,7 @@ class GatewayState:
     batch_runner: BatchRunnerHandle = field(default_factory=NoBatchRunner)  # set once the app is built
     # Each configured model's overload state and fallbacks (SLUICE_DEGRADATION), read at admission.
     degradation: Degradation = field(init=False)
-    upload_limit: UploadLimit = field(init=False)  # uploads read at once (gateway.files.upload_slots)
+    upload_limit: UploadLimit = field(init=False)  # uploads read at once (gateway.upload_slots)
 
     def __post_init__(self) -> None:
         self.degradation = Degradation(self.settings.degradation_fallbacks, self.router, self.metrics)

@@ -1,5 +1,5 @@
 """A model version's artifact as a local folder: the one place where the control plane's local replicas
-(``control_plane.replicas.local_replicas``) and the gateways (``gateway.routing.router``) turn a
+(``replicas.local_replicas``) and the gateways (``gateway.routing.router``) turn a
 registry ``artifact_uri`` into files they can read.
 
 - ``file:///abs/path`` (host empty or ``localhost``) and a plain absolute path: that folder, as it is;

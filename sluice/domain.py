@@ -18,7 +18,7 @@ class Outcome(StrEnum):
     REPLAYED = "replayed"  # an Idempotency-Key retry answered from the stored result: no ledger row
     REFUSED = "refused"  # never reached a replica (quota, full queue, deadline): no ledger row
     # The gateway died mid-request (killed, crashed, host lost): billed at its next start from the usage
-    # outbox, with the output tokens of the request's last checkpoint (sluice.metering).
+    # outbox, with the output tokens of the request's last checkpoint (gateway.metering).
     GATEWAY_LOST = "gateway_lost"
     # A batch line cut before it finished because it runs again (its runner stopped or lost the batch's
     # lease): no ledger row; the run whose result the batch reports is the line's one row.

@@ -18,8 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sluice.files.s3 import parse_files_url
-from sluice.names import triton_model_name_problem
+from sluice.names import parse_files_url, triton_model_name_problem
 from sluice.policy.degrade import Fallbacks, parse_degradation
 from sluice.pricing import Prices, parse_prices, prices_from
 
@@ -120,7 +119,7 @@ class Settings(BaseSettings):
     # Scheduling (issue 4): per-model fair queue, admission from the drain rate, dispatch gate.
     batch_request_deadline_s: float = Field(600.0, gt=0, le=24 * 3600)  # service_tier "flex"
     # The seed's inter-token SLO: a replica whose observed inter-token p95 is above it takes nothing new,
-    # and rendered replicas keep their steps and send budgets inside it (sluice.triton.render).
+    # and rendered replicas keep their steps and send budgets inside it (replicas.render).
     itl_target_ms: float = Field(ITL_TARGET_MS, gt=0, le=10_000)
     prefill_tokens_per_s: float = Field(5_000.0, gt=0)  # estimate, for "can it still meet its deadline"
     max_waiting_per_replica: int = Field(8, ge=1, le=10_000)  # dispatched, no first token yet
@@ -247,16 +246,16 @@ class Settings(BaseSettings):
     weight_store_part_size_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024, le=5 * 1024**3)
     weight_store_max_concurrency: int = Field(8, ge=1, le=256)
 
-    # Files (issue 15; sluice/files, OpenAI's Files API): uploaded batch input and batch results. Unset:
-    # under <state_dir>/files; s3://BUCKET/PREFIX: in that bucket (endpoint: s3_endpoint_url). An upload's
-    # file may hold at most file_max_bytes (POST /v1/files alone may exceed max_body_bytes for it). Files
-    # may expire (expires_after, output_expires_after): each gateway deletes the expired ones every
+    # Files (issue 15; sluice/stores/files, OpenAI's Files API): uploaded batch input and batch results.
+    # Unset: under <state_dir>/files; s3://BUCKET/PREFIX: in that bucket (endpoint: s3_endpoint_url). An
+    # upload's file may hold at most file_max_bytes (POST /v1/files alone may exceed max_body_bytes for it).
+    # Files may expire (expires_after, output_expires_after): each gateway deletes the expired ones every
     # file_sweep_interval_s (they are unknown to every read from their expiry on).
     files_url: str | None = None
     file_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     file_sweep_interval_s: float = Field(600.0, gt=0, le=86400)
     # Uploads a gateway reads at once: each holds a few times its size in memory while it is read; more
-    # wait up to 5 s, then get 503 too_many_uploads with Retry-After (gateway.files.upload_slots).
+    # wait up to 5 s, then get 503 too_many_uploads with Retry-After (gateway.upload_slots).
     file_max_concurrent_uploads: int = Field(4, ge=1, le=256)
     # An upload's whole body must arrive this long after the request starts, else 408 upload_timeout (a
     # client trickling its body would hold an upload slot).

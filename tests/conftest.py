@@ -13,8 +13,8 @@ import pytest
 from ports import free_ports
 
 from cpu_engine.devckpt import write_checkpoint
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository
 
 T = TypeVar("T")
 

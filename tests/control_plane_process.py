@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 from ports import free_port
 
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
 from sluice.settings import ENV_PREFIX, Settings, load_settings
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 30.0

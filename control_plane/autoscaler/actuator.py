@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from sluice.registry.base import Replica, ReplicaPool
+from sluice.stores.registry.base import Replica, ReplicaPool
 
 
 class Actuator(ABC):

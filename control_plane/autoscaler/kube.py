@@ -27,9 +27,9 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from control_plane.autoscaler.actuator import Actuator
-from control_plane.replicas.health import ReplicaStates
-from control_plane.replicas.local_replica import GATEWAY_PROPAGATION_S
-from sluice.registry.base import RegistryError, Replica, ReplicaPool, ReplicaState
+from replicas.health import ReplicaStates
+from replicas.local_replica import GATEWAY_PROPAGATION_S
+from sluice.stores.registry.base import RegistryError, Replica, ReplicaPool, ReplicaState
 from sluice.triton.metrics import replica_stats_from_metrics
 
 log = logging.getLogger("sluice.control_plane.autoscaler")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 
 from control_plane.autoscaler.actuator import Actuator
-from control_plane.replicas.local_replicas import MAX_REPLICAS_PER_START, LocalReplicas, ReplicaConflict
-from sluice.registry.base import NotFound, Replica, ReplicaPool
+from replicas.local_replicas import MAX_REPLICAS_PER_START, LocalReplicas, ReplicaConflict
+from sluice.stores.registry.base import NotFound, Replica, ReplicaPool
 
 log = logging.getLogger("sluice.control_plane.autoscaler")
 

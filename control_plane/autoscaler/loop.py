@@ -37,7 +37,7 @@ from sluice.policy.autoscale import (
     decide,
     pressure,
 )
-from sluice.registry.base import Registry, RegistrySnapshot, Replica, ReplicaPool, ReplicaState
+from sluice.stores.registry.base import Registry, RegistrySnapshot, Replica, ReplicaPool, ReplicaState
 
 log = logging.getLogger("sluice.control_plane.autoscaler")
 

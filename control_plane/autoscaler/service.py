@@ -13,11 +13,11 @@ from control_plane.autoscaler.local import LocalActuator
 from control_plane.autoscaler.loop import Autoscaler
 from control_plane.autoscaler.metrics import AutoscalerMetrics
 from control_plane.autoscaler.signals import GatewayScraper
-from control_plane.replicas.health import ReplicaStates
-from control_plane.replicas.local_replicas import LocalReplicas
+from replicas.health import ReplicaStates
+from replicas.local_replicas import LocalReplicas
 from sluice.policy.autoscale import AutoscaleConfig
-from sluice.registry.base import Registry
 from sluice.settings import Settings, SettingsError
+from sluice.stores.registry.base import Registry
 
 
 def autoscale_config(settings: Settings) -> AutoscaleConfig:

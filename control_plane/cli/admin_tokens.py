@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from control_plane.table import render_table
-from sluice.admin_tokens.base import (
+from sluice.settings import Settings, SettingsError, get_settings
+from sluice.stores.admin_tokens.base import (
     AdminToken,
     AdminTokenExistsError,
     AdminTokenStore,
@@ -29,10 +30,9 @@ from sluice.admin_tokens.base import (
     UnknownAdminTokenError,
     token_prefix,
 )
-from sluice.admin_tokens.roles import ROLES_BY_RANK, Role
-from sluice.db import describe_pg_url
-from sluice.settings import Settings, SettingsError, get_settings
-from sluice.storage import open_admin_token_store
+from sluice.stores.admin_tokens.roles import ROLES_BY_RANK, Role
+from sluice.stores.db import describe_pg_url
+from sluice.stores.openers import open_admin_token_store
 
 EXIT_OK = 0
 EXIT_FAILED = 1

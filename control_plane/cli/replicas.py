@@ -31,7 +31,7 @@ from typing import Any
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_FAILED, EXIT_OK, add_options, fail, print_json, when
 from control_plane.table import render_table
-from sluice.registry.base import ReplicaPool
+from sluice.stores.registry.base import ReplicaPool
 
 HEADERS = (
     "REPLICA", "MODEL", "VERSION", "STATE", "ENDPOINT", "METRICS", "LOCAL", "POOL", "LAST CHECK", "DETAIL",

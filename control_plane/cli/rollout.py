@@ -18,7 +18,7 @@ from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, add_options, model_path, print_json, route_text, when
 from control_plane.table import render_table
 from sluice.policy.rollout import GuardBounds, RolloutSteps
-from sluice.registry.base import InvalidChange, weights_bp_from_pct
+from sluice.stores.registry.base import InvalidChange, weights_bp_from_pct
 
 TRAFFIC_HEADERS = (
     "VERSION",

@@ -13,7 +13,7 @@ import argparse
 from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, add_options, model_path, pct, print_json
 from control_plane.table import render_table
-from sluice.registry.base import InvalidChange, VersionState, check_version_name, weights_bp_from_pct
+from sluice.stores.registry.base import InvalidChange, VersionState, check_version_name, weights_bp_from_pct
 
 HEADERS = ("VERSION", "SHARE", "BASIS POINTS")
 

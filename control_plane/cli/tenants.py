@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from control_plane.table import render_table
-from sluice.db import describe_pg_url
 from sluice.domain import ALL_CLASSES, RequestClass, Tenant
 from sluice.safety.config import load_safety_config, policy_names
 from sluice.settings import Settings, SettingsError, get_settings
-from sluice.storage import open_tenant_store
-from sluice.tenants.base import (
+from sluice.stores.db import describe_pg_url
+from sluice.stores.openers import open_tenant_store
+from sluice.stores.tenants.base import (
     MUTABLE_FIELDS,
     TenantExistsError,
     TenantStore,

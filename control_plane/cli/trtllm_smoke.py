@@ -37,7 +37,7 @@ from control_plane.smoke.checks import CheckResult, SmokeTarget, run_checks
 from control_plane.smoke.preconditions import node_problems
 from control_plane.smoke.stack import SmokeError, SmokeOptions, engine_build, image_replica, run_smoke
 from control_plane.table import render_table
-from sluice.triton.launcher import IMAGE_TRITON_ROOT, TritonLaunchError
+from replicas.launcher import IMAGE_TRITON_ROOT, TritonLaunchError
 
 HEADERS = ("check", "result", "TTFT ms", "tok/s", "tokens", "detail")
 

@@ -3,9 +3,9 @@ window, through the admin API (``GET /admin/v1/usage``, viewer). A table with a 
 the API's JSON with ``--json``; exit codes as in ``control_plane.cli.admin_commands``.
 
 ``--since`` / ``--until`` take an ISO 8601 time, unix seconds or a duration ago (``24h``, ``7d``); the
-default is the last 24 h. They are checked here with the service's own parser (sluice/ledger/window.py),
-so a bad one is a usage error (exit 2) before any call, and sent as written: the service resolves a
-duration against its clock.
+default is the last 24 h. They are checked here with the service's own parser
+(sluice/stores/ledger/window.py), so a bad one is a usage error (exit 2) before any call, and sent as written:
+the service resolves a duration against its clock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, UsageError, add_options, print_json, when
 from control_plane.table import render_table
 from sluice.domain import RequestClass
-from sluice.ledger.window import WindowError, report_window
+from sluice.stores.ledger.window import WindowError, report_window
 
 HEADERS = (
     "TENANT",

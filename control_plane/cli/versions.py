@@ -15,7 +15,7 @@ from control_plane.cli.admin_client import AdminApi
 from control_plane.cli.admin_commands import EXIT_OK, add_options, model_path, print_json
 from control_plane.cli.models import VERSION_HEADERS, version_rows
 from control_plane.table import render_table
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     InvalidChange,
     VersionState,
     check_artifact_uri,

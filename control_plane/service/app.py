@@ -36,11 +36,11 @@ from control_plane.service.state import ControlPlaneState
 from control_plane.service.system import SYSTEM_HANDLERS
 from control_plane.service.tokens import AdminController
 from control_plane.service.usage import UsageReportController
-from sluice.admin_tokens.base import AdminTokenStore
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
-from sluice.registry.base import Registry
 from sluice.settings import Settings, redact_secrets
-from sluice.storage import open_admin_token_store, open_registry
+from sluice.stores.admin_tokens.base import AdminTokenStore
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
+from sluice.stores.openers import open_admin_token_store, open_registry
+from sluice.stores.registry.base import Registry
 
 log = logging.getLogger("sluice.control_plane")
 

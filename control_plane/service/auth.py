@@ -19,8 +19,8 @@ from litestar.routes import HTTPRoute
 from control_plane.service.errors import insufficient_role, invalid_admin_token, unavailable
 from control_plane.service.metrics import ADMIN_PATH_PREFIX
 from control_plane.service.state import state_of
-from sluice.admin_tokens.base import TOKEN_PREFIX, AdminPrincipal, AdminTokenStoreUnavailable
-from sluice.admin_tokens.roles import Role, role_allows
+from sluice.stores.admin_tokens.base import TOKEN_PREFIX, AdminPrincipal, AdminTokenStoreUnavailable
+from sluice.stores.admin_tokens.roles import Role, role_allows
 
 MIN_ROLE = "min_role"
 SECURITY_SCHEME = "AdminToken"

@@ -14,9 +14,9 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 
 from control_plane.service.metrics import UNMATCHED_ROUTE, ControlPlaneMetrics
-from sluice.admin_tokens.base import TOKEN_PREFIX
-from sluice.admin_tokens.roles import Role
 from sluice.api_errors import ApiError
+from sluice.stores.admin_tokens.base import TOKEN_PREFIX
+from sluice.stores.admin_tokens.roles import Role
 
 log = logging.getLogger("sluice.control_plane")
 

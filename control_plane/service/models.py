@@ -13,8 +13,8 @@ from litestar import Controller, Request, get
 from control_plane.service.auth import SECURITY_SCHEME, needs, require_admin
 from control_plane.service.errors import error_responses, unavailable
 from control_plane.service.state import state_of
-from sluice.admin_tokens.roles import Role
-from sluice.registry.base import RegistrySnapshot, RegistryUnavailable, ReplicaState, VersionState
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.registry.base import RegistrySnapshot, RegistryUnavailable, ReplicaState, VersionState
 
 
 class VersionView(msgspec.Struct):

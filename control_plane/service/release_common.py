@@ -21,7 +21,7 @@ from litestar.openapi import ResponseSpec
 from litestar.types import Receive, Scope, Send
 
 from control_plane.service.errors import AdminError, ErrorBody, unavailable
-from sluice.registry.base import AlreadyExists, InvalidChange, NotFound, RegistryUnavailable
+from sluice.stores.registry.base import AlreadyExists, InvalidChange, NotFound, RegistryUnavailable
 
 log = logging.getLogger("sluice.control_plane")
 

@@ -25,8 +25,8 @@ from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, req
 from control_plane.service.models import ModelView, RouteEntryView, VersionView, models_view
 from control_plane.service.release_common import model_name, registry_errors, release_responses
 from control_plane.service.state import state_of
-from sluice.admin_tokens.roles import Role
-from sluice.registry.base import AuditEntry, NotFound, Registry, VersionState
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.registry.base import AuditEntry, NotFound, Registry, VersionState
 
 log = logging.getLogger("sluice.control_plane")
 

@@ -5,13 +5,13 @@
   plane started it (``local``) and, for those, its cold start so far (``cold_start``: each phase's
   seconds, the bytes downloaded into the weight cache).
 - ``POST /replicas`` (release-manager) ``{model, version, count, checkpoint?, pool?}``: start ``count``
-  local tritonserver replicas of the version (``control_plane.replicas.local_replicas``); 202 with them
+  local tritonserver replicas of the version (``replicas.local_replicas``); 202 with them
   ``starting``; each turns ``ready`` once loaded and verified, or ``failed`` with the reason.
 - ``PUT /replicas/{replica_id}`` (release-manager) ``{endpoint, model, version, metrics_url?, pool?}``:
   register a replica started elsewhere (its Triton gRPC address, and its Triton metrics URL for gateways to
   read its load: without one they route to it blind); checked at once, then by every health round.
 - ``POST /replicas/{replica_id}/pool`` (release-manager) ``{pool}``: move it to another pool in one
-  registry write (``general``, ``long-prompt``, ``warm``: see ``sluice.registry.base.ReplicaPool``);
+  registry write (``general``, ``long-prompt``, ``warm``: see ``sluice.stores.registry.base.ReplicaPool``);
   promoting a warm replica to ``general`` puts it in rotation.
 - ``POST /replicas/{replica_id}/drain`` (release-manager): gateways send it nothing new.
 - ``POST /replicas/{replica_id}/stop`` (release-manager) ``{timeout_s?, wait?}``: drain, wait until it
@@ -38,20 +38,21 @@ from litestar import Controller, Request, delete, get, post, put
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from control_plane.replicas.health import HealthChecker, ReplicaStates
-from control_plane.replicas.local_replicas import (
+from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
+from control_plane.service.errors import AdminError, ErrorBody, unavailable
+from control_plane.service.metrics import ControlPlaneMetrics
+from control_plane.service.state import ReplicaServices, state_of
+from replicas.health import HealthChecker, ReplicaStates
+from replicas.local_replicas import (
     DEFAULT_STOP_TIMEOUT_S,
     MAX_REPLICAS_PER_START,
     InvalidReplicaRequest,
     LocalReplicas,
     ReplicaConflict,
 )
-from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
-from control_plane.service.errors import AdminError, ErrorBody, unavailable
-from control_plane.service.metrics import ControlPlaneMetrics
-from control_plane.service.state import ReplicaServices, state_of
-from sluice.admin_tokens.roles import Role
-from sluice.registry.base import (
+from sluice.settings import Settings
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.registry.base import (
     InvalidChange,
     NotFound,
     Registry,
@@ -61,7 +62,6 @@ from sluice.registry.base import (
     ReplicaPool,
     ReplicaState,
 )
-from sluice.settings import Settings
 from sluice.weight_store import WeightStore
 
 
@@ -111,7 +111,7 @@ class ReplicaView(msgspec.Struct):
     registered_at: datetime
     updated_at: datetime
     local: bool  # started (and owned) by this control plane
-    # A local replica's start (control_plane.replicas.replica_weights.ColdStart): phase, download_s,
+    # A local replica's start (replicas.replica_weights.ColdStart): phase, download_s,
     # num_downloaded_bytes, num_downloaded_files, verify_s, load_s, first_token_s, total_s; None otherwise.
     cold_start: dict[str, Any] | None = None
 

@@ -23,12 +23,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sluice.ledger.base import LedgerUnavailable, UsageLedger, VersionTraffic
 from sluice.policy.rollout import GuardAction, GuardBounds, GuardDecision, VersionStats, guard_decision
-from sluice.registry.base import InvalidChange, Registry, RegistryError, RegistryUnavailable
-from sluice.registry.rollouts import Rollout, RolloutMove, RolloutState
 from sluice.settings import Settings
-from sluice.storage import open_ledger
+from sluice.stores.ledger.base import LedgerUnavailable, UsageLedger, VersionTraffic
+from sluice.stores.openers import open_ledger
+from sluice.stores.registry.base import InvalidChange, Registry, RegistryError, RegistryUnavailable
+from sluice.stores.registry.rollouts import Rollout, RolloutMove, RolloutState
 
 log = logging.getLogger("sluice.control_plane.guard")
 

@@ -7,11 +7,11 @@
   step at once.
 - ``POST .../advance|pause|resume|rollback`` (release-manager) ``{reason?}``.
 
-Each move is one registry write (``sluice.registry.rollouts``): the rollout, the route and the versions'
-states together, one generation; the answer carries the generation read right after it. Gateways follow
-the route, so the write is the traffic change; a rollback drains the canary's replicas (they finish what
-they hold) rather than killing them. Refusals come with the registry's words: 409 while another rollout is
-active, 400 for a move the rollout's state or the route rules do not allow.
+Each move is one registry write (``sluice.stores.registry.rollouts``): the rollout, the route and the
+versions' states together, one generation; the answer carries the generation read right after it. Gateways
+follow the route, so the write is the traffic change; a rollback drains the canary's replicas (they finish
+what they hold) rather than killing them. Refusals come with the registry's words: 409 while another rollout
+is active, 400 for a move the rollout's state or the route rules do not allow.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from control_plane.service.release_common import model_name, registry_errors, re
 from control_plane.service.releases import model_detail
 from control_plane.service.rollout_guard import GuardVerdict
 from control_plane.service.state import state_of
-from sluice.admin_tokens.roles import Role
-from sluice.ledger.base import LedgerUnavailable, VersionTraffic
-from sluice.registry.rollouts import Rollout, RolloutError, RolloutGuard, RolloutMove
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.ledger.base import LedgerUnavailable, VersionTraffic
+from sluice.stores.registry.rollouts import Rollout, RolloutError, RolloutGuard, RolloutMove
 
 log = logging.getLogger("sluice.control_plane")
 

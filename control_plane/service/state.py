@@ -10,13 +10,13 @@ from typing import Any
 from litestar.connection import ASGIConnection
 
 from control_plane.autoscaler.loop import Autoscaler
-from control_plane.replicas.health import HealthChecker, ReplicaStates
-from control_plane.replicas.local_replicas import LocalReplicas
 from control_plane.service.metrics import ControlPlaneMetrics
 from control_plane.service.rollout_guard import RolloutServices
-from sluice.admin_tokens.base import AdminTokenStore
-from sluice.registry.base import Registry
+from replicas.health import HealthChecker, ReplicaStates
+from replicas.local_replicas import LocalReplicas
 from sluice.settings import Settings
+from sluice.stores.admin_tokens.base import AdminTokenStore
+from sluice.stores.registry.base import Registry
 
 
 @dataclass

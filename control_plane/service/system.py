@@ -12,8 +12,8 @@ from litestar import Request, Response, get
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from control_plane.service.state import state_of
-from sluice.admin_tokens.base import AdminTokenStoreUnavailable
-from sluice.registry.base import RegistryUnavailable
+from sluice.stores.admin_tokens.base import AdminTokenStoreUnavailable
+from sluice.stores.registry.base import RegistryUnavailable
 
 log = logging.getLogger("sluice.control_plane")
 

@@ -17,14 +17,14 @@ from litestar.params import FromPath, JSONBody
 from control_plane.service.auth import SECURITY_SCHEME, needs, principal_of, require_admin
 from control_plane.service.errors import AdminError, error_responses, unavailable
 from control_plane.service.state import state_of
-from sluice.admin_tokens.base import (
+from sluice.stores.admin_tokens.base import (
     AdminToken,
     AdminTokenExistsError,
     AdminTokenStoreUnavailable,
     UnknownAdminTokenError,
     token_prefix,
 )
-from sluice.admin_tokens.roles import ROLES_BY_RANK, Role, role_allows
+from sluice.stores.admin_tokens.roles import ROLES_BY_RANK, Role, role_allows
 
 log = logging.getLogger("sluice.control_plane")
 

@@ -2,10 +2,10 @@
 reads only its own through the gateway's ``GET /v1/usage``.
 
 One line per (tenant, model, request class) that has rows finished in ``since <= finished_at < until``:
-requests, errors (``sluice.ledger.base.ERROR_OUTCOMES``), prompt and output tokens, and the cost in USD at
-the configured prices (``SLUICE_PRICES``, batch-class tokens at ``SLUICE_BATCH_DISCOUNT`` off;
+requests, errors (``sluice.stores.ledger.base.ERROR_OUTCOMES``), prompt and output tokens, and the cost in USD
+at the configured prices (``SLUICE_PRICES``, batch-class tokens at ``SLUICE_BATCH_DISCOUNT`` off;
 sluice/pricing.py), null where the model has no price. ``since`` / ``until`` take an ISO 8601 time, unix
-seconds or a duration ago (``24h``, ``7d``; sluice/ledger/window.py); the default is the last 24 h.
+seconds or a duration ago (``24h``, ``7d``; sluice/stores/ledger/window.py); the default is the last 24 h.
 ``tenant``, ``model`` and ``request_class`` keep only the matching rows. A value that does not parse, an
 empty window or an unknown class is a 400 naming the parameter; the ledger down is a 503 with
 ``Retry-After``.
@@ -24,11 +24,11 @@ from litestar.params import FromQuery
 from control_plane.service.auth import SECURITY_SCHEME, needs, require_admin
 from control_plane.service.errors import AdminError, error_responses
 from control_plane.service.state import state_of
-from sluice.admin_tokens.roles import Role
 from sluice.domain import RequestClass
-from sluice.ledger.base import LedgerUnavailable, TenantUsage
-from sluice.ledger.window import WindowError, report_window
 from sluice.pricing import Prices, total_cost_usd
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.ledger.base import LedgerUnavailable, TenantUsage
+from sluice.stores.ledger.window import WindowError, report_window
 
 log = logging.getLogger("sluice.control_plane")
 

@@ -46,8 +46,8 @@ from sluice.policy.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from sluice.policy.queue_depth import QueueDepthConfig, check_queue, min_service_s
 from sluice.policy.rate import RateMeter
 from sluice.policy.share import InFlight
-from sluice.quota.base import QuotaDenied
-from sluice.quota.inprocess import InProcessQuotaStore
+from sluice.stores.quota.base import QuotaDenied
+from sluice.stores.quota.inprocess import InProcessQuotaStore
 
 _STEP, _ARRIVAL, _SAMPLE, _READY, _AUTOSCALE = 0, 1, 2, 3, 4
 

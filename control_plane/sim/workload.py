@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 
 from sluice.domain import Outcome, RequestClass
-from sluice.quota.base import QuotaGrant
+from sluice.stores.quota.base import QuotaGrant
 
 SEED_RATE_PER_S = 280.0  # "1 M requests/hour at peak ÷ 3 600 s = ~280/s"
 SEED_PROMPT_TOKENS = 1_000

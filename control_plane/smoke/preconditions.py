@@ -11,7 +11,7 @@ from pathlib import Path
 from build_engines.pipeline import examples_problem, installed_trtllm, nvidia_gpu_problem
 from build_engines.spec import BuildSpec
 from build_engines.trtllm_release import TRITON_IMAGE_REF, version_problem
-from sluice.triton.launcher import IMAGE_TRITON_ROOT
+from replicas.launcher import IMAGE_TRITON_ROOT
 
 
 def triton_problem(root: Path = IMAGE_TRITON_ROOT) -> str | None:

@@ -32,16 +32,16 @@ from build_engines.replica_launch import triton_env, world_size
 from build_engines.repository import render_for_replica
 from build_engines.spec import BuildSpec
 from build_engines.trtllm_release import EXAMPLES_DIR
-from control_plane.replicas.local_replica import free_ports
 from control_plane.smoke.checks import CheckResult, SmokeTarget, run_checks
-from sluice.tenants.base import DEV_TENANT_KEYS
-from sluice.triton.launcher import (
+from replicas.launcher import (
     IMAGE_TRITON_ROOT,
     TritonServer,
     TritonServerConfig,
     die_with_parent,
     image_program,
 )
+from replicas.local_replica import free_ports
+from sluice.stores.tenants.base import DEV_TENANT_KEYS
 
 Say = Callable[[str], None]
 Build = Callable[[BuildSpec, Path, Say], LocalBuild]

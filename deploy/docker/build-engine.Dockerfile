@@ -14,6 +14,8 @@ ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/sluice
 COPY pyproject.toml setup.py ./
 COPY sluice sluice
+COPY sluice_client sluice_client
+COPY replicas replicas
 COPY gateway gateway
 COPY control_plane control_plane
 COPY cpu_engine/*.py cpu_engine/*.pyi cpu_engine/

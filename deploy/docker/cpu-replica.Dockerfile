@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # A CPU replica: tritonserver from the nvidia-pytriton wheel serving the CPU engine's repository (rendered
-# into /var/lib/sluice/model_repository by an init container, e.g. python -m sluice.triton.render).
+# into /var/lib/sluice/model_repository by an init container, e.g. python -m replicas.render).
 # Build on the CPU family that runs it: the kernels are compiled -march=native. Context: repo root.
 FROM python:3.11-slim-bookworm AS build
 RUN apt-get update \
@@ -12,6 +12,8 @@ WORKDIR /opt/sluice
 # Only the sources: never .sluice/ (state, tokens), .venv/ or tests.
 COPY pyproject.toml setup.py ./
 COPY sluice sluice
+COPY sluice_client sluice_client
+COPY replicas replicas
 COPY gateway gateway
 COPY control_plane control_plane
 COPY cpu_engine/*.py cpu_engine/*.pyi cpu_engine/
@@ -35,5 +37,5 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE
 WORKDIR /opt/sluice
 USER 10001:10001
 EXPOSE 8000 8001 8002
-ENTRYPOINT ["python", "-m", "sluice.triton.launcher"]
+ENTRYPOINT ["python", "-m", "replicas.launcher"]
 CMD ["--model-repository", "/var/lib/sluice/model_repository", "--host", "0.0.0.0", "--state-dir", "/var/lib/sluice/triton"]

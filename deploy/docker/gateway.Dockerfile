@@ -10,6 +10,8 @@ WORKDIR /opt/sluice
 # Only the sources: never .sluice/ (state, tokens), .venv/ or tests.
 COPY pyproject.toml setup.py ./
 COPY sluice sluice
+COPY sluice_client sluice_client
+COPY replicas replicas
 COPY gateway gateway
 COPY control_plane control_plane
 COPY cpu_engine/*.py cpu_engine/*.pyi cpu_engine/

@@ -27,10 +27,10 @@ from gateway.batches.lines import ENDPOINTS
 from gateway.errors import ErrorBody, OpenAIError, error_responses, invalid_request, refused
 from gateway.files.retention import ExpiresAfter, output_expires_after_s
 from gateway.state import GatewayState
-from sluice.batches.base import Batch, BatchStatus, BatchStoreUnavailable, UnknownBatchError
 from sluice.domain import RequestClass
-from sluice.files.base import ObjectStoreUnavailable
-from sluice.files.catalog import UnknownFileError
+from sluice.stores.batches.base import Batch, BatchStatus, BatchStoreUnavailable, UnknownBatchError
+from sluice.stores.files.base import ObjectStoreUnavailable
+from sluice.stores.files.catalog import UnknownFileError
 
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 MAX_METADATA_PAIRS = 16

@@ -16,7 +16,7 @@ import msgspec
 
 from gateway.openai.body import MAX_JSON_DEPTH, json_nesting_exceeds
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, first_unknown_field
-from sluice.batches.base import BatchError
+from sluice.stores.batches.base import BatchError
 
 ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "/v1/chat/completions": ChatCompletionRequest,

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 
 from gateway.batches.work import BatchWork, Stores, WorkLimits
 from gateway.state import GatewayState
-from sluice.batches.base import BatchError, BatchStatus, BatchStoreUnavailable, LeaseLost
-from sluice.files.base import ObjectStoreUnavailable
-from sluice.tenants.base import TenantStore, TenantStoreUnavailable, UnknownTenantError
+from sluice.stores.batches.base import BatchError, BatchStatus, BatchStoreUnavailable, LeaseLost
+from sluice.stores.files.base import ObjectStoreUnavailable
+from sluice.stores.tenants.base import TenantStore, TenantStoreUnavailable, UnknownTenantError
 
 log = logging.getLogger(__name__)
 

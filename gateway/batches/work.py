@@ -31,7 +31,8 @@ from gateway.batches.line_call import RetryLater, run_line
 from gateway.batches.lines import BatchLine, ParsedFile, parse_input
 from gateway.batches.results import LineResult, not_run, result_file_id
 from gateway.state import GatewayState
-from sluice.batches.base import (
+from sluice.domain import Tenant
+from sluice.stores.batches.base import (
     TERMINAL_STATUSES,
     Batch,
     BatchError,
@@ -41,9 +42,8 @@ from sluice.batches.base import (
     BatchStoreUnavailable,
     LeaseLost,
 )
-from sluice.domain import Tenant
-from sluice.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable
-from sluice.files.catalog import FileCatalog, UnknownFileError
+from sluice.stores.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable
+from sluice.stores.files.catalog import FileCatalog, UnknownFileError
 
 log = logging.getLogger(__name__)
 

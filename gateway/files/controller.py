@@ -28,10 +28,10 @@ from gateway.auth import require_tenant, tenant_of
 from gateway.errors import ErrorBody, OpenAIError, invalid_request
 from gateway.files.retention import form_expires_after_s
 from gateway.files.schemas import FileDeleted, FileList, FileObject, FileUpload
-from gateway.files.upload_slots import take_upload_slot, upload_slots
 from gateway.state import GatewayState
-from sluice.files.base import ObjectStoreUnavailable
-from sluice.files.catalog import UnknownFileError
+from gateway.upload_slots import take_upload_slot, upload_slots
+from sluice.stores.files.base import ObjectStoreUnavailable
+from sluice.stores.files.catalog import UnknownFileError
 
 log = logging.getLogger(__name__)
 

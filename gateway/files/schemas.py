@@ -7,7 +7,7 @@ from typing import Literal
 import msgspec
 from litestar.datastructures import UploadFile
 
-from sluice.files.catalog import StoredFile
+from sluice.stores.files.catalog import StoredFile
 
 
 class FileUpload(msgspec.Struct):

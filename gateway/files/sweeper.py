@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
 
-from sluice.files.base import ObjectStoreUnavailable
-from sluice.files.catalog import FileCatalog
+from sluice.stores.files.base import ObjectStoreUnavailable
+from sluice.stores.files.catalog import FileCatalog
 
 log = logging.getLogger(__name__)
 

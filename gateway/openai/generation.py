@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from gateway.errors import OpenAIError
+from gateway.metering.pipeline import OpenUsage
 from gateway.openai.idempotency import begin_attempt, lookup_attempt, settle_attempt
 from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, QuotaTaken, TextEvent, Timing
 from gateway.openai.records import Ended, record_request, usage_record
@@ -44,11 +45,10 @@ from sluice.engine_client import (
     FinishReason,
     GenerateRequest,
 )
-from sluice.metering.pipeline import OpenUsage
-from sluice.quota.base import QuotaGrant
 from sluice.safety.base import ClassifierUnavailableError, Verdict
 from sluice.safety.policy import SafetyPolicy
 from sluice.safety.stream import StreamScreen
+from sluice.stores.quota.base import QuotaGrant
 
 log = logging.getLogger(__name__)
 

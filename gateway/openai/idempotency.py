@@ -36,7 +36,7 @@ from gateway.errors import OpenAIError
 from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, TextEvent
 from gateway.state import GatewayState
 from sluice.domain import Outcome
-from sluice.idempotency.base import Begin, BeginKind, IdempotencyStoreUnavailableError
+from sluice.stores.idempotency.base import Begin, BeginKind, IdempotencyStoreUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from gateway.routing.router import Target
 from sluice.domain import RequestClass, Tenant
-from sluice.quota.base import QuotaGrant
+from sluice.stores.quota.base import QuotaGrant
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gateway.metering.pipeline import OpenUsage
 from gateway.openai.job import IdempotentAttempt, Job, Timing
 from gateway.state import GatewayState
 from gateway.telemetry import TelemetryRecord
 from sluice.domain import Outcome, UsageRecord
 from sluice.engine_client import EngineClient
-from sluice.ledger.base import ROWLESS_OUTCOMES, p95
-from sluice.metering.pipeline import OpenUsage
+from sluice.stores.ledger.base import ROWLESS_OUTCOMES, p95
 
 log = logging.getLogger(__name__)
 

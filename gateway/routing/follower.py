@@ -21,7 +21,7 @@ import time
 from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
 from gateway.routing.table import RoutingTable
-from sluice.registry.base import Registry, RegistryError
+from sluice.stores.registry.base import Registry, RegistryError
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable
 from gateway.metrics import GatewayMetrics
 from gateway.routing.table import ReplicaTarget, RoutingTable
 from gateway.scheduling.scheduler import ModelScheduler
+from replicas.verify import Verification
 from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import UNSERVABLE
-from sluice.registry.base import ReplicaPool
 from sluice.settings import Settings
-from sluice.triton.verify import Verification
+from sluice.stores.registry.base import ReplicaPool
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from sluice.artifacts import StoreFactory, artifact_folder, is_tokenizer_file
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
 from sluice.engine_limits import EngineLimits
-from sluice.registry.base import ReplicaPool
+from sluice.stores.registry.base import ReplicaPool
 from sluice.text import TextCodec
 from sluice.weight_store import WeightStore
 

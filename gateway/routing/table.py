@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from sluice.engine_client.dialects import Dialect, dialect_of
 from sluice.engine_limits import EngineLimits, limits_of
 from sluice.policy.rollout import bucket_of, version_for_bucket
-from sluice.registry.base import RegistrySnapshot, ReplicaPool, ReplicaState, VersionState
+from sluice.stores.registry.base import RegistrySnapshot, ReplicaPool, ReplicaState, VersionState
 
 # The pools a gateway routes to; a warm replica is loaded but routed nothing.
 ROUTED_POOLS = (ReplicaPool.GENERAL, ReplicaPool.LONG_PROMPT)

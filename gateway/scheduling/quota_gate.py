@@ -11,8 +11,8 @@ from typing import Any
 from gateway.errors import OpenAIError, refused
 from gateway.metrics import GatewayMetrics
 from sluice.domain import Tenant
-from sluice.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore
-from sluice.quota.bucket import rate_tokens_per_s, seconds_until_full
+from sluice.stores.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore
+from sluice.stores.quota.bucket import rate_tokens_per_s, seconds_until_full
 
 # How long past its deadline a lease outlives a request whose gateway died without releasing it.
 LEASE_GRACE_S = 5.0

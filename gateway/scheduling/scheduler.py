@@ -62,7 +62,7 @@ class ModelScheduler:
         metrics: GatewayMetrics,
         *,
         version: str = "1",
-        pool: str = "general",  # the version's replica pool it queues for (``sluice.registry.ReplicaPool``)
+        pool: str = "general",  # the version's replica pool it queues for (a registry ReplicaPool)
         fair: bool = True,
         on_drained: Callable[[EngineClient], None] | None = None,
     ) -> None:

@@ -21,8 +21,8 @@ from gateway.auth import require_tenant, tenant_of
 from gateway.errors import OpenAIError, error_responses, invalid_request
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, UsageGroup, UsageRecord, UsageTotals
-from sluice.ledger.base import LedgerUnavailable
 from sluice.pricing import Prices, total_cost_usd
+from sluice.stores.ledger.base import LedgerUnavailable
 
 log = logging.getLogger(__name__)
 

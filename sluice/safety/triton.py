@@ -3,7 +3,7 @@
 The model takes one BYTES tensor ``text`` (shape [1], UTF-8) and returns ``blocked`` (BOOL, [1]) and
 ``category`` (BYTES, [1]; "" when allowed). In production that model would be a Llama Guard deployment
 behind a thin adapter; in development ``model_repository/safety_classifier`` serves the built-in rules
-under that contract (``sluice.triton.render.render_safety_classifier``).
+under that contract (``replicas.render.render_safety_classifier``).
 
 Fails loudly: an unreachable server, a timeout or a malformed reply raise
 ``ClassifierUnavailableError``, and the caller decides whether that blocks the request.

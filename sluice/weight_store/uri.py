@@ -9,12 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sluice.names import s3_bucket_problem
 from sluice.weight_store.errors import InvalidUriError
 
 MANIFEST_NAME = "manifest.json"
-# S3's bucket naming rules: 3-63 characters of lowercase letters, digits, '.' and '-', alphanumeric at both
-# ends (MinIO and moto accept the same).
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -46,11 +44,8 @@ def parse_s3_uri(text: str) -> S3Uri:
     if not isinstance(text, str) or not text.startswith("s3://"):
         raise InvalidUriError(f"a weight store location reads s3://BUCKET/PREFIX, got {text!r}")
     bucket, sep, prefix = text[len("s3://") :].partition("/")
-    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise InvalidUriError(
-            f"{text!r}: bucket {bucket!r} is not a valid S3 bucket name (3-63 characters of lowercase "
-            "letters, digits, '.' and '-', starting and ending with a letter or digit)"
-        )
+    if (problem := s3_bucket_problem(bucket)) is not None:
+        raise InvalidUriError(f"{text!r}: {problem}")
     prefix = prefix.rstrip("/")
     if not sep or not prefix:
         raise InvalidUriError(

@@ -35,8 +35,8 @@ from sluice.domain import Tenant
 from sluice.safety.fold import fold
 from sluice.safety.rules import pii_rules
 from sluice.settings import Settings
-from sluice.storage import open_tenant_store
-from sluice.tenants.base import dev_tenant
+from sluice.stores.openers import open_tenant_store
+from sluice.stores.tenants.base import dev_tenant
 
 
 def result(

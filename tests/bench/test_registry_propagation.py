@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from bench.registry_propagation import measure
-from sluice.registry.sqlite import SqliteRegistry
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 
 def test_every_follower_gets_every_change_within_a_second(tmp_path: Path) -> None:

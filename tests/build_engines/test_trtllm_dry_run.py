@@ -18,8 +18,8 @@ from tritonclient.grpc import model_config_pb2
 from build_engines.repository import TRTLLM_DIR, render_llmapi, render_trtllm
 from build_engines.trtllm_release import TRTLLM_VERSION
 from control_plane.cli.main import main
+from replicas.render import fill_template
 from sluice.settings import get_settings
-from sluice.triton.render import fill_template
 from sluice.weight_store import ManifestNotFoundError, WeightStore
 
 EXAMPLES = "/opt/trtllm/examples"

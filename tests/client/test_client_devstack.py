@@ -1,4 +1,4 @@
-"""sluice.client against `make run`'s process (gateway.devstack: tritonserver, control plane, gateway),
+"""sluice_client against `make run`'s process (gateway.devstack: tritonserver, control plane, gateway),
 started once for the module on free ports with its own state directory.
 
 - The same Idempotency-Key on a retry, through a proxy that loses the first response: a whole completion
@@ -30,9 +30,9 @@ import pytest
 from drop_proxy import ResponseDropProxy
 from ports import free_ports
 
-from sluice.client import AsyncSluiceClient, SluiceClient
 from sluice.domain import Tenant
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.tenants.store import SqliteTenantStore
+from sluice_client import AsyncSluiceClient, SluiceClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "sluice-tiny"
@@ -173,7 +173,7 @@ class _RetryLog(logging.Handler):
 
 def test_429_is_waited_out_and_closing_a_stream_cancels_it(stack: DevStack) -> None:
     caught = _RetryLog()
-    logger = logging.getLogger("sluice.client")
+    logger = logging.getLogger("sluice_client")
     logger.addHandler(caught)
     logger.setLevel(logging.INFO)
     result: list[Any] = []

@@ -1,5 +1,5 @@
-"""The client's pure parts: which failures it retries and how long it waits (``sluice.client.retry``), and
-how it reads server-sent events (``sluice.client.sse``)."""
+"""The client's pure parts: which failures it retries and how long it waits (``sluice_client.retry``), and
+how it reads server-sent events (``sluice_client.sse``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from email.utils import format_datetime
 
 import pytest
 
-from sluice.client.errors import StreamError
-from sluice.client.retry import RetryPolicy, is_retryable, retry_after_s
-from sluice.client.sse import CONNECTION_LOST, Chunk, ErrorEvent, SseDecoder, StreamReader, read_event
-from sluice.client.wire import completion_call, root_url
+from sluice_client.errors import StreamError
+from sluice_client.retry import RetryPolicy, is_retryable, retry_after_s
+from sluice_client.sse import CONNECTION_LOST, Chunk, ErrorEvent, SseDecoder, StreamReader, read_event
+from sluice_client.wire import completion_call, root_url
 
 NOW_S = 1_800_000_000.0
 
@@ -135,9 +135,9 @@ def test_a_stream_reader_ends_at_done_and_names_a_lost_connection() -> None:
 
 
 def test_the_client_loads_no_server_code() -> None:
-    """sluice.client is the part of the core a caller imports: httpx, never the gateway's stack."""
+    """sluice_client is the part of the core a caller imports: httpx, never the gateway's stack."""
     probe = (
-        "import sys, sluice.client; "
+        "import sys, sluice_client; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'gateway', 'control_plane', "
         "'cpu_engine', 'litestar', 'numpy', 'psycopg', 'redis', 'tritonclient'}))"
     )

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from stub_gateway import Drop, Reply, Sse, StubGateway, chat_chunk, chat_completion, error_body
 
-from sluice.client import AsyncSluiceClient, SluiceAPIError, SluiceClient, SluiceConnectionError, StreamError
+from sluice_client import AsyncSluiceClient, SluiceAPIError, SluiceClient, SluiceConnectionError, StreamError
 
 FAST: dict[str, Any] = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05}  # no server advice: barely wait
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from sluice.admin_tokens.base import AdminTokenStore
-from sluice.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
-from sluice.tenants.base import TenantStore
-from sluice.tenants.store import PostgresTenantStore, SqliteTenantStore
+from sluice.stores.admin_tokens.base import AdminTokenStore
+from sluice.stores.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
+from sluice.stores.tenants.base import TenantStore
+from sluice.stores.tenants.store import PostgresTenantStore, SqliteTenantStore
 
 
 @dataclass

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 
-from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Outcome, UsageRecord
-from sluice.ledger.store import SqliteLedger
 from sluice.settings import Settings
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.admin_tokens.store import SqliteAdminTokenStore
+from sluice.stores.ledger.store import SqliteLedger
 
 DIGEST = "sha256:" + "ab" * 32
 _request_ids = itertools.count()

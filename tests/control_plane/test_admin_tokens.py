@@ -1,5 +1,5 @@
 """The admin token store's contract, run over every backend (SQLite and PostgreSQL); the role ordering;
-the dev admin token; the opener (``sluice.storage.open_admin_token_store``)."""
+the dev admin token; the opener (``sluice.stores.openers.open_admin_token_store``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from admin_backends import AdminBackend
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tcp_proxy import TcpProxy
 
-from sluice.admin_tokens.base import (
+from sluice.domain import Tenant
+from sluice.settings import load_settings
+from sluice.stores.admin_tokens.base import (
     AdminPrincipal,
     AdminTokenExistsError,
     AdminTokenStore,
@@ -23,13 +25,11 @@ from sluice.admin_tokens.base import (
     UnknownAdminTokenError,
     hash_token,
 )
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN, DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
-from sluice.admin_tokens.roles import ROLES_BY_RANK, Role, parse_role, role_allows
-from sluice.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
-from sluice.domain import Tenant
-from sluice.settings import load_settings
-from sluice.storage import open_admin_token_store, prepare_dev_admin_token
-from sluice.transactions import Tx
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN, DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
+from sluice.stores.admin_tokens.roles import ROLES_BY_RANK, Role, parse_role, role_allows
+from sluice.stores.admin_tokens.store import PostgresAdminTokenStore, SqliteAdminTokenStore
+from sluice.stores.openers import open_admin_token_store, prepare_dev_admin_token
+from sluice.stores.transactions import Tx
 
 pytestmark = pytest.mark.anyio
 

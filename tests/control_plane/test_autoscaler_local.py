@@ -19,11 +19,11 @@ from control_plane.autoscaler.local import LocalActuator
 from control_plane.autoscaler.loop import Autoscaler
 from control_plane.autoscaler.metrics import AutoscalerMetrics
 from control_plane.autoscaler.signals import VersionKey, WindowSignals
-from control_plane.replicas.health import ReplicaStates
-from control_plane.replicas.local_replicas import LocalReplicas
+from replicas.health import ReplicaStates
+from replicas.local_replicas import LocalReplicas
 from sluice.policy.autoscale import AutoscaleConfig, Direction, Reason
-from sluice.registry.base import NotFound, Registry, ReplicaPool, ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
+from sluice.stores.registry.base import NotFound, Registry, ReplicaPool, ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 MODEL, VERSION = "sluice-tiny", "1"

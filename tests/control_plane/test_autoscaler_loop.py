@@ -20,8 +20,8 @@ from control_plane.autoscaler.loop import Autoscaler, count_replicas
 from control_plane.autoscaler.metrics import AutoscalerMetrics
 from control_plane.autoscaler.signals import VersionKey, WindowSignals
 from sluice.policy.autoscale import AutoscaleConfig, Direction, Reason
-from sluice.registry.base import Registry, Replica, ReplicaPool, ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
+from sluice.stores.registry.base import Registry, Replica, ReplicaPool, ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 MODEL, VERSION = "sluice-tiny", "1"
 KEY = (MODEL, VERSION)

@@ -20,9 +20,9 @@ from control_plane.autoscaler.local import LocalActuator
 from control_plane.autoscaler.service import autoscale_config, gateway_metrics_urls
 from control_plane.service.app import create_app
 from gateway.metrics import GatewayMetrics
-from sluice.registry.base import VersionState
-from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import SettingsError, load_settings
+from sluice.stores.registry.base import VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 MODEL = "sluice-tiny"
 ACTOR = "test"

@@ -26,9 +26,9 @@ from control_plane_process import RunningControlPlane, running_control_plane
 from s3_server import MotoS3, moto_s3  # noqa: F401  (a fixture, found by name)
 
 from control_plane.cli.main import main
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import get_settings
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weight_store import WeightStore
 
 # NOTE: the gateway harness lives beside the gateway's tests; pytest puts that folder on sys.path only

@@ -15,10 +15,10 @@ from litestar.testing import TestClient
 
 from control_plane.cli.main import main
 from control_plane.service.app import create_app
-from sluice.admin_tokens.base import AdminPrincipal, hash_token
-from sluice.admin_tokens.roles import Role
 from sluice.settings import get_settings
-from sluice.storage import open_admin_token_store
+from sluice.stores.admin_tokens.base import AdminPrincipal, hash_token
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.openers import open_admin_token_store
 
 
 @pytest.fixture(autouse=True)

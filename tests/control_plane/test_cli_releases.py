@@ -15,9 +15,9 @@ from ports import free_port
 from release_helpers import DIGEST, make_tokens, usage_rows, write_usage
 
 from control_plane.cli.main import main
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.admin_tokens.roles import Role
 from sluice.settings import Settings, get_settings, load_settings
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.admin_tokens.roles import Role
 
 
 class Service:

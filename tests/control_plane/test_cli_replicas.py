@@ -15,9 +15,9 @@ from control_plane_process import running_control_plane
 from proc_table import processes_mentioning
 
 from control_plane.cli.main import main
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.registry.sqlite import SqliteRegistry
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 MODEL = "sluice-tiny"

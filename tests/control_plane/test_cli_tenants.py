@@ -16,9 +16,9 @@ from pg import PostgresUnreachable, created_database
 from control_plane.cli.main import main
 from sluice.domain import Tenant
 from sluice.settings import get_settings
-from sluice.storage import open_tenant_store
-from sluice.tenants.base import TenantStoreUnavailable, hash_key
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.openers import open_tenant_store
+from sluice.stores.tenants.base import TenantStoreUnavailable, hash_key
+from sluice.stores.tenants.store import SqliteTenantStore
 
 ADMIN_URL = os.environ.get("TEST_POSTGRES_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

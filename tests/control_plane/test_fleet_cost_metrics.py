@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from control_plane.replicas.health import HealthMetrics
 from control_plane.service.metrics import ControlPlaneMetrics
-from sluice.registry.base import Replica, ReplicaPool, ReplicaState
+from replicas.health import HealthMetrics
+from sluice.stores.registry.base import Replica, ReplicaPool, ReplicaState
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry
 from tcp_proxy import ProxyThread
 from wedge import wedged_engine
 
-from control_plane.replicas.health import HealthChecker, ReplicaStates, next_state
-from sluice.registry.base import Registry, ReplicaState
-from sluice.registry.postgres import PostgresRegistry
-from sluice.registry.sqlite import SqliteRegistry
-from sluice.triton.launcher import TritonServer
-from sluice.triton.probe import ProbeResult
-from sluice.triton.verify import Verification
+from replicas.health import HealthChecker, ReplicaStates, next_state
+from replicas.launcher import TritonServer
+from replicas.probe import ProbeResult
+from replicas.verify import Verification
+from sluice.stores.registry.base import Registry, ReplicaState
+from sluice.stores.registry.postgres import PostgresRegistry
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 T = TypeVar("T")

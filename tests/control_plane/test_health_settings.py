@@ -13,8 +13,8 @@ import pytest
 
 from control_plane.service import replicas as replica_services
 from control_plane.service.metrics import ControlPlaneMetrics
-from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import Settings
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 
 class RecordingFakeChecker:

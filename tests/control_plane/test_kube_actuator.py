@@ -17,9 +17,9 @@ from fake_kube_api import FakeKubeApi
 from kubernetes import client as kube
 
 from control_plane.autoscaler.kube import DELETION_COST, KubeActuator, KubeError, deployment_name
-from control_plane.replicas.health import ReplicaStates
-from sluice.registry.base import NotFound, ReplicaPool, ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
+from replicas.health import ReplicaStates
+from sluice.stores.registry.base import NotFound, ReplicaPool, ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 MODEL, VERSION, NS = "sluice-tiny", "1", "serving"
 DEPLOYMENT = "sluice-sluice-tiny-1"

@@ -21,15 +21,15 @@ from litestar.testing import TestClient
 from proc_table import processes_mentioning
 
 from control_plane.service.app import create_app
-from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.store import SqliteAdminTokenStore
-from sluice.registry.base import ReplicaState
-from sluice.registry.sqlite import SqliteRegistry
+from replicas.launcher import TritonServer
+from replicas.verify import verify_replica
 from sluice.settings import Settings, load_settings
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.admin_tokens.store import SqliteAdminTokenStore
+from sluice.stores.registry.base import ReplicaState
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.triton.client import GenerateStream, request_tensors
-from sluice.triton.launcher import TritonServer
 from sluice.triton.metrics import replica_stats_from_metrics
-from sluice.triton.verify import verify_replica
 from sluice.weights_digest import weights_digest
 
 T = TypeVar("T")

@@ -20,11 +20,11 @@ from release_helpers import DIGEST, bearer, error_of, make_tokens, usage_rows, w
 from tcp_proxy import ProxyThread
 
 from control_plane.service.app import create_app
-from sluice.admin_tokens.roles import Role
 from sluice.domain import Tenant
-from sluice.registry.postgres import PostgresRegistry
 from sluice.settings import Settings, load_settings
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.registry.postgres import PostgresRegistry
+from sluice.stores.tenants.store import SqliteTenantStore
 
 API = "/admin/v1"
 

@@ -15,12 +15,12 @@ from litestar.testing import TestClient
 from test_local_replicas import MODEL, error, register_versions, replicas, service, wait_state
 
 from control_plane.cli.replicas import HEADERS, print_replicas
-from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.store import SqliteAdminTokenStore
-from sluice.registry.base import ChangeAction
-from sluice.registry.sqlite import SqliteRegistry
+from replicas.launcher import TritonServer
 from sluice.settings import Settings, load_settings
-from sluice.triton.launcher import TritonServer
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.admin_tokens.store import SqliteAdminTokenStore
+from sluice.stores.registry.base import ChangeAction
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 
 @pytest.fixture

@@ -18,14 +18,14 @@ from release_helpers import DIGEST, bearer, make_tokens, usage_rows, write_usage
 
 from control_plane.service.app import create_app
 from control_plane.service.rollout_guard import GUARD_ACTOR, RolloutGuardTask, judge
-from sluice.admin_tokens.roles import Role
-from sluice.ledger.base import VersionTraffic
-from sluice.ledger.store import SqliteLedger
 from sluice.policy.rollout import GuardAction
-from sluice.registry.base import ChangeAction, VersionState
-from sluice.registry.rollouts import Rollout, RolloutGuard, RolloutMove, RolloutState
-from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import load_settings
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.ledger.base import VersionTraffic
+from sluice.stores.ledger.store import SqliteLedger
+from sluice.stores.registry.base import ChangeAction, VersionState
+from sluice.stores.registry.rollouts import Rollout, RolloutGuard, RolloutMove, RolloutState
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 GUARD = RolloutGuard(min_requests=10, max_error_rate_increase=0.05, max_ttft_p95_ratio=1.5, interval_s=0.1)
 STEPS = (1_000, 5_000, 10_000)

@@ -20,14 +20,14 @@ from tcp_proxy import ProxyThread
 
 from control_plane.service.app import create_app
 from control_plane.service.auth import check_roles_declared
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Tenant
-from sluice.registry.base import ReplicaState, VersionState
 from sluice.settings import Settings, load_settings
-from sluice.storage import open_registry
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.admin_tokens.store import SqliteAdminTokenStore
+from sluice.stores.openers import open_registry
+from sluice.stores.registry.base import ReplicaState, VersionState
+from sluice.stores.tenants.store import SqliteTenantStore
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from control_plane_process import REPO, running_control_plane, service_env
 
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
 
 
 def test_the_service_serves_on_its_port_logs_readably_and_stops_on_sigterm(tmp_path: Path) -> None:

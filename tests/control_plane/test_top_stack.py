@@ -18,10 +18,10 @@ import pytest
 from control_plane_process import running_control_plane
 
 from control_plane.cli.main import main
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.registry.base import VersionState
-from sluice.registry.sqlite import SqliteRegistry
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.registry.base import VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 # NOTE: the gateway harness lives beside the gateway's tests; pytest puts that folder on sys.path only

@@ -25,7 +25,7 @@ from control_plane.cli.trtllm_smoke import render_results
 from control_plane.smoke.checks import CheckResult, stop_string_in
 from control_plane.smoke.preconditions import node_problems
 from control_plane.smoke.stack import SmokeOptions, engine_build, replica_config, run_smoke
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
 
 FAKE_MODEL = Path(__file__).parents[1] / "engine_client" / "fake_trtllm_model.py"
 CHECKS = ["greedy", "sampled", "stop-word", "cancelled", "too-long"]

@@ -25,12 +25,12 @@ from tcp_proxy import ProxyThread
 
 from control_plane.cli.main import main
 from control_plane.service.app import create_app
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.admin_tokens.roles import Role
-from sluice.admin_tokens.store import SqliteAdminTokenStore
 from sluice.domain import Outcome, RequestClass, UsageRecord
 from sluice.settings import Settings, get_settings, load_settings
-from sluice.storage import open_ledger
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.admin_tokens.roles import Role
+from sluice.stores.admin_tokens.store import SqliteAdminTokenStore
+from sluice.stores.openers import open_ledger
 
 # sluice-tiny priced, "unpriced" not (no "*"); batch tokens at the default discount, half off.
 PRICES = '{"sluice-tiny": {"prompt_usd_per_m": 2, "output_usd_per_m": 6}}'

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from sluice.ledger.base import UsageLedger
-from sluice.ledger.store import PostgresLedger, SqliteLedger
-from sluice.tenants.base import TenantStore
-from sluice.tenants.store import PostgresTenantStore, SqliteTenantStore
+from sluice.stores.ledger.base import UsageLedger
+from sluice.stores.ledger.store import PostgresLedger, SqliteLedger
+from sluice.stores.tenants.base import TenantStore
+from sluice.stores.tenants.store import PostgresTenantStore, SqliteTenantStore
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_batch_store import BatchBackend, at, backend, new_batch, store  # noqa: F401  (fixtures by name)
 
-from sluice.batches.base import BatchStatus, BatchStore
+from sluice.stores.batches.base import BatchStatus, BatchStore
 
 pytestmark = pytest.mark.anyio
 LEASE_S = 30.0

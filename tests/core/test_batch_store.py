@@ -1,5 +1,5 @@
-"""The batch store's contract (``sluice.batches.base``), run over SQLite and the real PostgreSQL: the API's
-side (tenant-scoped reads, cancel requests), the runner's lease (claim, renew, release, ``LeaseLost``),
+"""The batch store's contract (``sluice.stores.batches.base``), run over SQLite and the real PostgreSQL: the
+API's side (tenant-scoped reads, cancel requests), the runner's lease (claim, renew, release, ``LeaseLost``),
 committed parts and exact counts, status moves, and what survives a reopen."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tcp_proxy import TcpProxy
 
-import sluice.batches.store
-from sluice.batches.base import (
+import sluice.stores.batches.store
+from sluice.settings import load_settings
+from sluice.stores.batches.base import (
     Batch,
     BatchError,
     BatchPart,
@@ -31,9 +32,8 @@ from sluice.batches.base import (
     RequestCounts,
     UnknownBatchError,
 )
-from sluice.batches.store import PostgresBatchStore, SqliteBatchStore
-from sluice.settings import load_settings
-from sluice.storage import open_batch_store
+from sluice.stores.batches.store import PostgresBatchStore, SqliteBatchStore
+from sluice.stores.openers import open_batch_store
 
 pytestmark = pytest.mark.anyio
 
@@ -407,7 +407,7 @@ async def test_a_batch_written_before_version_2_reads_no_expiry_and_no_input_cop
     backend: BatchBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a gateway of before: only the first migration
-    monkeypatch.setattr(sluice.batches.store, "MIGRATIONS", sluice.batches.store.MIGRATIONS[:1])
+    monkeypatch.setattr(sluice.stores.batches.store, "MIGRATIONS", sluice.stores.batches.store.MIGRATIONS[:1])
     old = backend.make()
     await old.open()
     await old.close()

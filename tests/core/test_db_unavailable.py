@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.db import MigratedPgPool, Migration, SqliteDb, apply_sqlite_migrations
+from sluice.stores.db import MigratedPgPool, Migration, SqliteDb, apply_sqlite_migrations
 
 pytestmark = pytest.mark.anyio
 

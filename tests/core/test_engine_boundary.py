@@ -20,8 +20,8 @@ SERVING_MODULES = (
     "gateway.engine_clients",
     "sluice.engine_client.triton",
     "sluice.triton.client",
-    "sluice.triton.launcher",
-    "sluice.triton.render",
+    "replicas.launcher",
+    "replicas.render",
     "control_plane.cli.main",
 )
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sluice.files.base import ObjectStore
-from sluice.files.catalog import FileCatalog, UnknownFileError
-from sluice.files.local import LocalObjectStore
+from sluice.stores.files.base import ObjectStore
+from sluice.stores.files.catalog import FileCatalog, UnknownFileError
+from sluice.stores.files.local import LocalObjectStore
 
 pytestmark = pytest.mark.anyio
 

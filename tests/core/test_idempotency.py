@@ -36,17 +36,17 @@ from redis_faults import (
 from redis_run import REDIS_URL, RUN_PREFIX, need_redis
 from tcp_proxy import TcpProxy
 
-from sluice.idempotency.base import (
+from sluice.settings import load_settings
+from sluice.stores.idempotency.base import (
     ATTEMPT_RECORD_TTL_S,
     Begin,
     BeginKind,
     IdempotencyStore,
     IdempotencyStoreUnavailableError,
 )
-from sluice.idempotency.inprocess import InProcessIdempotencyStore
-from sluice.idempotency.redis import RedisIdempotencyStore
-from sluice.settings import load_settings
-from sluice.storage import open_idempotency_store
+from sluice.stores.idempotency.inprocess import InProcessIdempotencyStore
+from sluice.stores.idempotency.redis import RedisIdempotencyStore
+from sluice.stores.openers import open_idempotency_store
 
 KEY_PREFIX = f"{RUN_PREFIX}idem:"
 RUNNING_TTL_S = 30.0

@@ -15,13 +15,13 @@ import psycopg
 import pytest
 from storage_backends import Backend
 
-import sluice.ledger.store
-from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
+import sluice.stores.ledger.store
 from sluice.domain import Outcome, RequestClass, UsageGroup, UsageRecord, UsageTotals
-from sluice.ledger.base import USAGE_COLUMNS, LedgerUnavailable, UsageLedger, VersionTraffic
-from sluice.ledger.migrations import COMPONENT, MIGRATIONS
-from sluice.ledger.store import PostgresLedger
-from sluice.transactions import SQLITE_CODECS
+from sluice.stores.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
+from sluice.stores.ledger.base import USAGE_COLUMNS, LedgerUnavailable, UsageLedger, VersionTraffic
+from sluice.stores.ledger.migrations import COMPONENT, MIGRATIONS
+from sluice.stores.ledger.store import PostgresLedger
+from sluice.stores.transactions import SQLITE_CODECS
 
 pytestmark = pytest.mark.anyio
 
@@ -435,7 +435,7 @@ async def test_version_traffic_per_version_of_one_model_over_the_window(ledger: 
 async def test_version_traffic_percentiles_read_only_the_newest_measured_rows(
     ledger: UsageLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sluice.ledger.store, "MAX_LATENCY_ROWS_PER_VERSION", 3)
+    monkeypatch.setattr(sluice.stores.ledger.store, "MAX_LATENCY_ROWS_PER_VERSION", 3)
     for i in range(10):  # the newer, the faster: 1000 ms first, 100 ms last
         await ledger.record(rec(request_id=f"r{i}", finished_at=T0 + timedelta(seconds=i),
                                 ttft_ms=1000.0 - 100 * i, itl_p95_ms=100.0 - 10 * i))  # fmt: skip

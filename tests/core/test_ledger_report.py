@@ -1,5 +1,5 @@
 """The ledger's read across tenants (``usage_by_tenant``, the operator's usage and cost report), run over
-every backend (SQLite and PostgreSQL), and the report window's parser (``sluice.ledger.window``)."""
+every backend (SQLite and PostgreSQL), and the report window's parser (``sluice.stores.ledger.window``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from storage_backends import Backend
 
 from sluice.domain import Outcome, RequestClass, UsageRecord
-from sluice.ledger.base import LedgerUnavailable, TenantUsage, UsageLedger, usage_by_tenant_sql
-from sluice.ledger.store import PostgresLedger, SqliteLedger
-from sluice.ledger.window import DEFAULT_WINDOW, WindowError, parse_instant, report_window
+from sluice.stores.ledger.base import LedgerUnavailable, TenantUsage, UsageLedger, usage_by_tenant_sql
+from sluice.stores.ledger.store import PostgresLedger, SqliteLedger
+from sluice.stores.ledger.window import DEFAULT_WINDOW, WindowError, parse_instant, report_window
 
 pytestmark = pytest.mark.anyio
 

@@ -12,11 +12,12 @@ import pytest
 from ports import free_port
 from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by name)
 
-from sluice.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable
-from sluice.files.local import LocalObjectStore
-from sluice.files.s3 import S3ObjectStore, parse_files_url
+from sluice.names import parse_files_url
 from sluice.settings import Settings, load_settings
-from sluice.storage import open_object_store
+from sluice.stores.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable
+from sluice.stores.files.local import LocalObjectStore
+from sluice.stores.files.s3 import S3ObjectStore
+from sluice.stores.openers import open_object_store
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.metering.outbox import FILE_NAME, Outbox
 from sluice.domain import Outcome, RequestClass, UsageRecord
-from sluice.metering.outbox import FILE_NAME, Outbox
 
 pytestmark = pytest.mark.anyio
 
@@ -277,7 +277,7 @@ def test_open_requests_and_their_checkpoints_survive_kill_9(tmp_path: Path) -> N
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_outbox import T0, rec
-        from sluice.metering.outbox import Outbox
+        from gateway.metering.outbox import Outbox
 
         async def main():
             box = Outbox(Path({str(tmp_path)!r}))
@@ -315,7 +315,7 @@ def test_records_made_durable_survive_kill_9(tmp_path: Path) -> None:
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_outbox import rec
-        from sluice.metering.outbox import Outbox
+        from gateway.metering.outbox import Outbox
 
         async def main():
             box = Outbox(Path({str(tmp_path)!r}))

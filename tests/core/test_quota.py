@@ -40,13 +40,13 @@ from redis_run import REDIS_URL, RUN_PREFIX, need_redis
 from tcp_proxy import TcpProxy
 
 from sluice.domain import Tenant
-from sluice.quota import bucket
-from sluice.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore, QuotaStoreUnavailable
-from sluice.quota.failopen import FailOpenQuotaStore
-from sluice.quota.inprocess import InProcessQuotaStore
-from sluice.quota.redis import RedisQuotaStore
 from sluice.settings import load_settings
-from sluice.storage import open_quota_store
+from sluice.stores.openers import open_quota_store
+from sluice.stores.quota import bucket
+from sluice.stores.quota.base import QuotaDenied, QuotaGrant, QuotaLimit, QuotaStore, QuotaStoreUnavailable
+from sluice.stores.quota.failopen import FailOpenQuotaStore
+from sluice.stores.quota.inprocess import InProcessQuotaStore
+from sluice.stores.quota.redis import RedisQuotaStore
 
 KEY_PREFIX = f"{RUN_PREFIX}quota:"
 LEASE_TTL_S = 30.0

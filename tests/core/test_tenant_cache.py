@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sluice.domain import Tenant
-from sluice.tenants.base import TenantStoreUnavailable
-from sluice.tenants.cache import CachedTenantResolver, ResolverLimits
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.tenants.base import TenantStoreUnavailable
+from sluice.stores.tenants.cache import CachedTenantResolver, ResolverLimits
+from sluice.stores.tenants.store import SqliteTenantStore
 
 pytestmark = pytest.mark.anyio
 
@@ -115,7 +115,7 @@ async def test_known_keys_are_served_from_the_last_good_view_up_to_the_stale_lim
 
     store.down = True
     clock.now_s += 5.0  # past the TTL: the next request asks the store, which fails
-    with caplog.at_level(logging.WARNING, logger="sluice.tenants.cache"):
+    with caplog.at_level(logging.WARNING, logger="sluice.stores.tenants.cache"):
         for _ in range(50):
             assert await resolver.resolve(key) == ACME
             clock.now_s += 1.0

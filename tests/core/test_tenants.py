@@ -15,11 +15,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from storage_backends import Backend
 from tcp_proxy import TcpProxy
 
-from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
 from sluice.domain import ALL_CLASSES, RequestClass, Tenant
 from sluice.settings import load_settings
-from sluice.storage import open_ledger, open_tenant_store
-from sluice.tenants.base import (
+from sluice.stores.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
+from sluice.stores.openers import open_ledger, open_tenant_store
+from sluice.stores.tenants.base import (
     DEV_TENANT_KEYS,
     KeyConflictError,
     TenantExistsError,
@@ -31,10 +31,10 @@ from sluice.tenants.base import (
     key_prefix,
     seed_dev_tenants,
 )
-from sluice.tenants.cache import CachedTenantResolver, ResolverLimits
-from sluice.tenants.migrations import COMPONENT, MIGRATIONS
-from sluice.tenants.store import PostgresTenantStore, SqliteTenantStore
-from sluice.transactions import Tx
+from sluice.stores.tenants.cache import CachedTenantResolver, ResolverLimits
+from sluice.stores.tenants.migrations import COMPONENT, MIGRATIONS
+from sluice.stores.tenants.store import PostgresTenantStore, SqliteTenantStore
+from sluice.stores.transactions import Tx
 
 pytestmark = pytest.mark.anyio
 

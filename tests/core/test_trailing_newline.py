@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from build_engines.spec import BuildSpec
-from sluice.admin_tokens.base import check_token_name, is_admin_token_format
 from sluice.names import model_name_problem, triton_model_name_problem
-from sluice.registry.base import InvalidChange, check_model_name, check_replica_id, check_version_name
-from sluice.tenants.base import check_tenant_id
+from sluice.stores.admin_tokens.base import check_token_name, is_admin_token_format
+from sluice.stores.registry.base import InvalidChange, check_model_name, check_replica_id, check_version_name
+from sluice.stores.tenants.base import check_tenant_id
 
 
 def _check_triton_model_name(name: str) -> str:

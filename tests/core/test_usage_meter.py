@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from gateway.metering.outbox import FILE_NAME, Outbox
+from gateway.metering.pipeline import UsageMeter
 from sluice.domain import Outcome, UsageRecord, UsageReport
-from sluice.ledger.base import TenantUsage, UsageLedger, VersionTraffic
-from sluice.ledger.store import SqliteLedger
-from sluice.metering.outbox import FILE_NAME, Outbox
-from sluice.metering.pipeline import UsageMeter
+from sluice.stores.ledger.base import TenantUsage, UsageLedger, VersionTraffic
+from sluice.stores.ledger.store import SqliteLedger
 
 pytestmark = pytest.mark.anyio
 
@@ -111,7 +111,7 @@ async def test_a_ledger_outage_is_absorbed_logged_once_and_caught_up(
     meter = meter_over(ledger, tmp_path, on_ledger_failure=lambda: failures.append(1))
     await meter.open()
     ledger.down = True
-    with caplog.at_level(logging.WARNING, logger="sluice.metering.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="gateway.metering.pipeline"):
         await asyncio.gather(*(meter.record(rec(i)) for i in range(30)))  # none raises
         await asyncio.sleep(0.3)  # a few retries fail too
         assert meter.num_pending == 30 and meter.ledger_down

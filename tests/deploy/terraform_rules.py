@@ -382,7 +382,8 @@ def rule_iam_attachments(files: list[TfFile]) -> list[str]:
 
 
 # What a gateway's statements may grant at all: tokenizer reads from the weights bucket, and its file store
-# (sluice/files/s3.py: one PUT per object, GET, DELETE, LIST) in the files bucket with that bucket's key.
+# (sluice/stores/files/s3.py: one PUT per object, GET, DELETE, LIST) in the files bucket with that bucket's
+# key.
 GATEWAY_ACTIONS = frozenset(
     {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "kms:Decrypt", "kms:GenerateDataKey"}
 )

@@ -26,11 +26,11 @@ from prometheus_client import CollectorRegistry
 from promql_labels import Checker, Labels
 
 from control_plane.autoscaler.metrics import AutoscalerMetrics
-from control_plane.replicas.health import HealthMetrics
 from control_plane.service.metrics import ControlPlaneMetrics
 from cpu_engine.cpu_features import choose_dtype
 from cpu_engine.stats import ENGINE_INFO_FAMILY, EngineStats
 from gateway.metrics import GatewayMetrics
+from replicas.health import HealthMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"

@@ -18,10 +18,10 @@ import pytest
 from ports import free_ports
 
 from build_engines.repository import render_trtllm, write_repository
+from replicas.launcher import TritonServer, TritonServerConfig
 from sluice.engine_client import Delta, EngineError, EnginePriority, FinishReason, GenerateRequest
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.triton import TritonEngineClient
-from sluice.triton.launcher import TritonServer, TritonServerConfig
 
 MODEL = "fake-trtllm"
 DIGEST = "sha256:" + "0" * 64

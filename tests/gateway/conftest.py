@@ -12,7 +12,7 @@ from harness import RunningGateway, start_gateway
 from pg import PostgresUnreachable, created_database
 from tcp_proxy import ProxyThread
 
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
 
 
 @pytest.fixture(scope="session")

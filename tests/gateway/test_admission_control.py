@@ -19,7 +19,7 @@ from harness import MODEL, RunningGateway, start_gateway
 
 from sluice.domain import RequestClass, Tenant
 from sluice.engine_client import ReplicaStats
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.tenants.store import SqliteTenantStore
 from sluice.text import TextCodec
 
 

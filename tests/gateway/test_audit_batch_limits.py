@@ -23,7 +23,7 @@ from gateway.batches.lines import parse_input
 from sluice.domain import Tenant
 from sluice.engine_client import Delta, GenerateRequest
 from sluice.settings import Settings
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.tenants.store import SqliteTenantStore
 from sluice.text import TextCodec
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}

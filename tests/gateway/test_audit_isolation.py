@@ -17,9 +17,9 @@ import pytest
 from harness import ACME_KEY, GLOBEX_KEY, MODEL, RunningGateway, start_gateway
 
 from gateway.batches.results import result_file_id
-from sluice.files.base import check_key
-from sluice.files.catalog import FileCatalog, UnknownFileError
-from sluice.files.local import LocalObjectStore
+from sluice.stores.files.base import check_key
+from sluice.stores.files.catalog import FileCatalog, UnknownFileError
+from sluice.stores.files.local import LocalObjectStore
 
 ACME = {"Authorization": f"Bearer {ACME_KEY}"}
 GLOBEX = {"Authorization": f"Bearer {GLOBEX_KEY}"}

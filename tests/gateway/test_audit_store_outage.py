@@ -24,8 +24,8 @@ from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by n
 from tcp_proxy import ProxyThread
 
 from gateway.files.sweeper import FileSweeper
-from sluice.files.catalog import FileCatalog
-from sluice.files.s3 import S3ObjectStore
+from sluice.stores.files.catalog import FileCatalog
+from sluice.stores.files.s3 import S3ObjectStore
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 

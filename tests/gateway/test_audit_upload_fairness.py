@@ -15,7 +15,7 @@ import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, GLOBEX_KEY, start_gateway, wait_until
 
-import gateway.files.upload_slots as upload_slots
+import gateway.upload_slots as upload_slots
 
 LINES = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'
 

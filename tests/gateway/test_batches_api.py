@@ -24,8 +24,8 @@ from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by n
 
 from gateway.batches.controller import COMPLETION_WINDOWS
 from gateway.batches.results import result_file_id
-from sluice.batches.base import Batch, BatchStatus
-from sluice.storage import open_batch_store
+from sluice.stores.batches.base import Batch, BatchStatus
+from sluice.stores.openers import open_batch_store
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 

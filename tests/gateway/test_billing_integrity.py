@@ -18,8 +18,8 @@ from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 
 from sluice.domain import Tenant
-from sluice.idempotency.inprocess import InProcessIdempotencyStore
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.idempotency.inprocess import InProcessIdempotencyStore
+from sluice.stores.tenants.store import SqliteTenantStore
 from sluice.text import TextCodec
 
 KEY_HEADER = "Idempotency-Key"

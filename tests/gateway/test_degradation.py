@@ -28,11 +28,11 @@ from ports import free_ports
 from cpu_engine.client import InProcessEngineClient
 from cpu_engine.config import EngineConfig
 from cpu_engine.devckpt import write_checkpoint
-from sluice.registry.base import ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository
 from sluice.settings import SettingsError, load_settings
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.stores.registry.base import ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 CAP_TOKENS = 8

@@ -26,9 +26,9 @@ from ports import free_port
 from proc_table import processes_mentioning
 
 from gateway.devstack import DevStackError, register_dev_model
-from sluice.admin_tokens.dev import DEV_ADMIN_TOKEN
-from sluice.registry.base import Registry, ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
+from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN
+from sluice.stores.registry.base import Registry, ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

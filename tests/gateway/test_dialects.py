@@ -23,6 +23,8 @@ from tritonclient.utils import np_to_triton_dtype
 from build_engines.repository import render_cpu, render_llmapi, render_trtllm
 from gateway.routing.pools import unservable
 from gateway.routing.table import ReplicaTarget, RoutingTable
+from replicas.render import CpuEngineModelSettings
+from replicas.verify import served_digest
 from sluice.engine_client import Delta, EnginePriority, FinishReason, GenerateRequest
 from sluice.engine_client.dialects import (
     Dialect,
@@ -31,7 +33,7 @@ from sluice.engine_client.dialects import (
     dialect_of,
     stop_words_list,
 )
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     Model,
     ModelVersion,
     RegistrySnapshot,
@@ -42,8 +44,6 @@ from sluice.registry.base import (
     VersionState,
 )
 from sluice.triton.client import request_tensors
-from sluice.triton.render import CpuEngineModelSettings
-from sluice.triton.verify import served_digest
 from sluice.wire import EngineError
 
 DIGEST = "sha256:" + "0" * 64

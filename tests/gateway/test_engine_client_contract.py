@@ -15,6 +15,7 @@ import pytest
 from metrics_text import used_kv_blocks
 
 from cpu_engine.client import InProcessEngineClient
+from replicas.launcher import TritonServer
 from sluice.engine_client import (
     Delta,
     EngineClient,
@@ -24,7 +25,6 @@ from sluice.engine_client import (
     GenerateRequest,
 )
 from sluice.engine_client.triton import TritonEngineClient
-from sluice.triton.launcher import TritonServer
 
 MODEL = "sluice-tiny"
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(3, 8192, 30)]

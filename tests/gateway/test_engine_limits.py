@@ -13,7 +13,7 @@ from gateway.errors import OpenAIError
 from gateway.openai.admission import _check_engine_input, _context_tokens
 from gateway.routing.table import RoutingTable
 from sluice.engine_limits import EngineLimits, limits_of
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     InvalidChange,
     Model,
     ModelVersion,

@@ -35,11 +35,11 @@ from metrics_text import read_metric
 from ports import free_ports
 from prometheus_client import CollectorRegistry
 
-from control_plane.replicas.health import HealthChecker, ReplicaStates
-from sluice.registry.base import ReplicaState, VersionState
-from sluice.registry.postgres import PostgresRegistry
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from replicas.health import HealthChecker, ReplicaStates
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository
+from sluice.stores.registry.base import ReplicaState, VersionState
+from sluice.stores.registry.postgres import PostgresRegistry
 from sluice.weights_digest import weights_digest
 
 ACTOR = "test-failover"

@@ -15,10 +15,10 @@ from fakes import ScriptedFakeEngine
 from harness import start_gateway, wait_until
 
 from gateway.files.sweeper import FileSweeper
-from sluice.files.base import ObjectStoreUnavailable
-from sluice.files.catalog import FileCatalog, StoredFile
-from sluice.files.local import LocalObjectStore
 from sluice.settings import Settings
+from sluice.stores.files.base import ObjectStoreUnavailable
+from sluice.stores.files.catalog import FileCatalog, StoredFile
+from sluice.stores.files.local import LocalObjectStore
 
 LINES = b'{"custom_id": "a"}\n'
 HOUR = {"anchor": "created_at", "seconds": 3600}

@@ -261,7 +261,10 @@ def test_files_in_s3(dev_checkpoint: Path, tmp_path: Path, moto_s3: MotoS3) -> N
         created = client.files.create(file=("in.jsonl", LINES), purpose="batch")
         assert client.files.content(created.id).read() == LINES
         keys = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
-        assert sorted(keys) == [f"sluice/files/acme/{created.id}", f"sluice/files/acme/{created.id}.json"]
+        assert sorted(keys) == [
+            f"sluice/files/acme/{created.id}",
+            f"sluice/files/acme/{created.id}.json",
+        ]
         with pytest.raises(openai.NotFoundError):
             running.client(GLOBEX_KEY).files.retrieve(created.id)
         client.files.delete(created.id)

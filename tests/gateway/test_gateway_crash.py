@@ -18,7 +18,7 @@ import httpx
 import pytest
 from harness import ACME_KEY, MODEL, GatewayProcess, gateway_process, start_gateway
 
-from sluice.metering.outbox import FILE_NAME
+from gateway.metering.outbox import FILE_NAME
 
 MAX_TOKENS = 1900  # the dev model's context is 2048: a stream of a second or more on this engine
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}

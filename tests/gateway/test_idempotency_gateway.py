@@ -23,7 +23,7 @@ from tcp_proxy import ProxyThread
 
 from gateway.openai.idempotency import fingerprint
 from gateway.openai.schemas import CompletionRequest
-from sluice.idempotency.redis import RedisIdempotencyStore
+from sluice.stores.idempotency.redis import RedisIdempotencyStore
 from sluice.text import TextCodec
 
 KEY_HEADER = "Idempotency-Key"

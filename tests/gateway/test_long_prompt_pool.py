@@ -25,10 +25,10 @@ from harness import MODEL, RunningGateway, start_gateway, wait_until
 from metrics_text import read_metric, settled_count
 from ports import free_ports
 
-from sluice.registry.base import Registry, ReplicaPool, ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository
+from sluice.stores.registry.base import Registry, ReplicaPool, ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
 from sluice.weights_digest import weights_digest
 
 ACTOR = "test-release-manager"

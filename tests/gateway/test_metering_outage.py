@@ -17,8 +17,8 @@ from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
 from pg import ADMIN_URL
 from tcp_proxy import ProxyThread
 
+from gateway.metering.outbox import FILE_NAME, Outbox, rec_line
 from sluice.domain import Outcome, UsageRecord
-from sluice.metering.outbox import FILE_NAME, Outbox, rec_line
 from sluice.text import TextCodec
 
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}

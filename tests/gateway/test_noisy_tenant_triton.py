@@ -20,7 +20,7 @@ import httpx
 import pytest
 from harness import ACME_KEY, GLOBEX_KEY, MODEL, RunningGateway, start_gateway
 
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
 
 NUM_FLOOD_STREAMS = 4
 FLOOD_TOKENS = 900  # 4 x 900 tokens fit the test replica's 4,096-token KV pool

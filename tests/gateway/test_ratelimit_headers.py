@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.scheduling.quota_gate import openai_duration
 from sluice.domain import Tenant
-from sluice.tenants.store import SqliteTenantStore
+from sluice.stores.tenants.store import SqliteTenantStore
 from sluice.text import TextCodec
 
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something."}]

@@ -15,7 +15,7 @@ import pytest
 from gateway.metrics import GatewayMetrics
 from gateway.routing.follower import RegistryFollower
 from gateway.routing.table import RoutingTable
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     Model,
     ModelVersion,
     Registry,

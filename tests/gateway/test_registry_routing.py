@@ -37,12 +37,12 @@ from ports import free_ports
 from prometheus_client.parser import text_string_to_metric_families
 
 from cpu_engine.devckpt import write_checkpoint
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository
 from sluice.policy.rollout import conversation_key
-from sluice.registry.base import Registry, ReplicaState, VersionState
-from sluice.registry.sqlite import SqliteRegistry
-from sluice.tenants.base import dev_tenant
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from sluice.stores.registry.base import Registry, ReplicaState, VersionState
+from sluice.stores.registry.sqlite import SqliteRegistry
+from sluice.stores.tenants.base import dev_tenant
 from sluice.weights_digest import weights_digest
 
 ACTOR = "test-release-manager"

@@ -20,12 +20,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
 from gateway.routing.router import Router
 from gateway.routing.table import ReplicaTarget, RoutingTable
+from replicas.verify import Verification
 from sluice.artifacts import ArtifactUnavailable, StoreFactory
 from sluice.engine_client import EngineClient
-from sluice.registry.base import Model, ModelVersion, RegistrySnapshot, Route, RouteEntry, VersionState
 from sluice.settings import Settings
+from sluice.stores.registry.base import Model, ModelVersion, RegistrySnapshot, Route, RouteEntry, VersionState
 from sluice.text import TextCodec
-from sluice.triton.verify import Verification
 
 pytestmark = pytest.mark.anyio
 

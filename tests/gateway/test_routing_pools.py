@@ -22,10 +22,12 @@ from gateway.routing.pools import ReplicaPools
 from gateway.routing.router import Router, Target
 from gateway.routing.table import PoolChoice, ReplicaTarget, RoutingTable, choose_pool
 from gateway.scheduling.scheduler import ModelScheduler
+from replicas.verify import Verification
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
 from sluice.policy.fair_queue import WaitingRequest
-from sluice.registry.base import (
+from sluice.settings import Settings
+from sluice.stores.registry.base import (
     Model,
     ModelVersion,
     RegistrySnapshot,
@@ -36,9 +38,7 @@ from sluice.registry.base import (
     RouteEntry,
     VersionState,
 )
-from sluice.settings import Settings
 from sluice.text import TextCodec
-from sluice.triton.verify import Verification
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 DIGEST = "sha256:" + "1" * 64

@@ -14,9 +14,11 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.pools import ReplicaPools
 from gateway.routing.router import Router
 from gateway.routing.table import ReplicaTarget, RoutingTable
+from replicas.verify import Verification
 from sluice.domain import Tenant
 from sluice.engine_client import EngineClient
-from sluice.registry.base import (
+from sluice.settings import Settings
+from sluice.stores.registry.base import (
     Model,
     ModelVersion,
     RegistrySnapshot,
@@ -26,8 +28,6 @@ from sluice.registry.base import (
     RouteEntry,
     VersionState,
 )
-from sluice.settings import Settings
-from sluice.triton.verify import Verification
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 DIGEST = {"1": "sha256:" + "1" * 64, "2": "sha256:" + "2" * 64}

@@ -15,7 +15,7 @@ import pytest
 from harness import MODEL, RunningGateway, start_gateway
 from metrics_text import read_metric, settled_count
 
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
 
 PROMPT = "def handler(event):\n"
 MAX_TOKENS = 64

@@ -13,7 +13,7 @@ from metrics_text import read_metric, settled_count, used_kv_blocks
 from openai.types.chat import ChatCompletionMessageParam
 from ports import free_port
 
-from sluice.triton.launcher import TritonServer
+from replicas.launcher import TritonServer
 
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Write a loop."}]
 

@@ -38,7 +38,7 @@ class RecordingHandler(logging.Handler):
 def outage_log() -> Iterator[RecordingHandler]:
     """The resolver's log lines (its own handler: the server's logging set-up may replace pytest's)."""
     handler = RecordingHandler()
-    logger = logging.getLogger("sluice.tenants.cache")
+    logger = logging.getLogger("sluice.stores.tenants.cache")
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)

@@ -1,4 +1,4 @@
-"""A gateway reads at most ``file_max_concurrent_uploads`` uploads at once (``gateway.files.upload_slots``):
+"""A gateway reads at most ``file_max_concurrent_uploads`` uploads at once (``gateway.upload_slots``):
 with one slot held by an upload whose body is still coming, the next upload waits, then is refused with
 503 ``too_many_uploads`` and Retry-After before its body is read; the slot comes back when the first
 client goes away, and the next upload is stored. A body that does not arrive within
@@ -19,7 +19,7 @@ import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, RunningGateway, start_gateway, wait_until
 
-import gateway.files.upload_slots as upload_slots
+import gateway.upload_slots as upload_slots
 
 LINES = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'
 SLOT_WAIT_S = 0.3

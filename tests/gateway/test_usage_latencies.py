@@ -12,7 +12,7 @@ from harness import ACME_KEY, MODEL, start_gateway, wait_until
 
 from sluice.domain import UsageRecord
 from sluice.engine_client import Delta, FinishReason, GenerateRequest
-from sluice.ledger.store import SqliteLedger
+from sluice.stores.ledger.store import SqliteLedger
 from sluice.text import TextCodec
 
 

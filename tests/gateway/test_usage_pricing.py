@@ -17,7 +17,7 @@ from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, GLOBEX_KEY, MODEL, RunningGateway, start_gateway
 
 from sluice.domain import Outcome, RequestClass, UsageRecord
-from sluice.ledger.store import SqliteLedger
+from sluice.stores.ledger.store import SqliteLedger
 from sluice.text import TextCodec
 
 PROMPT_USD_PER_M, OUTPUT_USD_PER_M = Decimal("0.4"), Decimal("1.6")

@@ -20,7 +20,7 @@ from psycopg import sql
 from registry_backends import RegistryBackend, postgres_backend, sqlite_backend
 from services import service_missing
 
-from sluice.registry.base import Registry
+from sluice.stores.registry.base import Registry
 
 
 @pytest.fixture

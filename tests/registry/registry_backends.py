@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.registry.base import Registry
-from sluice.registry.postgres import PostgresRegistry
-from sluice.registry.sqlite import SqliteRegistry
+from sluice.stores.registry.base import Registry
+from sluice.stores.registry.postgres import PostgresRegistry
+from sluice.stores.registry.sqlite import SqliteRegistry
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     VERSION_TRANSITIONS,
     AlreadyExists,
     ChangeAction,

@@ -17,13 +17,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from registry_backends import RegistryBackend
 from tcp_proxy import TcpProxy
 
-from sluice.registry.base import Registry, RegistryUnavailable
-from sluice.registry.feed import LISTEN_APPLICATION_NAME
-from sluice.registry.postgres import PostgresRegistry
-from sluice.registry.sqlite import SqliteRegistry
 from sluice.settings import load_settings
-from sluice.storage import open_registry
-from sluice.transactions import Tx
+from sluice.stores.openers import open_registry
+from sluice.stores.registry.base import Registry, RegistryUnavailable
+from sluice.stores.registry.feed import LISTEN_APPLICATION_NAME
+from sluice.stores.registry.postgres import PostgresRegistry
+from sluice.stores.registry.sqlite import SqliteRegistry
+from sluice.stores.transactions import Tx
 
 pytestmark = pytest.mark.anyio
 

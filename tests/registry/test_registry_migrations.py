@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from registry_backends import RegistryBackend
 
-from sluice.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
-from sluice.registry.base import ReplicaPool, ReplicaState
-from sluice.registry.migrations import COMPONENT, MIGRATIONS
+from sluice.stores.db import apply_pg_migrations, apply_sqlite_migrations, open_pg_pool
+from sluice.stores.registry.base import ReplicaPool, ReplicaState
+from sluice.stores.registry.migrations import COMPONENT, MIGRATIONS
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     AlreadyExists,
     ChangeAction,
     InvalidChange,
@@ -20,7 +20,7 @@ from sluice.registry.base import (
     Registry,
     VersionState,
 )
-from sluice.registry.rollouts import Rollout, RolloutError, RolloutGuard, RolloutMove, RolloutState
+from sluice.stores.registry.rollouts import Rollout, RolloutError, RolloutGuard, RolloutMove, RolloutState
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sluice.policy.rollout import choose_version, rollout_split
-from sluice.registry.base import (
+from sluice.stores.registry.base import (
     VERSION_TRANSITIONS,
     InvalidChange,
     Route,

@@ -12,7 +12,6 @@ from replica_converters import (
     COUNTER_FAMILIES,
     EngineRequest,
     counter_totals,
-    error_kind,
     error_tensors,
     gauge_values,
     parameters_from_config,
@@ -21,7 +20,7 @@ from replica_converters import (
 )
 
 from cpu_engine.config import EngineConfig
-from cpu_engine.engine_thread import StreamDelta, StreamError
+from cpu_engine.engine_thread import StreamDelta, StreamError, error_kind
 from cpu_engine.stats import EngineStats
 from sluice.engine_client import EngineErrorKind, EnginePriority, FinishReason
 from sluice.triton.client import request_tensors

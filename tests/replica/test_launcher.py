@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from proc_table import processes_mentioning
 
-from sluice.triton.launcher import (
+from replicas.launcher import (
     TritonInstall,
     TritonLaunchError,
     TritonServer,
@@ -23,17 +23,17 @@ from sluice.triton.launcher import (
     engine_omp_threads,
     server_env,
 )
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository
+from replicas.render import CpuEngineModelSettings, render_model_repository
 
 
 def start_cli(
     model_repository: Path, state_dir: Path, ports: list[int], prefix: str
 ) -> subprocess.Popen[str]:
-    """``python -m sluice.triton.launcher`` on these ports, returned once it says the server is ready."""
+    """``python -m replicas.launcher`` on these ports, returned once it says the server is ready."""
     http, grpc, metrics = ports
     cli = subprocess.Popen(
         [
-            sys.executable, "-m", "sluice.triton.launcher",
+            sys.executable, "-m", "replicas.launcher",
             "--model-repository", str(model_repository), "--state-dir", str(state_dir),
             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
             "--shm-prefix", prefix,

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from replica_converters import gauge_values
 
+from replicas.render import SOURCE_DIR
 from sluice.triton.client import request_tensors
-from sluice.triton.render import SOURCE_DIR
 
 FINAL = 1
 

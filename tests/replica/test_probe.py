@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 from ports import free_ports
 from wedge import wedged_engine
 
-from sluice.triton.launcher import TritonServer
-from sluice.triton.probe import probe_replica
-from sluice.triton.verify import verify_replica
+from replicas.launcher import TritonServer
+from replicas.probe import probe_replica
+from replicas.verify import verify_replica
 from sluice.weights_digest import weights_digest
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""The model repository renderer (sluice/triton/render.py), without a server: it imports nothing of the
+"""The model repository renderer (replicas/render.py), without a server: it imports nothing of the
 CPU engine, so its engine defaults and checks are compared here against ``EngineConfig``'s."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from cpu_engine.config import DTYPE_SETTINGS as ENGINE_DTYPE_SETTINGS
 from cpu_engine.config import EngineConfig
-from sluice.settings import ITL_TARGET_MS, get_settings
-from sluice.triton.render import (
+from replicas.render import (
     DTYPE_SETTINGS,
     SOURCE_DIR,
     CpuEngineModelSettings,
@@ -23,6 +22,7 @@ from sluice.triton.render import (
     main,
     render_model_repository,
 )
+from sluice.settings import ITL_TARGET_MS, get_settings
 from sluice.weights_digest import weights_digest
 from sluice.wire import INPUT_NAMES, OUTPUT_NAMES
 

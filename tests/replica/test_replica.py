@@ -19,10 +19,10 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
 from cpu_engine.sampling import SamplingParams
+from replicas.launcher import TritonServer
+from replicas.render import CpuEngineModelSettings
 from sluice.engine_client import EngineError, EngineErrorKind
 from sluice.triton.client import GenerateStream, TokenChunk, request_tensors, to_infer_inputs
-from sluice.triton.launcher import TritonServer
-from sluice.triton.render import CpuEngineModelSettings
 
 MODEL_NAME = CpuEngineModelSettings.model_name
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, 8192, 40)]

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 from ports import free_ports
 
+from replicas.launcher import TritonServer
+from replicas.verify import verify_replica
 from sluice.triton.client import grpc_target
-from sluice.triton.launcher import TritonServer
-from sluice.triton.verify import verify_replica
 from sluice.weights_digest import weights_digest
 
 T = TypeVar("T")

@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 import pytest
 from ports import free_ports
 
+from replicas.launcher import TritonServer, TritonServerConfig
+from replicas.render import CpuEngineModelSettings, render_model_repository, render_safety_classifier
 from sluice.safety.base import ClassifierUnavailableError, Verdict
 from sluice.safety.config import SafetyConfig
 from sluice.safety.policy import build_policy
 from sluice.safety.triton import TritonClassifier
-from sluice.triton.launcher import TritonServer, TritonServerConfig
-from sluice.triton.render import CpuEngineModelSettings, render_model_repository, render_safety_classifier
 
 T = TypeVar("T")
 Aio = Callable[[Coroutine[Any, Any, T]], T]

@@ -45,7 +45,6 @@ from replica_converters import (
     COUNTER_FAMILIES,
     EngineRequest,
     counter_totals,
-    error_kind,
     error_tensors,
     gauge_values,
     parameters_from_config,
@@ -55,7 +54,7 @@ from replica_converters import (
 from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of_other_tenants
 
 from cpu_engine.engine import LLMEngine
-from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta
+from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, error_kind
 from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.weights_digest import weights_digest
 from sluice.wire import INPUT_NAMES, EngineErrorKind

@@ -18,7 +18,7 @@ from typing import TypeVar
 import numpy as np
 
 from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
-from cpu_engine.engine_thread import StreamDelta, StreamError
+from cpu_engine.engine_thread import StreamDelta
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.weights_digest import check_digest
@@ -122,14 +122,6 @@ def response_tensors(token_ids: Sequence[int], final: StreamDelta | None = None)
         out["num_prompt_tokens"] = np.array([[final.num_prompt_tokens]], dtype=np.int32)
         out["num_cached_tokens"] = np.array([[final.num_cached_prompt_tokens]], dtype=np.int32)
     return out
-
-
-def error_kind(stream_error: StreamError | None) -> EngineErrorKind:
-    """The wire's kind of an engine stream's error: only a request the engine refused is the caller's
-    fault; a failed step, the engine stopping, or an error it did not classify is the engine's."""
-    if stream_error is StreamError.INVALID_REQUEST:
-        return EngineErrorKind.INVALID_REQUEST
-    return EngineErrorKind.ENGINE_ERROR
 
 
 def error_tensors(kind: EngineErrorKind, message: str) -> dict[str, np.ndarray]:
