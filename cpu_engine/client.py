@@ -61,14 +61,15 @@ class InProcessEngineClient(EngineClient):
         thread = self.engine_thread
         if thread is None:
             raise EngineError(EngineErrorKind.UNAVAILABLE, "the in-process engine is not started")
+        asked = request.sampling
         try:
             params = SamplingParams(
-                max_tokens=request.max_tokens,
-                temperature=request.temperature if not request.greedy and request.temperature else 0.0,
-                top_p=request.top_p or 1.0,
-                seed=request.seed,
+                max_tokens=asked.max_tokens,
+                temperature=asked.temperature if not asked.greedy and asked.temperature else 0.0,
+                top_p=asked.top_p or 1.0,
+                seed=asked.seed,
                 stop_token_ids=request.stop_token_ids,
-                ignore_eos=request.ignore_eos,
+                ignore_eos=asked.ignore_eos,
             )
         except ValueError as exc:
             raise EngineError(EngineErrorKind.INVALID_REQUEST, str(exc)) from None

@@ -35,7 +35,7 @@ from sluice.names import triton_model_name_problem
 from sluice.settings import ITL_TARGET_MS, get_settings
 from sluice.weights_digest import check_digest, weights_digest
 
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "cpu_engine"
+SOURCE_DIR = Path(__file__).resolve().parents[1] / "model_repository" / "cpu_engine"
 SAFETY_SOURCE_DIR = SOURCE_DIR.parent / "safety_classifier"
 TEMPLATE_NAME = "config.pbtxt.template"
 # The engine's number formats (cpu_engine.config.DTypeSetting): auto picks bfloat16 where the CPU has

@@ -23,6 +23,7 @@ from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, uns
 from gateway.routing.router import Target
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
+from sluice.engine_client import Sampling
 from sluice.engine_limits import EngineLimits
 from sluice.policy.degrade import Degraded
 from sluice.policy.rollout import conversation_key
@@ -289,12 +290,8 @@ def _job(
         model=target.model,  # an alias of an overloaded model names itself
         target=target,
         prompt_token_ids=token_ids,
-        max_tokens=max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        seed=req.seed,
+        sampling=Sampling(max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos),
         stop=req.stop_strings(),
-        ignore_eos=req.ignore_eos,
         arrival_s=arrival_s,
         deadline_s=arrival_s + deadline_s,
         request_class=chosen_class,

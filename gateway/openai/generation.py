@@ -388,13 +388,9 @@ def _engine_request(job: Job, priority: EnginePriority) -> GenerateRequest:
     return GenerateRequest(
         request_id=job.request_id,
         prompt_token_ids=job.prompt_token_ids,
-        max_tokens=job.max_tokens,
-        temperature=job.temperature,
-        top_p=job.top_p,
-        seed=job.seed,
+        sampling=job.sampling,
         cache_scope=job.tenant.tenant_id,
         priority=priority,
-        ignore_eos=job.ignore_eos,
         eos_token_ids=job.target.codec.eos_token_ids,
     )
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from gateway.routing.router import Target
 from sluice.domain import RequestClass, Tenant
+from sluice.engine_client import Sampling
 from sluice.stores.quota.base import QuotaGrant
 
 
@@ -32,12 +33,8 @@ class Job:
     # The model version that serves it, its scheduler and tokenizer (chosen before the prompt is tokenized).
     target: Target = field(repr=False, compare=False)
     prompt_token_ids: list[int]
-    max_tokens: int
-    temperature: float | None
-    top_p: float | None
-    seed: int | None
+    sampling: Sampling  # held by reference by the engine request it becomes
     stop: list[str]
-    ignore_eos: bool
     arrival_s: float  # time.monotonic() at arrival (ns resolution; uvloop's loop.time() has only ms)
     deadline_s: float  # time.monotonic() by which generation stops
     request_class: RequestClass = RequestClass.INTERACTIVE
@@ -71,6 +68,10 @@ class Job:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
 
     @property
     def model_version(self) -> str:

@@ -2,7 +2,7 @@
 (``sluice.engine_client.triton``) or in process (``cpu_engine.client``), and the wire types every side
 shares (``sluice.wire``)."""
 
-from sluice.engine_client.base import Delta, EngineClient, GenerateRequest
+from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, Sampling
 from sluice.wire import EngineError, EngineErrorKind, EnginePriority, FinishReason, ReplicaStats
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "FinishReason",
     "GenerateRequest",
     "ReplicaStats",
+    "Sampling",
 ]

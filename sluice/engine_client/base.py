@@ -21,21 +21,34 @@ MIN_SAMPLED_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    """One generation. Sampling: temperature None, 0 or below ``MIN_SAMPLED_TEMPERATURE`` is greedy;
-    top_p None is no cut. ``cache_scope`` (the tenant) is required and non-empty: prefix-cache blocks are
-    shared within one scope only, and there is no shared default scope (an empty one is a ValueError)."""
+class Sampling:
+    """How to generate, as the client asked: parsed once by the gateway, held by reference by its job and
+    by the ``GenerateRequest``, and turned into tensors (Triton) or the CPU engine's ``SamplingParams``
+    (in process) by the engine client: a new sampling control is added here and at those two ends.
+    temperature None, 0 or below ``MIN_SAMPLED_TEMPERATURE`` is greedy; top_p None is no cut."""
 
-    request_id: str
-    prompt_token_ids: list[int]
     max_tokens: int
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature is None or self.temperature < MIN_SAMPLED_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation. ``cache_scope`` (the tenant) is required and non-empty: prefix-cache blocks are
+    shared within one scope only, and there is no shared default scope (an empty one is a ValueError)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: Sampling
     stop_token_ids: tuple[int, ...] = ()
     # A class preempts lower ones to be admitted (an int is taken as the EnginePriority of that value).
     priority: EnginePriority = EnginePriority.UNDER_SHARE
-    ignore_eos: bool = False
     # The model's end-of-sequence ids (its tokenizer's), for an engine that is not told them otherwise: the
     # TensorRT-LLM model stops only at the end_id it is sent. The CPU engine applies its checkpoint's own.
     eos_token_ids: tuple[int, ...] = ()
@@ -50,10 +63,6 @@ class GenerateRequest:
             allowed = ", ".join(str(int(p)) for p in EnginePriority)
             raise ValueError(f"priority must be one of {allowed}, got {self.priority!r}") from None
         object.__setattr__(self, "priority", priority)  # NOTE: frozen; the same value, as the enum
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature is None or self.temperature < MIN_SAMPLED_TEMPERATURE
 
 
 @dataclass(frozen=True)

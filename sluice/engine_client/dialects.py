@@ -85,25 +85,25 @@ def build_tensors(dialect: Dialect, request: GenerateRequest) -> dict[str, np.nd
 
 
 def _sent_top_p(request: GenerateRequest) -> float | None:
-    return max(request.top_p, MIN_SENT_TOP_P) if request.top_p is not None else None
+    return max(request.sampling.top_p, MIN_SENT_TOP_P) if request.sampling.top_p is not None else None
 
 
 def cpu_engine_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
     """The CPU engine model's tensors (``sluice.wire``). ``eos_token_ids`` are not sent:
     the engine applies its checkpoint's own."""
     # NOTE: a tiny temperature is sent as greedy (no sampling inputs), whatever engine serves it.
-    sampled = not request.greedy
+    sampled = not request.sampling.greedy
     return request_tensors(
         request.prompt_token_ids,
-        request.max_tokens,
+        request.sampling.max_tokens,
         streaming=True,
-        temperature=request.temperature if sampled else None,
+        temperature=request.sampling.temperature if sampled else None,
         top_p=_sent_top_p(request) if sampled else None,
-        seed=request.seed,
+        seed=request.sampling.seed,
         stop_token_ids=request.stop_token_ids,
         priority=request.priority,
         cache_scope=request.cache_scope,
-        ignore_eos=request.ignore_eos or None,
+        ignore_eos=request.sampling.ignore_eos or None,
     )
 
 
@@ -125,12 +125,12 @@ def trtllm_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
     out = {
         "input_ids": np.asarray(request.prompt_token_ids, dtype=np.int32).reshape(1, -1),
         "input_lengths": _scalar(len(request.prompt_token_ids), np.int32),
-        "request_output_len": _scalar(request.max_tokens, np.int32),
+        "request_output_len": _scalar(request.sampling.max_tokens, np.int32),
         "streaming": _scalar(True, np.bool_),
         "exclude_input_in_output": _scalar(True, np.bool_),
     }
     stop_ids = request.stop_token_ids
-    if not request.ignore_eos:
+    if not request.sampling.ignore_eos:
         if not request.eos_token_ids:
             # NOTE: without an end_id the model never stops before max_tokens: a gateway bug, said loudly.
             raise EngineError(
@@ -139,14 +139,14 @@ def trtllm_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
         out["end_id"] = _scalar(request.eos_token_ids[0], np.int32)
         out["pad_id"] = _scalar(request.eos_token_ids[0], np.int32)
         stop_ids = stop_ids + tuple(i for i in request.eos_token_ids[1:] if i not in stop_ids)
-    if request.greedy:
+    if request.sampling.greedy:
         out["runtime_top_k"] = _scalar(1, np.int32)
     else:
-        out["temperature"] = _scalar(request.temperature, np.float32)
+        out["temperature"] = _scalar(request.sampling.temperature, np.float32)
         out["runtime_top_k"] = _scalar(0, np.int32)
         out["runtime_top_p"] = _scalar(_sent_top_p(request) or 1.0, np.float32)
-    if request.seed is not None:
-        out["seed"] = _scalar(request.seed, np.uint64)
+    if request.sampling.seed is not None:
+        out["seed"] = _scalar(request.sampling.seed, np.uint64)
     if stop_ids:
         out["stop_words_list"] = stop_words_list(stop_ids)
     return out
@@ -159,7 +159,7 @@ class TrtllmDecoder:
     reason, and the prompt's length (the backend reports no prefix-cache hits per request: None)."""
 
     def __init__(self, request: GenerateRequest) -> None:
-        self._max_tokens = request.max_tokens
+        self._max_tokens = request.sampling.max_tokens
         self._num_prompt_tokens = len(request.prompt_token_ids)
         self.num_generated_tokens = 0
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench import fake_replica
 from bench.gateway_capacity import LevelResult, per_message_token_request_us, sweep_counts
-from sluice.engine_client import FinishReason, GenerateRequest
+from sluice.engine_client import FinishReason, GenerateRequest, Sampling
 from sluice.engine_client.triton import TritonEngineClient
 
 
@@ -74,7 +74,7 @@ def test_the_engine_client_streams_the_fakes_tokens_at_its_cadence() -> None:
                     break
                 await client.close()
                 await asyncio.sleep(0.05)
-            request = GenerateRequest("r1", [1, 2, 3], max_tokens=7, cache_scope="t")
+            request = GenerateRequest("r1", [1, 2, 3], Sampling(7), cache_scope="t")
             deltas = [d async for d in client.generate(request)]
         finally:
             await client.close()

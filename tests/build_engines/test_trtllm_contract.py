@@ -35,7 +35,7 @@ from build_engines.checkpoint import CheckpointInfo
 from build_engines.plan import plan_build
 from build_engines.repository import TrtllmServing, render_for_replica, render_trtllm
 from build_engines.spec import BuildSpec
-from sluice.engine_client.base import GenerateRequest
+from sluice.engine_client.base import GenerateRequest, Sampling
 from sluice.engine_client.dialects import TRTLLM_OUTPUTS, trtllm_tensors
 
 MIS = "triton_backend/inflight_batcher_llm/src/model_instance_state.cc"
@@ -227,14 +227,11 @@ def test_the_gateways_tensorrt_llm_requests_send_only_table_tensors_with_the_tab
         "TYPE_UINT64": np.uint64,
     }
     requests = [
-        GenerateRequest("r1", [1, 2, 3], 8, temperature=0.0, eos_token_ids=(2,), cache_scope="t"),
+        GenerateRequest("r1", [1, 2, 3], Sampling(8, temperature=0.0), eos_token_ids=(2,), cache_scope="t"),
         GenerateRequest(
             "r2",
             [5],
-            4,
-            temperature=0.7,
-            top_p=0.9,
-            seed=7,
+            Sampling(4, temperature=0.7, top_p=0.9, seed=7),
             stop_token_ids=(9,),
             eos_token_ids=(2, 3),
             cache_scope="t",

@@ -19,7 +19,7 @@ from ports import free_ports
 
 from build_engines.repository import render_trtllm, write_repository
 from replicas.launcher import TritonServer, TritonServerConfig
-from sluice.engine_client import Delta, EngineError, EnginePriority, FinishReason, GenerateRequest
+from sluice.engine_client import Delta, EngineError, EnginePriority, FinishReason, GenerateRequest, Sampling
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.triton import TritonEngineClient
 
@@ -66,8 +66,11 @@ def client(aio: Aio, fake_replica: TritonServer) -> Iterator[TritonEngineClient]
 
 
 def _request(max_tokens: int, **kwargs: Any) -> GenerateRequest:
+    sampled = {k: kwargs.pop(k) for k in ("temperature", "top_p", "seed", "ignore_eos") if k in kwargs}
     fields: dict[str, Any] = {"cache_scope": "acme", "eos_token_ids": (45, 46), **kwargs}
-    return GenerateRequest(f"fake-trtllm-{time.monotonic_ns()}", [1, 2, 3], max_tokens, **fields)
+    return GenerateRequest(
+        f"fake-trtllm-{time.monotonic_ns()}", [1, 2, 3], Sampling(max_tokens, **sampled), **fields
+    )
 
 
 async def _all(deltas: AsyncGenerator[Delta, None]) -> list[Delta]:

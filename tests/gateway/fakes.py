@@ -52,12 +52,12 @@ class ScriptedFakeEngine(EngineClient):
         self.requests.append(request)
         done = False
         try:
-            for i in range(request.max_tokens):
+            for i in range(request.sampling.max_tokens):
                 await asyncio.sleep(self.interval_s)
                 if self.fail_after is not None and i == self.fail_after:
                     done = True
                     raise EngineError(EngineErrorKind.ENGINE_ERROR, "replica lost")
-                last = i == request.max_tokens - 1
+                last = i == request.sampling.max_tokens - 1
                 yield Delta([self.token_id], FinishReason.LENGTH if last else None,
                             len(request.prompt_token_ids) if last else None)  # fmt: skip
             done = True

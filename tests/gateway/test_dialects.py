@@ -25,7 +25,7 @@ from gateway.routing.pools import unservable
 from gateway.routing.table import ReplicaTarget, RoutingTable
 from replicas.render import CpuEngineModelSettings
 from replicas.verify import served_digest
-from sluice.engine_client import Delta, EnginePriority, FinishReason, GenerateRequest
+from sluice.engine_client import Delta, EnginePriority, FinishReason, GenerateRequest, Sampling
 from sluice.engine_client.dialects import (
     Dialect,
     TrtllmDecoder,
@@ -84,8 +84,10 @@ def cpu_config() -> tuple[int, dict[str, Declared]]:
 
 
 def _request(**kwargs: object) -> GenerateRequest:
-    fields: dict[str, object] = {"max_tokens": 16, "cache_scope": "acme", "eos_token_ids": EOS, **kwargs}
-    return GenerateRequest("r", PROMPT, **fields)  # type: ignore[arg-type]
+    sampled = {k: kwargs.pop(k) for k in ("temperature", "top_p", "seed", "ignore_eos") if k in kwargs}
+    max_tokens = kwargs.pop("max_tokens", 16)
+    fields: dict[str, object] = {"cache_scope": "acme", "eos_token_ids": EOS, **kwargs}
+    return GenerateRequest("r", PROMPT, Sampling(max_tokens, **sampled), **fields)  # type: ignore[arg-type]
 
 
 REQUESTS = {

@@ -23,6 +23,7 @@ from sluice.engine_client import (
     EngineErrorKind,
     FinishReason,
     GenerateRequest,
+    Sampling,
 )
 from sluice.engine_client.triton import TritonEngineClient
 
@@ -58,9 +59,9 @@ def subject(request: pytest.FixtureRequest, aio: Aio, dev_checkpoint: Path) -> I
 
 
 def _request(max_tokens: int, **kwargs: Any) -> GenerateRequest:
-    return GenerateRequest(
-        f"contract-{time.monotonic_ns()}", PROMPT, max_tokens, ignore_eos=True, cache_scope="acme", **kwargs
-    )
+    sampled = {k: kwargs.pop(k) for k in ("temperature", "top_p", "seed") if k in kwargs}
+    sampling = Sampling(max_tokens, ignore_eos=True, **sampled)
+    return GenerateRequest(f"contract-{time.monotonic_ns()}", PROMPT, sampling, cache_scope="acme", **kwargs)
 
 
 async def _all(deltas: AsyncGenerator[Delta, None]) -> list[Delta]:
@@ -106,7 +107,7 @@ def test_a_tiny_top_p_keeps_only_the_most_likely_token(aio: Aio, subject: Subjec
 
 
 def test_an_out_of_vocabulary_prompt_is_an_invalid_request(aio: Aio, subject: Subject) -> None:
-    bad = GenerateRequest("contract-bad", [5, 10**6], 4, cache_scope="acme")
+    bad = GenerateRequest("contract-bad", [5, 10**6], Sampling(4), cache_scope="acme")
     with pytest.raises(EngineError) as err:
         aio(_all(subject.client.generate(bad)))
     assert err.value.kind is EngineErrorKind.INVALID_REQUEST

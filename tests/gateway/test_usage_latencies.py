@@ -26,10 +26,10 @@ class ChunkedFakeEngine(ScriptedFakeEngine):
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
         self.requests.append(request)
-        for start in range(0, request.max_tokens, self.num_tokens_per_delta):
+        for start in range(0, request.sampling.max_tokens, self.num_tokens_per_delta):
             await asyncio.sleep(self.interval_s)
-            num_tokens = min(self.num_tokens_per_delta, request.max_tokens - start)
-            last = start + num_tokens == request.max_tokens
+            num_tokens = min(self.num_tokens_per_delta, request.sampling.max_tokens - start)
+            last = start + num_tokens == request.sampling.max_tokens
             yield Delta([self.token_id] * num_tokens, FinishReason.LENGTH if last else None,
                         len(request.prompt_token_ids) if last else None)  # fmt: skip
         self.finished.append(request.request_id)

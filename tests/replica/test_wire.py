@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.engine_client import EngineError, EngineErrorKind, EnginePriority, GenerateRequest
+from sluice.engine_client import EngineError, EngineErrorKind, EnginePriority, GenerateRequest, Sampling
 from sluice.engine_client.triton import kind_from_status
 from sluice.triton.client import GenerateStream, chunk_from_result, request_tensors
 
@@ -117,9 +117,11 @@ def test_the_stream_raises_the_replicas_error_kind() -> None:
 
 
 def test_a_request_carries_its_priority_as_the_wire_enum() -> None:
-    assert GenerateRequest("r", [1], 4, priority=EnginePriority.BATCH, cache_scope="a").priority == 2
-    coerced = GenerateRequest("r", [1], 4, priority=1, cache_scope="a")  # type: ignore[arg-type]
+    assert (
+        GenerateRequest("r", [1], Sampling(4), priority=EnginePriority.BATCH, cache_scope="a").priority == 2
+    )
+    coerced = GenerateRequest("r", [1], Sampling(4), priority=1, cache_scope="a")  # type: ignore[arg-type]
     assert coerced.priority is EnginePriority.OVER_SHARE
-    assert GenerateRequest("r", [1], 4, cache_scope="a").priority is EnginePriority.UNDER_SHARE
+    assert GenerateRequest("r", [1], Sampling(4), cache_scope="a").priority is EnginePriority.UNDER_SHARE
     with pytest.raises(ValueError, match="priority must be one of 0, 1, 2, got 3"):
-        GenerateRequest("r", [1], 4, priority=3, cache_scope="a")  # type: ignore[arg-type]
+        GenerateRequest("r", [1], Sampling(4), priority=3, cache_scope="a")  # type: ignore[arg-type]
