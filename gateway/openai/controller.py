@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import msgspec
@@ -394,10 +394,16 @@ _RETRIES = (
 )
 
 
-async def _refuse_unknown_fields(request: Request[Any, Any, Any], struct: type[msgspec.Struct]) -> None:
-    """400 ``unknown_parameter`` for a field the request type does not declare (OpenAI's "Unrecognized
-    request argument"): silently ignoring it could change what the caller gets."""
-    unknown = first_unknown_field(await request.json(), struct)  # the decoded body, cached
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+async def _strict_body(request: Request[Any, Any, Any], struct: type[S]) -> S:
+    """The body as ``struct``, decoded strictly, as OpenAI reads it: a string where a number belongs is a
+    400 naming the field (Litestar's own conversion is lax: it turns "10" into 10). A field the type does
+    not declare is 400 ``unknown_parameter`` (OpenAI's "Unrecognized request argument"): silently
+    ignoring it could change what the caller gets."""
+    raw = await request.json()  # the decoded body, cached
+    unknown = first_unknown_field(raw, struct)
     if unknown is not None:
         raise invalid_request(
             f"Unrecognized request argument supplied: {unknown}. See the API docs for the parameters "
@@ -405,6 +411,16 @@ async def _refuse_unknown_fields(request: Request[Any, Any, Any], struct: type[m
             param=unknown,
             code="unknown_parameter",
         )
+    try:
+        return msgspec.convert(raw, struct, strict=True)
+    except msgspec.ValidationError as exc:
+        message, _, where = str(exc).partition(" - at `$")
+        field = where.rstrip("`").lstrip(".") or None
+        raise invalid_request(
+            f"Invalid value for '{field}': {message}." if field else f"Invalid request body: {message}.",
+            param=field,
+            code="invalid_type",
+        ) from None
 
 
 _COMPLETION_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)
@@ -431,7 +447,7 @@ class OpenAIController(Controller):
     ) -> Response[ChatCompletion] | Stream:
         """Chat completion; ``stream: true`` streams ``chat.completion.chunk`` events."""
         gw: GatewayState = request.app.state.gw
-        await _refuse_unknown_fields(request, ChatCompletionRequest)
+        data = await _strict_body(request, ChatCompletionRequest)
         job = await admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, ChatShape(job), data.stream, include_usage)
@@ -451,7 +467,7 @@ class OpenAIController(Controller):
     ) -> Response[Completion] | Stream:
         """Text completion; ``stream: true`` streams ``text_completion`` events."""
         gw: GatewayState = request.app.state.gw
-        await _refuse_unknown_fields(request, CompletionRequest)
+        data = await _strict_body(request, CompletionRequest)
         job = await admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         return await _respond(request, job, CompletionShape(job), data.stream, include_usage)

@@ -396,3 +396,32 @@ def test_the_api_docs_list_what_is_refused_and_what_is_ignored(gateway: RunningG
         assert "`user`, `metadata`, `store`" in doc
     assert "`tool_choice`" in chat_doc and "`tool_choice`" not in completion_doc
     assert "`echo`" in completion_doc and "`echo`" not in chat_doc
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", chat(max_tokens="4"), "max_tokens"),
+        ("/v1/chat/completions", chat(temperature="0.5"), "temperature"),
+        ("/v1/chat/completions", chat(stream="true"), "stream"),
+        ("/v1/chat/completions", chat(seed=1.0), "seed"),
+        (
+            "/v1/chat/completions",
+            chat(stream_options={"include_usage": "true"}),
+            "stream_options.include_usage",
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": "Say hi.", "max_tokens": "4"}, "max_tokens"),
+    ],
+)
+def test_a_value_of_the_wrong_json_type_is_refused_naming_its_field(
+    gateway: RunningGateway, path: str, body: dict[str, Any], param: str
+) -> None:
+    """As OpenAI reads a body: "4" is not a number and 1.0 not an integer (Litestar alone would coerce
+    them and serve the request)."""
+    error = assert_refused(post(gateway, path, body), param, code="invalid_type")
+    assert param in error["message"]
+
+
+def test_the_right_types_are_still_served(gateway: RunningGateway) -> None:
+    resp = post(gateway, "/v1/chat/completions", chat(temperature=0.5, seed=3, stream=False))
+    assert resp.status_code == 200, resp.text
