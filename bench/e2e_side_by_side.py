@@ -7,20 +7,21 @@ but on free ports, so a ``make run`` already up is neither measured nor disturbe
 directory of its own (.sluice/bench/state: its SQLite tenants and telemetry), or reuses one given by
 ``--sluice-url``, and vLLM (serve.sh, on ``--vllm-port``, default a free one), waits for
 both, then for each concurrency warms the servers up and makes ``--rounds`` rounds of runs in the order
-Sluice (safety none), Sluice (safety default), vLLM, engine alone, Sluice (safety none), ... with only one
+Sluice (safety none), Sluice (safety pii), vLLM, engine alone, Sluice (safety none), ... with only one
 target under load at a time.
 
 Sluice is served to two tenants: ``bench-none`` (key ``sk-bench-none``, safety policy none, written into
 the bench's own store before the stack starts; like for like with vLLM, which screens nothing, so issue
-10's targets are judged on it) and acme (``default`` policy, whose PII screen holds back a word that could
-still become an e-mail address until the next token decides it, so text leaves in word-sized bursts: the
-table's "default / none" column is what the screen costs). With ``--sluice-url``, pass the key of a
-tenant whose policy is none as ``--none-api-key`` (e.g. made with ``sluice tenants create ... --safety-policy
-none``), or only the default target runs. Each run is bench/e2e_bench.py's closed
-loop (random 128-token prompts from a fresh seed per round, so no prefix cache helps; 128 output tokens,
-ignore_eos; tokens counted from ``usage``), or bench/engine_bench.py's for the engine. The table quotes
-each target's median over the rounds (range in brackets) and the ratios of the medians. Every process it
-started is stopped in a ``finally``.
+10's targets are judged on it) and acme, written with the ``pii`` policy (the PII rules a tenant opts
+into; the ``default`` policy screens nothing in a stack with no block list configured): its screen holds
+back a word that could still become an e-mail address until the next token decides it, so text leaves
+in word-sized bursts, and the table's "pii / none" column is what the screen costs. With
+``--sluice-url``, pass the key of a tenant whose policy is none as ``--none-api-key`` (e.g. made with ``sluice
+tenants create ... --safety-policy none``), or only the default target runs. Each run is bench/e2e_bench.py's
+closed loop (random 128-token prompts from a fresh seed per round, so no prefix cache helps; 128 output
+tokens, ignore_eos; tokens counted from ``usage``), or bench/engine_bench.py's for the engine. The table
+quotes each target's median over the rounds (range in brackets) and the ratios of the medians. Every process
+it started is stopped in a ``finally``.
 
     .venv/bin/python -m bench.e2e_side_by_side                     # 1 and 32 streams, 3 rounds: ~2.5 min
     .venv/bin/python -m bench.e2e_side_by_side --rounds 1 --requests-per-slot 1 --concurrency 1 8  # smoke
@@ -112,7 +113,7 @@ def add_server_arguments(ap: argparse.ArgumentParser) -> None:
     """The options that say which servers run and how they are reached (shared with bench/goodput.py)."""
     ap.add_argument("--model", type=Path, default=Path(".sluice/models/sluice-tiny"), help="checkpoint")
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
-    ap.add_argument("--api-key", default="sk-acme-dev", help="Sluice (safety default): acme's key")
+    ap.add_argument("--api-key", default="sk-acme-dev", help="Sluice (safety pii): acme's key")
     ap.add_argument(
         "--none-api-key",
         default=None,
@@ -224,8 +225,8 @@ def describe_setup(
                 "Sluice's tenants: Sluice (safety none) is "
                 f"{f'tenant {NONE_TENANT}' if not args.none_api_key else 'the tenant of --none-api-key'}, "
                 "policy none, as vLLM screens nothing: the issue's targets are judged on it; Sluice (safety "
-                "default) is dev tenant acme, policy default (its PII screen holds text back until a word "
-                "cannot become an e-mail address, so text leaves in word-sized bursts)"
+                "pii) is dev tenant acme, written with policy pii (its PII screen holds text back until a "
+                "word cannot become an e-mail address, so text leaves in word-sized bursts)"
             ),
             VLLM: f"vLLM {version} CPU build ({how})",
             ENGINE: f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, budget {budget}",
@@ -335,7 +336,7 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             "gaps of ~0.01 ms are chunks that arrived in one read, a burst, so a ratio to such a value says "
             "little; TPOT (time per output token, per request: last chunk - first over tokens - 1) is not "
             "skewed by bursts. Sluice / vLLM and Sluice / engine (the share of the engine-alone tokens/s the "
-            "stack delivers) are of Sluice with safety policy none; default / none is the safety screen's "
+            "stack delivers) are of Sluice with safety policy none; pii / none is the safety screen's "
             "cost.",
             "",
             cpu,
@@ -374,9 +375,9 @@ def section_name(args: argparse.Namespace) -> str:
 
 def bench_tenants() -> list[tuple[Tenant, str]]:
     """The Sluice tenants (with their keys) the bench writes into its stack's store: acme as the dev seed
-    makes it (policy default, whatever an earlier run left), and one like it with policy none."""
+    makes it but with the pii policy (whatever an earlier run left), and one like it with policy none."""
     return [
-        (dev_tenant("acme"), "sk-acme-dev"),
+        (dataclasses.replace(dev_tenant("acme"), safety_policy="pii"), "sk-acme-dev"),
         (dataclasses.replace(dev_tenant(NONE_TENANT), safety_policy="none"), NONE_API_KEY),
     ]
 

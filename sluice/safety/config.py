@@ -12,8 +12,9 @@ from an optional JSON file (``SLUICE_SAFETY_CONFIG``), validated once at start.
 Every field is optional. ``regex_max_match_chars`` is the bound assumed for a regex without its own
 ``max_match_chars``: the streaming holdback is sized from it (a regex cannot be measured in general), and
 text a longer match covers may start before the holdback and reach the client. Classifier names in a
-policy: ``rules`` (block list + regexes + PII), ``blocklist``, ``regexes``, ``pii``, ``triton`` (the
-Triton-served classifier; input only: it is too slow to screen every streamed chunk).
+policy: ``rules`` (block list + regexes + PII), ``content`` (block list + regexes), ``blocklist``,
+``regexes``, ``pii``, ``triton`` (the Triton-served classifier; input only: it is too slow to screen
+every streamed chunk).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ClassifierRef = Literal["rules", "blocklist", "regexes", "pii", "triton"]
-BUILTIN_POLICY_NAMES = ("none", "default", "strict")
+ClassifierRef = Literal["rules", "content", "blocklist", "regexes", "pii", "triton"]
+BUILTIN_POLICY_NAMES = ("none", "default", "pii", "strict")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
@@ -85,7 +86,7 @@ class SafetyConfig(_Strict):
     regexes: tuple[RegexRuleConfig, ...] = ()
     regex_max_match_chars: int = Field(default=64, ge=1, le=4096)
     pii: PiiConfig = PiiConfig()
-    policies: dict[str, PolicySpec] = Field(default_factory=dict)  # besides none, default, strict
+    policies: dict[str, PolicySpec] = Field(default_factory=dict)  # besides none, default, pii, strict
 
     @field_validator("blocklist")
     @classmethod

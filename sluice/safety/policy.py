@@ -1,8 +1,11 @@
 """Named safety policies: which classifiers screen a tenant's prompts and which its streamed output.
 
-Built in (``BUILTIN_POLICIES``): ``none`` (nothing), ``default`` (the rules, PII included, on input and
-output), ``strict`` (the rules and the Triton classifier on input; the rules on output). A safety
-config may add more (``SafetyConfig.policies``); each tenant names one (``Tenant.safety_policy``).
+Built in (``BUILTIN_POLICIES``): ``none`` (nothing), ``default`` (the configured block list and regexes
+on input and output: an ordinary prompt, an e-mail address or a card number in it, is served, as every
+peer serves it), ``pii`` (those and the PII rules: a tenant opts into refusing personal data), ``strict``
+(the rules, PII included, and the Triton classifier on input; the rules on output). A safety config may
+add more (``SafetyConfig.policies``); each tenant names one (``Tenant.safety_policy``). A rules group
+with nothing configured in it (no block list, no regexes) screens nothing, so it holds no text back.
 
     config = load_safety_config(settings.safety_config_path)
     policies = build_policies(config, triton_url=settings.triton_grpc_url,
@@ -21,13 +24,14 @@ import anyio.to_thread
 
 from sluice.safety.base import Classifier, Verdict
 from sluice.safety.config import BUILTIN_POLICY_NAMES, ClassifierRef, PolicySpec, SafetyConfig, policy_names
-from sluice.safety.rules import build_rules
+from sluice.safety.rules import RulesClassifier, build_rules
 from sluice.safety.stream import StreamScreen
 from sluice.safety.triton import TritonClassifier
 
 BUILTIN_POLICIES: dict[str, PolicySpec] = {
     "none": PolicySpec(),
-    "default": PolicySpec(input=("rules",), output=("rules",)),
+    "default": PolicySpec(input=("content",), output=("content",)),
+    "pii": PolicySpec(input=("rules",), output=("rules",)),
     "strict": PolicySpec(input=("rules", "triton"), output=("rules",)),
 }
 if tuple(BUILTIN_POLICIES) != BUILTIN_POLICY_NAMES:  # policy_names() lists the config module's names
@@ -120,14 +124,18 @@ class _Classifiers:
                 )
             return self._triton
         if ref not in self._built:
-            groups = {"rules": (True, True, True), "blocklist": (True, False, False)}
-            groups |= {"regexes": (False, True, False), "pii": (False, False, True)}
+            groups = {"rules": (True, True, True), "content": (True, True, False)}
+            groups |= {"blocklist": (True, False, False), "regexes": (False, True, False)}
+            groups |= {"pii": (False, False, True)}
             blocklist, regexes, pii = groups[ref]
             self._built[ref] = build_rules(self._config, blocklist, regexes, pii, name=ref)
         return self._built[ref]
 
     def many(self, refs: Sequence[ClassifierRef], policy: str) -> tuple[Classifier, ...]:
-        return tuple(self.get(ref, policy) for ref in refs)
+        """The classifiers ``refs`` name, less rule groups with no rules (one would only hold streamed
+        text back for nothing)."""
+        built = (self.get(ref, policy) for ref in refs)
+        return tuple(c for c in built if not (isinstance(c, RulesClassifier) and not c.rules))
 
 
 def _triton(

@@ -116,8 +116,8 @@ def test_table_quotes_medians_ranges_and_ratios_of_the_medians() -> None:
     runs.append(result(SLUICE_DEFAULT, 32, 0, 990.0, 100.0))
     lines = comparison_table(runs, [32]).splitlines()
     assert lines[0].startswith(
-        "| streams | metric | Sluice (safety none) | Sluice (safety default) | vLLM | Sluice / vLLM "
-        "| default / none | engine alone"
+        "| streams | metric | Sluice (safety none) | Sluice (safety pii) | vLLM | Sluice / vLLM "
+        "| pii / none | engine alone"
     )
     assert len(lines) == 2 + 8  # header, rule, one row per metric
     assert lines[2] == (
@@ -177,7 +177,7 @@ def test_targets_are_judged_on_sluice_without_the_screen_and_the_screen_is_coste
     assert "safety policy none" in lines[0]
     assert [line.rsplit(": ", 1)[1] for line in lines[1:5]] == ["met"] * 4  # the default's ITL is not judged
     assert lines[-1] == (
-        "- the default safety policy's cost (default / none): tok/s 1.00x, TTFT p95 1.50x, ITL p95 3.00x, "
+        "- the pii safety policy's cost (pii / none): tok/s 1.00x, TTFT p95 1.50x, ITL p95 3.00x, "
         "TPOT p95 1.20x"
     )
     # Only the screened target ran (a reused stack without a key for policy none): nothing is judged.

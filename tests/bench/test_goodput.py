@@ -227,7 +227,7 @@ def test_quick_sizes_write_no_docs_and_the_seed_mix_is_1000_and_300(monkeypatch:
 
 def test_the_bench_tenants_have_no_limits_and_the_measured_one_no_screen() -> None:
     (acme, acme_key), (none, none_key) = goodput.goodput_tenants()
-    assert (acme.tenant_id, acme_key, acme.safety_policy) == ("acme", "sk-acme-dev", "default")
+    assert (acme.tenant_id, acme_key, acme.safety_policy) == ("acme", "sk-acme-dev", "pii")
     assert (none.tenant_id, none_key, none.safety_policy) == ("bench-none", "sk-bench-none", "none")
     for tenant in (acme, none):
         assert tenant.tokens_per_minute is None and tenant.max_concurrent_requests is None

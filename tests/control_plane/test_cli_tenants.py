@@ -206,7 +206,7 @@ def test_list_shows_the_dev_tenants_or_says_there_are_none(
         (
             ["tenants", "set", "initech", "--safety-policy", "lax"],
             2,
-            "unknown safety policy 'lax'; known: none, default, strict",
+            "unknown safety policy 'lax'; known: none, default, pii, strict",
         ),
         (["tenants", "create", "x"], 2, "the following arguments are required: --name"),
         (["tenants", "create", "Not-Valid", "--name", "X"], 2, "tenant_id must match"),

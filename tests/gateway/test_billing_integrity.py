@@ -163,10 +163,12 @@ def test_a_key_reused_after_its_record_was_evicted_is_a_new_billed_request(start
 
 def test_refused_requests_write_no_idempotency_record(start: StartGateway, tmp_path: Path) -> None:
     small_key = create_tenant(tmp_path, Tenant("small", "Small", tokens_per_minute=20))
-    gateway, engine = start()
+    safety = tmp_path / "safety.json"
+    safety.write_text(json.dumps({"blocklist": ["forbidden phrase"]}))
+    gateway, engine = start(safety_config_path=safety)
     store = gateway.gw.idempotency
     assert isinstance(store, InProcessIdempotencyStore)
-    blocked = post(gateway, "k-screen", prompt="mail me at jane.doe@example.com")
+    blocked = post(gateway, "k-screen", prompt="say the forbidden phrase")
     assert blocked.status_code == 400 and blocked.json()["error"]["code"] == "content_filter"
     too_big = post(gateway, "k-quota", api_key=small_key, max_tokens=50)
     assert too_big.status_code == 400 and too_big.json()["error"]["code"] == "request_exceeds_token_budget"

@@ -27,17 +27,34 @@ def _inferences(replica: TritonServer) -> float:
     )
 
 
-def test_a_blocked_prompt_never_reaches_triton(triton_gateway: RunningGateway, replica: TritonServer) -> None:
-    before = _inferences(replica)
-    client = triton_gateway.client()
-    for prompt in ("mail me at jane.doe@example.com please", "card 4111 1111 1111 1111 thanks"):
-        with pytest.raises(openai.BadRequestError) as err:
-            client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
-        assert err.value.code == "content_filter" and "jane" not in str(err.value)
-    client.completions.create(model=MODEL, prompt="card 4111 1111 1111 1112", max_tokens=1)  # fails Luhn
-    assert settled_count(lambda: _inferences(replica), before + 1) == before + 1
-    refused = [r for r in triton_gateway.telemetry() if r["error"] == "content_filter"]
-    assert len(refused) == 2 and all(r["outcome"] == "refused" for r in refused)
+def test_a_blocked_prompt_never_reaches_triton_and_an_ordinary_one_does(
+    dev_checkpoint: Path, replica: TritonServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "safety.json"
+    config.write_text(json.dumps({"blocklist": ["forbidden phrase"]}))
+    gateway = start_gateway(
+        tmp_path / "gateway",
+        dev_checkpoint,
+        engine_client="triton",
+        triton_grpc_url=replica.grpc_url,
+        safety_config_path=config,
+    )
+    try:
+        before = _inferences(replica)
+        client = gateway.client()  # tenant acme: the default policy
+        for prompt in ("say the forbidden phrase please", "say the Forbidden  Phrase"):
+            with pytest.raises(openai.BadRequestError) as err:
+                client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+            assert err.value.code == "content_filter" and "forbidden" not in str(err.value).lower()
+        # An address or a card number in an ordinary prompt is served on the default policy (the PII
+        # rules are a policy a tenant opts into: tests/safety/test_policy.py).
+        for prompt in ("mail me at jane.doe@example.com please", "card 4111 1111 1111 1111 thanks"):
+            client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+        assert settled_count(lambda: _inferences(replica), before + 2) == before + 2
+        refused = [r for r in gateway.telemetry() if r["error"] == "content_filter"]
+        assert len(refused) == 2 and all(r["outcome"] == "refused" for r in refused)
+    finally:
+        gateway.stop()
 
 
 def _sse_events(gateway: RunningGateway) -> list[dict[str, object]]:

@@ -45,16 +45,17 @@ class RecordingRemote(Classifier):
 
 
 def test_builtin_policies() -> None:
-    assert tuple(BUILTIN_POLICIES) == BUILTIN_POLICY_NAMES == ("none", "default", "strict")
-    assert policy_names(CONFIG) == ["none", "default", "strict", "pii-only", "quiet"]
+    assert tuple(BUILTIN_POLICIES) == BUILTIN_POLICY_NAMES == ("none", "default", "pii", "strict")
+    assert policy_names(CONFIG) == ["none", "default", "pii", "strict", "pii-only", "quiet"]
     none = build_policy("none", CONFIG)
     assert none.input_classifiers == () and not none.screens_output and none.output_screen(64) is None
-    default = build_policy("default", CONFIG)
+    default, pii = build_policy("default", CONFIG), build_policy("pii", CONFIG)
     assert (
         [c.name for c in default.input_classifiers]
-        == ["rules"]
+        == ["content"]
         == [c.name for c in default.output_classifiers]
     )
+    assert [c.name for c in pii.input_classifiers] == ["rules"] == [c.name for c in pii.output_classifiers]
     strict = build_policy("strict", CONFIG, triton_url="127.0.0.1:1", classifier_model="guard-x")
     assert [c.name for c in strict.input_classifiers] == ["rules", "triton:guard-x"]
     assert [c.name for c in strict.output_classifiers] == ["rules"]
@@ -62,11 +63,18 @@ def test_builtin_policies() -> None:
 
 def test_what_each_policy_blocks() -> None:
     async def check() -> None:
-        default, pii_only = build_policy("default", CONFIG), build_policy("pii-only", CONFIG)
-        for text in ["a bomb", "TCK-12345", "bob@example.com"]:
-            verdict = await default.screen_input(text)
-            assert verdict is not None and verdict.blocked
-            assert default.screen_output(text) == verdict
+        default, pii, pii_only = (build_policy(n, CONFIG) for n in ("default", "pii", "pii-only"))
+        for text in ["a bomb", "TCK-12345"]:
+            for policy in (default, pii):
+                verdict = await policy.screen_input(text)
+                assert verdict is not None and verdict.blocked
+                assert policy.screen_output(text) == verdict
+        # An ordinary prompt with an address or a card number in it: served on the default policy, as
+        # every peer serves it; refused on the policies that opt into the PII rules.
+        for text in ["mail bob@example.com", "card 4111 1111 1111 1111"]:
+            assert await default.screen_input(text) is None and default.screen_output(text) is None
+            verdict = await pii.screen_input(text)
+            assert verdict is not None and verdict.category.startswith("pii:")
         assert await default.screen_input("all fine") is None and default.screen_output("all fine") is None
         assert await pii_only.screen_input("a bomb") is None
         verdict = await pii_only.screen_input("bob@example.com")
@@ -92,10 +100,10 @@ def test_input_runs_the_rules_before_the_remote_classifier() -> None:
 
 
 def test_output_screen_holds_back_at_least_the_longest_match() -> None:
-    default = build_policy("default", CONFIG)
-    screen = default.output_screen(8)
+    pii = build_policy("pii", CONFIG)
+    screen = pii.output_screen(8)
     assert screen is not None and screen.holdback_chars == 64  # the e-mail rule's bound
-    screen = default.output_screen(200)
+    screen = pii.output_screen(200)
     assert screen is not None and screen.holdback_chars == 200
     # A block list alone: the holdback is the longest phrase's bound, not the e-mail rule's.
     config = parse_safety_config(
@@ -103,12 +111,15 @@ def test_output_screen_holds_back_at_least_the_longest_match() -> None:
     )
     screen = build_policy("bl", config).output_screen(1)
     assert screen is not None and screen.holdback_chars == len("make a weapon") + 2 * 2
+    # Nothing configured: the default policy screens nothing, so it holds nothing back.
+    empty = build_policy("default", parse_safety_config({}))
+    assert empty.input_classifiers == () and empty.output_screen(200) is None
 
 
 def test_policies_share_classifiers_and_need_a_triton_url_only_when_used() -> None:
     policies = build_policies(CONFIG, triton_url="127.0.0.1:1")
     assert list(policies) == policy_names(CONFIG)
-    assert policies["default"].input_classifiers[0] is policies["strict"].input_classifiers[0]
+    assert policies["pii"].input_classifiers[0] is policies["strict"].input_classifiers[0]
     assert isinstance(policies["strict"].input_classifiers[1], TritonClassifier)
     assert isinstance(policies["default"].output_classifiers[0], RulesClassifier)
     with pytest.raises(ValueError, match="policy 'strict' uses the Triton classifier"):
@@ -116,7 +127,9 @@ def test_policies_share_classifiers_and_need_a_triton_url_only_when_used() -> No
     with pytest.raises(ValueError, match="give triton_url"):
         build_policy("strict", CONFIG)
     build_policy("default", CONFIG)  # no url needed
-    with pytest.raises(UnknownPolicyError, match="unknown safety policy 'lax'; known: none, default, strict"):
+    with pytest.raises(
+        UnknownPolicyError, match="unknown safety policy 'lax'; known: none, default, pii, strict"
+    ):
         build_policy("lax", CONFIG)
 
 
