@@ -67,9 +67,15 @@ class InProcessEngineClient(EngineClient):
                 max_tokens=asked.max_tokens,
                 temperature=asked.temperature if not asked.greedy and asked.temperature else 0.0,
                 top_p=asked.top_p or 1.0,
+                top_k=asked.top_k,
+                min_p=asked.min_p,
                 seed=asked.seed,
                 stop_token_ids=request.stop_token_ids,
                 ignore_eos=asked.ignore_eos,
+                presence_penalty=asked.presence_penalty,
+                frequency_penalty=asked.frequency_penalty,
+                repetition_penalty=asked.repetition_penalty,
+                logit_bias=asked.logit_bias,
             )
         except ValueError as exc:
             raise EngineError(EngineErrorKind.INVALID_REQUEST, str(exc)) from None

@@ -86,6 +86,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t, _ in params.logit_bias):  # a bad id would fail the whole step
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         seq = Sequence(request_id, prompt_token_ids, params, priority, cache_scope)
         self.scheduler.add(seq)
         self.sequences[request_id] = seq

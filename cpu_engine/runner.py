@@ -49,7 +49,8 @@ class ModelRunner:
         )
         if not sampling_seqs:
             return {}
-        tokens = sample_tokens(
-            logits, [s.params for s in sampling_seqs], [s.generator for s in sampling_seqs]
-        )
+        params = [s.params for s in sampling_seqs]
+        # The penalties read each row's tokens so far (by reference: no copy unless a row needs them).
+        histories = [(s.token_ids, s.num_prompt_tokens) for s in sampling_seqs]
+        tokens = sample_tokens(logits, params, [s.generator for s in sampling_seqs], histories)
         return {seq.request_id: int(t) for seq, t in zip(sampling_seqs, tokens, strict=True)}

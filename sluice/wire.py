@@ -27,6 +27,12 @@ leading batch dimension of 1: ``input_ids`` [1, N], ``output_ids`` [1, 1, T]:
 ``priority``           INT32   an ``EnginePriority`` (default 0)
 ``cache_scope``        BYTES   required: the tenant; prefix-cache blocks are shared only within one scope
 ``ignore_eos``         BOOL    keep generating past the EOS ids (and ``end_id``)
+``min_p``              FP32    0 is no min-p cut
+``presence_penalty``   FP32    subtracted once from each token the output holds (OpenAI's)
+``frequency_penalty``  FP32    subtracted per occurrence of each token the output holds (OpenAI's)
+``repetition_penalty`` FP32    1 is none; divides (multiplies, if negative) the prompt's and output's
+``logit_bias_ids``     INT32   [-1] token ids whose logits get a bias (Sluice's sparse ``embedding_bias``)
+``logit_bias_values``  FP32    [-1] the bias of each of ``logit_bias_ids``, in [-100, 100]
 =====================  ======  ==================================================================
 
 All inputs are optional but the first three and ``cache_scope`` (config.pbtxt declares it optional only so
@@ -83,7 +89,8 @@ class EngineError(Exception):
 REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
 OPTIONAL_INPUTS = (
     "streaming", "end_id", "pad_id", "temperature", "runtime_top_k", "runtime_top_p", "random_seed",
-    "stop_token_ids", "priority", "cache_scope", "ignore_eos",
+    "stop_token_ids", "priority", "cache_scope", "ignore_eos", "min_p", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias_ids", "logit_bias_values",
 )  # fmt: skip
 INPUT_NAMES = REQUIRED_INPUTS + OPTIONAL_INPUTS
 TOKEN_OUTPUTS = ("output_ids", "sequence_length")

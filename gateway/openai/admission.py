@@ -216,6 +216,46 @@ def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
     return chosen
 
 
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, target: Target) -> Sampling:
+    """The request's sampling controls, once, as every engine takes them: ``top_k`` -1 is no cut (vLLM's
+    spelling), ``logit_bias`` keys are token ids of this model's vocabulary."""
+    return Sampling(
+        max_tokens,
+        req.temperature,
+        req.top_p,
+        req.seed,
+        req.ignore_eos,
+        top_k=max(req.top_k or 0, 0),
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias or {}, target.codec.vocab_size),
+    )
+
+
+def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid_request(
+            f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(bias)}.",
+            param="logit_bias",
+        )
+    entries = []
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise invalid_request(
+                f"logit_bias keys are token ids of this model's vocabulary (0 to {vocab_size - 1}), "
+                f"got {key!r}.",
+                param="logit_bias",
+            )
+        entries.append((token, float(value)))
+    return tuple(sorted(entries))
+
+
 def _max_tokens(
     asked: int | None, param: str, num_prompt: int, context: int, settings: Settings, prompt_param: str
 ) -> int:
@@ -290,7 +330,7 @@ def _job(
         model=target.model,  # an alias of an overloaded model names itself
         target=target,
         prompt_token_ids=token_ids,
-        sampling=Sampling(max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos),
+        sampling=_sampling(req, max_tokens, target),
         stop=req.stop_strings(),
         arrival_s=arrival_s,
         deadline_s=arrival_s + deadline_s,

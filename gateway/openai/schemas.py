@@ -4,22 +4,24 @@ Every field OpenAI defines for these requests is declared, so none is dropped wi
 
 - honoured: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
-  ``service_tier`` (``auto``/``default``: interactive, ``flex``: batch) and the extension ``ignore_eos``;
+  ``service_tier`` (``auto``/``default``: interactive, ``flex``: batch), ``presence_penalty``,
+  ``frequency_penalty``, ``logit_bias``, and the extensions ``ignore_eos``, ``top_k``, ``min_p`` and
+  ``repetition_penalty`` (vLLM's names);
 - accepted and ignored, because they do not change the output: ``user``, ``metadata``, ``store`` (Sluice
   stores no completions), ``safety_identifier``, ``prompt_cache_key`` (the prefix cache is per tenant
   anyway), ``stream_options.include_obfuscation``, a tool message's ``tool_call_id``, and the values of
-  refused parameters that mean "off" (``n: 1``, ``logprobs: false``, penalties of 0, ``tool_choice:
-  "none"``, ``response_format: {"type": "text"}``, ...);
+  refused parameters that mean "off" (``n: 1``, ``logprobs: false``, ``tool_choice: "none"``,
+  ``response_format: {"type": "text"}``, ...);
 - refused with 400 ``unsupported_parameter`` and ``param`` naming it (``UNSUPPORTED``), because dropping
-  them would change the result: tools and functions, ``logit_bias``, ``logprobs`` / ``top_logprobs``,
-  ``n`` > 1, non-zero penalties, ``response_format`` other than text, ``prediction``, ``audio`` and
+  them would change the result: tools and functions, ``logprobs`` / ``top_logprobs``,
+  ``n`` > 1, ``response_format`` other than text, ``prediction``, ``audio`` and
   ``modalities`` other than text, ``web_search_options``, ``reasoning_effort``, ``verbosity``; content
   parts other than text (images, audio, files); assistant ``tool_calls`` / ``function_call`` / ``audio``
   / ``refusal``; for completions ``echo``, ``suffix`` and ``best_of`` > 1.
 
 Any other field is refused with 400 ``unknown_parameter`` (as OpenAI answers "Unrecognized request
-argument"): a misspelt or vendor-specific parameter (``top_k``, ``min_p``...) would otherwise be
-silently ignored. ``first_unknown_field`` finds it in the decoded body.
+argument"): a misspelt or vendor-specific parameter would otherwise be silently ignored.
+``first_unknown_field`` finds it in the decoded body.
 """
 
 from __future__ import annotations
@@ -84,9 +86,17 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     store: bool | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
+    # OpenAI's ranges; the penalties count the output's tokens (OpenAI's definition).
+    presence_penalty: Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)] | None = None
+    # Token id (as a string, OpenAI's form) -> a bias added to its logit; checked against the vocabulary
+    # at admission.
+    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]] | None = None
+    # Extensions vLLM and TensorRT-LLM clients send: top_k (0 or -1: no cut), min_p, and the repetition
+    # penalty (prompt and output tokens; 1: none).
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
     logprobs: bool | int | None = None
     # Extension (vLLM's name): keep generating past end-of-sequence, for benchmarks with fixed lengths.
     ignore_eos: bool = False
@@ -141,9 +151,6 @@ _Check = tuple[str, Any, str]
 _COMMON: tuple[_Check, ...] = (
     ("n", lambda v: v is not None and v != 1, "Only n=1 is supported: ask for one choice per request."),
     ("logprobs", lambda v: v is not None and v is not False, "logprobs are not supported."),
-    ("presence_penalty", _is_on, "presence_penalty is not supported (only 0)."),
-    ("frequency_penalty", _is_on, "frequency_penalty is not supported (only 0)."),
-    ("logit_bias", _is_on, "logit_bias is not supported."),
 )
 _CHAT: tuple[_Check, ...] = (
     ("top_logprobs", _is_on, "top_logprobs are not supported."),
@@ -186,7 +193,7 @@ def parameters_doc(chat: bool) -> str:
     """The OpenAPI description's paragraph on parameters (Markdown), from the lists above."""
     refused = ", ".join(f"`{n}`" for n in (UNSUPPORTED_CHAT if chat else UNSUPPORTED_COMPLETION))
     ignored = ", ".join(f"`{n}`" for n in (*IGNORED, *(("messages[].tool_call_id",) if chat else ())))
-    off = "`n: 1`, `logprobs: false`, penalties of 0, `logit_bias: {}`"
+    off = "`n: 1`, `logprobs: false`"
     if chat:
         off += ', `tool_choice: "none"`, `response_format: {"type": "text"}`, `modalities: ["text"]`'
         refused += (
@@ -194,6 +201,9 @@ def parameters_doc(chat: bool) -> str:
             "`function_call` / `audio` / `refusal`"
         )
     text = (
+        "Sampling controls honoured besides OpenAI's basics: `presence_penalty`, `frequency_penalty`, "
+        "`logit_bias` (token id -> -100..100), and vLLM's `top_k`, `min_p`, `repetition_penalty`, "
+        "`ignore_eos`. "
         f"Parameters refused with 400 `unsupported_parameter` (`param` names it), because dropping them "
         f'would change the result: {refused}; each is accepted at its "off" value ({off}). Accepted '
         f"and ignored: {ignored}. Any other field: 400 `unknown_parameter`. "

@@ -32,6 +32,12 @@ class Sampling:
     top_p: float | None = None
     seed: int | None = None
     ignore_eos: bool = False
+    top_k: int = 0  # 0: no cut
+    min_p: float = 0.0  # 0: no cut
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: none
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
 
     @property
     def greedy(self) -> bool:

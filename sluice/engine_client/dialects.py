@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.engine_client.base import Delta, GenerateRequest
+from sluice.engine_client.base import Delta, GenerateRequest, Sampling
 from sluice.triton.client import request_tensors
 from sluice.wire import EngineError, EngineErrorKind, FinishReason
 
@@ -91,19 +91,27 @@ def _sent_top_p(request: GenerateRequest) -> float | None:
 def cpu_engine_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
     """The CPU engine model's tensors (``sluice.wire``). ``eos_token_ids`` are not sent:
     the engine applies its checkpoint's own."""
-    # NOTE: a tiny temperature is sent as greedy (no sampling inputs), whatever engine serves it.
-    sampled = not request.sampling.greedy
+    # NOTE: a tiny temperature is sent as greedy (no sampling inputs), whatever engine serves it; the
+    # penalties and the bias apply to greedy too. Controls at their "off" value are not sent.
+    asked = request.sampling
+    sampled = not asked.greedy
     return request_tensors(
         request.prompt_token_ids,
-        request.sampling.max_tokens,
+        asked.max_tokens,
         streaming=True,
-        temperature=request.sampling.temperature if sampled else None,
+        temperature=asked.temperature if sampled else None,
+        top_k=asked.top_k if sampled and asked.top_k else None,
         top_p=_sent_top_p(request) if sampled else None,
-        seed=request.sampling.seed,
+        min_p=asked.min_p if sampled and asked.min_p else None,
+        seed=asked.seed,
         stop_token_ids=request.stop_token_ids,
         priority=request.priority,
         cache_scope=request.cache_scope,
-        ignore_eos=request.sampling.ignore_eos or None,
+        ignore_eos=asked.ignore_eos or None,
+        presence_penalty=asked.presence_penalty or None,
+        frequency_penalty=asked.frequency_penalty or None,
+        repetition_penalty=asked.repetition_penalty if asked.repetition_penalty != 1.0 else None,
+        logit_bias=asked.logit_bias,
     )
 
 
@@ -119,9 +127,22 @@ def stop_words_list(token_ids: tuple[int, ...]) -> np.ndarray:
     return np.stack([ids, offsets]).reshape(1, 2, -1)
 
 
+def _not_carried_by_trtllm(asked: Sampling) -> str | None:
+    """The first control this dialect does not map yet (issue 25's TensorRT-LLM item), or None."""
+    off: dict[str, object] = {"top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    off |= {"repetition_penalty": 1.0, "logit_bias": ()}
+    return next((name for name, value in off.items() if getattr(asked, name) != value), None)
+
+
 def trtllm_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
     """The tensorrt_llm model's tensors (module docstring: what is not sent). Greedy is ``runtime_top_k``
-    1; sampled sends the temperature, no top-k cut (0) and the top-p (1.0: none)."""
+    1; sampled sends the temperature, no top-k cut (0) and the top-p (1.0: none). A control this dialect
+    does not map yet is refused as the caller's request, never dropped."""
+    if (name := _not_carried_by_trtllm(request.sampling)) is not None:
+        raise EngineError(
+            EngineErrorKind.INVALID_REQUEST,
+            f"{name} is not supported by this model's engine (TensorRT-LLM) in this version of Sluice",
+        )
     out = {
         "input_ids": np.asarray(request.prompt_token_ids, dtype=np.int32).reshape(1, -1),
         "input_lengths": _scalar(len(request.prompt_token_ids), np.int32),

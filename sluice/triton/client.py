@@ -85,6 +85,11 @@ def request_tensors(
     priority: int | None = None,
     cache_scope: str,
     ignore_eos: bool | None = None,
+    min_p: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    logit_bias: Sequence[tuple[int, float]] = (),
 ) -> dict[str, np.ndarray]:
     """A request's input tensors (``sluice.wire``), each with its batch dimension of 1.
 
@@ -105,12 +110,20 @@ def request_tensors(
         "end_id": (end_id, np.int32),
         "priority": (priority, np.int32),
         "ignore_eos": (ignore_eos, np.bool_),
+        "min_p": (min_p, np.float32),
+        "presence_penalty": (presence_penalty, np.float32),
+        "frequency_penalty": (frequency_penalty, np.float32),
+        "repetition_penalty": (repetition_penalty, np.float32),
     }
     for name, (value, dtype) in scalars.items():
         if value is not None:
             out[name] = np.array([[value]], dtype=dtype)
     if stop_token_ids:
         out["stop_token_ids"] = np.asarray(stop_token_ids, dtype=np.int32).reshape(1, -1)
+    if logit_bias:
+        ids, values = zip(*logit_bias, strict=True)
+        out["logit_bias_ids"] = np.asarray(ids, dtype=np.int32).reshape(1, -1)
+        out["logit_bias_values"] = np.asarray(values, dtype=np.float32).reshape(1, -1)
     out["cache_scope"] = np.array([[cache_scope.encode()]], dtype=np.object_)
     return out
 

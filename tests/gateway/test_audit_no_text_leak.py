@@ -75,7 +75,7 @@ def test_prompt_and_output_text_stay_in_the_tenants_files(
             batch_line("ok", {"model": MODEL, "prompt": f"Say {CANARY} back", "max_tokens": 24}),
             batch_line("too-long", {"model": MODEL, "prompt": CANARY * 60, "max_tokens": 4}),
             batch_line("bad-type", {"model": MODEL, "prompt": "x", "max_tokens": CANARY}),
-            batch_line("bad-field", {"model": MODEL, "prompt": "x", "top_k": CANARY}),
+            batch_line("bad-field", {"model": MODEL, "prompt": "x", "top_a": CANARY}),
             batch_line("bad-url", {"model": MODEL, "prompt": CANARY}, url="/v1/embeddings"),
             '{"custom_id": "not-json", "body": "' + CANARY,
         ]

@@ -47,7 +47,7 @@ def test_each_malformed_line_names_its_problem() -> None:
     assert problem_code(line(url="/v1/completions")) == "mismatched_url"
     assert problem_code(line(extra=1)) == "invalid_request"
     assert problem_code(line(body="hi")) == "invalid_request"
-    assert problem_code(line(body={"model": "m", "messages": [], "top_k": 3})) == "invalid_request"
+    assert problem_code(line(body={"model": "m", "messages": [], "top_a": 3})) == "invalid_request"
     assert problem_code(line(body={"model": "m", "messages": "nope"})) == "invalid_request"
     stream = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     assert problem_code(line(body=stream)) == "invalid_request"

@@ -44,7 +44,7 @@ from sluice.stores.registry.base import (
     VersionState,
 )
 from sluice.triton.client import request_tensors
-from sluice.wire import EngineError
+from sluice.wire import EngineError, EngineErrorKind
 
 DIGEST = "sha256:" + "0" * 64
 PROMPT = [5, 17, 99, 4]
@@ -84,7 +84,9 @@ def cpu_config() -> tuple[int, dict[str, Declared]]:
 
 
 def _request(**kwargs: object) -> GenerateRequest:
-    sampled = {k: kwargs.pop(k) for k in ("temperature", "top_p", "seed", "ignore_eos") if k in kwargs}
+    names = ("temperature", "top_p", "seed", "ignore_eos", "top_k", "min_p", "presence_penalty")
+    names += ("frequency_penalty", "repetition_penalty", "logit_bias")
+    sampled = {k: kwargs.pop(k) for k in names if k in kwargs}
     max_tokens = kwargs.pop("max_tokens", 16)
     fields: dict[str, object] = {"cache_scope": "acme", "eos_token_ids": EOS, **kwargs}
     return GenerateRequest("r", PROMPT, Sampling(max_tokens, **sampled), **fields)  # type: ignore[arg-type]
@@ -153,6 +155,39 @@ def test_the_cpu_engine_wire_is_what_it_was() -> None:
     assert sent.keys() == before.keys()
     for name, array in before.items():  # object arrays (the BYTES tenant) compare by value, not pointer
         assert sent[name].dtype == array.dtype and sent[name].tolist() == array.tolist(), name
+
+
+CONTROLS = {
+    "top_k and min_p": _request(temperature=0.7, top_k=5, min_p=0.1),
+    "penalties": _request(presence_penalty=0.5, frequency_penalty=-0.2, repetition_penalty=1.2),
+    "logit_bias": _request(logit_bias=((3, 2.5), (7, -100.0))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTROLS))
+def test_the_sampling_controls_are_cpu_engine_inputs_and_refused_not_dropped_by_tensorrt_llm(
+    case: str, cpu_config: tuple[int, dict[str, Declared]]
+) -> None:
+    request = CONTROLS[case]
+    _check_against(build_tensors(Dialect.CPU_ENGINE, request), *cpu_config)
+    with pytest.raises(EngineError, match="not supported by this model's engine") as err:
+        build_tensors(Dialect.TENSORRT_LLM, request)
+    assert err.value.kind is EngineErrorKind.INVALID_REQUEST
+
+
+def test_the_cpu_engine_sends_each_control_and_leaves_out_the_off_ones() -> None:
+    sent = build_tensors(Dialect.CPU_ENGINE, CONTROLS["penalties"])
+    assert (_scalar(sent, "presence_penalty"), _scalar(sent, "repetition_penalty")) == (
+        0.5,
+        pytest.approx(1.2),
+    )
+    assert "min_p" not in sent and "logit_bias_ids" not in sent
+    bias = build_tensors(Dialect.CPU_ENGINE, CONTROLS["logit_bias"])
+    assert bias["logit_bias_ids"].tolist() == [[3, 7]] and bias["logit_bias_values"].tolist() == [
+        [2.5, -100.0]
+    ]
+    cut = build_tensors(Dialect.CPU_ENGINE, CONTROLS["top_k and min_p"])
+    assert (_scalar(cut, "runtime_top_k"), _scalar(cut, "min_p")) == (5, pytest.approx(0.1))
 
 
 def _scalar(tensors: Mapping[str, np.ndarray], name: str) -> Any:

@@ -97,9 +97,14 @@ def request_from_tensors(
         temperature=temperature,
         top_p=1.0 if top_p == 0.0 else top_p,  # TensorRT-LLM's "no top-p"
         top_k=_int_scalar(tensors, "runtime_top_k") if "runtime_top_k" in tensors else 0,
+        min_p=_float_scalar(tensors, "min_p", 0.0),
         seed=seed,
         stop_token_ids=tuple(dict.fromkeys(stop_token_ids)),
         ignore_eos=ignore_eos,
+        presence_penalty=_float_scalar(tensors, "presence_penalty", 0.0),
+        frequency_penalty=_float_scalar(tensors, "frequency_penalty", 0.0),
+        repetition_penalty=_float_scalar(tensors, "repetition_penalty", 1.0),
+        logit_bias=_logit_bias(tensors, vocab_size),
     )
     return EngineRequest(
         prompt_token_ids=[int(t) for t in prompt],
@@ -279,6 +284,20 @@ def _bool_scalar(tensors: Mapping[str, np.ndarray], name: str, default: bool) ->
     if arr.size != 1 or arr.dtype.kind not in "biu":
         raise ValueError(f"{name} must hold one boolean")
     return bool(arr[0])
+
+
+def _logit_bias(tensors: Mapping[str, np.ndarray], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias_ids`` and ``logit_bias_values``, both or neither, as (token id, bias) pairs."""
+    if "logit_bias_ids" not in tensors and "logit_bias_values" not in tensors:
+        return ()
+    if "logit_bias_ids" not in tensors or "logit_bias_values" not in tensors:
+        raise ValueError("logit_bias_ids and logit_bias_values are sent together")
+    ids = _int_vector(tensors, "logit_bias_ids")
+    values = _flat(tensors, "logit_bias_values")
+    if values.dtype.kind != "f" or values.shape != ids.shape or not np.isfinite(values).all():
+        raise ValueError("logit_bias_values must be one finite number per logit_bias_ids entry")
+    _check_vocab("logit_bias_ids", ids, vocab_size)
+    return tuple((int(t), float(v)) for t, v in zip(ids, values, strict=True))
 
 
 def _check_vocab(name: str, ids: np.ndarray, vocab_size: int) -> None:
