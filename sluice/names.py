@@ -47,8 +47,8 @@ def s3_bucket_problem(bucket: str) -> str | None:
     if S3_BUCKET.fullmatch(bucket) and ".." not in bucket:
         return None
     return (
-        f"{bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.' and '-', starting and "
-        "ending with a letter or digit)"
+        f"{bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, '.' and '-', "
+        "starting and ending with a letter or digit)"
     )
 
 

@@ -147,5 +147,5 @@ def test_ignore_eos_and_the_tenant_scope_reach_the_engine(
     client = gateway.client()
     client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"ignore_eos": True})
     client.completions.create(model=MODEL, prompt="x", max_tokens=2)
-    assert [r.ignore_eos for r in engine.requests] == [True, False]
+    assert [r.sampling.ignore_eos for r in engine.requests] == [True, False]
     assert {r.cache_scope for r in engine.requests} == {"acme"}
