@@ -336,6 +336,7 @@ def _job(
         deadline_s=arrival_s + deadline_s,
         request_class=chosen_class,
         prompt_text=prompt.text,
+        echo=isinstance(req, CompletionRequest) and req.echo,
         idempotency_key=idempotency_key,
         fingerprint=fingerprint(route, req) if idempotency_key is not None else "",
         degraded=degraded_as,

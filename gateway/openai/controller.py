@@ -164,7 +164,8 @@ class CompletionShape:
         )
 
     def opening(self) -> Any:
-        return None
+        """With ``echo``, the prompt, as the stream's first chunk."""
+        return self._chunk(self.job.prompt_text) if self.job.echo else None
 
     def text(self, text: str) -> Any:
         return self._chunk(text)
@@ -195,7 +196,7 @@ class CompletionShape:
             job.request_id,
             job.created,
             job.model,
-            [CompletionChoice(0, text, finish.finish_reason)],
+            [CompletionChoice(0, job.prompt_text + text if job.echo else text, finish.finish_reason)],
             usage=_usage(finish),
             system_fingerprint=job.system_fingerprint,
         )

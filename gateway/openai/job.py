@@ -38,8 +38,9 @@ class Job:
     arrival_s: float  # time.monotonic() at arrival (ns resolution; uvloop's loop.time() has only ms)
     deadline_s: float  # time.monotonic() by which generation stops
     request_class: RequestClass = RequestClass.INTERACTIVE
-    # What the safety policy screens (never stored, logged or sent anywhere else).
+    # What the safety policy screens (never stored or logged; sent back only as a completion's echo).
     prompt_text: str = field(default="", repr=False)
+    echo: bool = False  # a completion whose text begins with its prompt (OpenAI's ``echo``)
     # With an Idempotency-Key (see gateway.openai.idempotency): the key and the body's fingerprint.
     idempotency_key: str | None = None
     fingerprint: str = ""

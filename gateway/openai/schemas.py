@@ -17,7 +17,8 @@ Every field OpenAI defines for these requests is declared, so none is dropped wi
   ``n`` > 1, ``response_format`` other than text, ``prediction``, ``audio`` and
   ``modalities`` other than text, ``web_search_options``, ``reasoning_effort``, ``verbosity``; content
   parts other than text (images, audio, files); assistant ``tool_calls`` / ``function_call`` / ``audio``
-  / ``refusal``; for completions ``echo``, ``suffix`` and ``best_of`` > 1.
+  / ``refusal``; for completions ``suffix`` and ``best_of`` > 1 (``echo`` is served: the text begins
+  with the prompt).
 
 Any other field is refused with 400 ``unknown_parameter`` (as OpenAI answers "Unrecognized request
 argument"): a misspelt or vendor-specific parameter would otherwise be silently ignored.
@@ -172,7 +173,6 @@ _CHAT: tuple[_Check, ...] = (
     ("verbosity", _is_set, "verbosity is not supported."),
 )
 _COMPLETION: tuple[_Check, ...] = (
-    ("echo", _is_on, "echo is not supported."),
     ("suffix", _is_on, "suffix is not supported."),
     ("best_of", lambda v: v is not None and v != 1, "Only best_of=1 is supported."),
 )
@@ -203,7 +203,9 @@ def parameters_doc(chat: bool) -> str:
     text = (
         "Sampling controls honoured besides OpenAI's basics: `presence_penalty`, `frequency_penalty`, "
         "`logit_bias` (token id -> -100..100), and vLLM's `top_k`, `min_p`, `repetition_penalty`, "
-        "`ignore_eos`. "
+        "`ignore_eos`"
+        + ("" if chat else "; `echo` (the text begins with the prompt; not with `logprobs`)")
+        + ". "
         f"Parameters refused with 400 `unsupported_parameter` (`param` names it), because dropping them "
         f'would change the result: {refused}; each is accepted at its "off" value ({off}). Accepted '
         f"and ignored: {ignored}. Any other field: 400 `unknown_parameter`. "

@@ -259,8 +259,8 @@ def test_parameters_that_would_change_the_result_are_refused(
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"echo": True}, "echo"), ({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"),
-     ({"logprobs": 0}, "logprobs")],
+    [({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"logprobs": 0}, "logprobs"),
+     ({"echo": True, "logprobs": 1}, "logprobs")],
 )  # fmt: skip
 def test_completion_parameters_that_would_change_the_result_are_refused(
     gateway: RunningGateway, fields: dict[str, Any], param: str

@@ -109,3 +109,18 @@ def test_out_of_range_controls_are_refused_naming_the_field(
             model=MODEL, prompt="Hello", max_tokens=2, extra_body=body
         )
     assert param in str(err.value)
+
+
+def test_a_completion_with_echo_begins_with_its_prompt(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    plain = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6, temperature=0)
+    echoed = client.completions.create(
+        model=MODEL, prompt="Once upon", max_tokens=6, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == "Once upon" + plain.choices[0].text
+    assert echoed.usage is not None and echoed.usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+    streamed = client.completions.create(
+        model=MODEL, prompt="Once upon", max_tokens=6, temperature=0, echo=True, stream=True
+    )
+    texts = [c.choices[0].text for c in streamed if c.choices]
+    assert texts[0] == "Once upon" and "".join(texts) == echoed.choices[0].text
