@@ -228,13 +228,18 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, t
         req.top_p,
         req.seed,
         req.ignore_eos,
-        top_k=max(req.top_k or 0, 0),
+        top_k=_top_k(req.top_k, target.codec.vocab_size),
         min_p=req.min_p or 0.0,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=_logit_bias(req.logit_bias or {}, target.codec.vocab_size),
     )
+
+
+def _top_k(top_k: int | None, vocab_size: int) -> int:
+    """0 for no cut: vLLM's -1 and a k that keeps the whole vocabulary mean the same."""
+    return 0 if top_k is None or top_k < 1 or top_k >= vocab_size else top_k
 
 
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:

@@ -95,7 +95,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]] | None = None
     # Extensions vLLM and TensorRT-LLM clients send: top_k (0 or -1: no cut), min_p, and the repetition
     # penalty (prompt and output tokens; 1: none).
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] | None = None
     min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
     logprobs: bool | int | None = None

@@ -124,3 +124,14 @@ def test_a_completion_with_echo_begins_with_its_prompt(gateway: RunningGateway) 
     )
     texts = [c.choices[0].text for c in streamed if c.choices]
     assert texts[0] == "Once upon" and "".join(texts) == echoed.choices[0].text
+
+
+def test_a_top_k_past_the_vocabulary_is_no_cut_and_one_past_int32_a_400(gateway: RunningGateway) -> None:
+    client = gateway.client()
+    greedy = client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
+    huge = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=4, temperature=0, extra_body={"top_k": 2**31 - 1}
+    )
+    assert huge.choices[0].text == greedy.choices[0].text
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, extra_body={"top_k": 2**31})
