@@ -20,7 +20,7 @@ Four ways to run a body, the same on both databases:
 SQLite runs the whole body on its connection's thread in one hop (``_drive``: the body's coroutine is
 stepped there to its end, which works because a ``SqliteTx`` method never suspends); PostgreSQL awaits
 each statement on a pooled connection. Which driver errors mean "the database cannot be used now" is
-decided by ``sluice.db`` (``run_or`` / ``connection_or``): they raise the store's own error.
+decided by ``sluice.stores.db`` (``run_or`` / ``connection_or``): they raise the store's own error.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``sluice.db``'s one mapping of SQLite errors to a store's own "unavailable" error: a file that cannot be
-used now maps, our own SQL's mistakes do not (they are bugs, not outages). The stores' contract suites
-check the same through each store; this pins the rule itself."""
+"""``sluice.stores.db``'s one mapping of SQLite errors to a store's own "unavailable" error: a file that
+cannot be used now maps, our own SQL's mistakes do not (they are bugs, not outages). The stores' contract
+suites check the same through each store; this pins the rule itself."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ admin format, so ``resolve`` refuses it before any lookup, and the tenant store 
 As for tenant keys, only ``sha256(token)`` in hex and a short prefix for display are stored.
 
 Why ``sluice/`` and not ``control_plane/auth/``: it is a storage backend family like the tenant store
-and the ledger (SQLite and PostgreSQL, migrations through ``sluice.db``, a contract suite), and two
+and the ledger (SQLite and PostgreSQL, migrations through ``sluice.stores.db``, a contract suite), and two
 applications need it: the control plane (its service and ``sluice admin-tokens``) and the dev stack
 (``gateway.devstack`` seeds and prints the dev admin token, ``sluice.stores.admin_tokens.dev``). Applications
 do not import each other, so it lives below both. The gateway's request path never imports it.

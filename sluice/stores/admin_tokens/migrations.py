@@ -1,5 +1,5 @@
-"""The admin token store's schema, as numbered migrations applied at ``open()`` (see ``sluice.db``), in the
-same database as the tenant store and the ledger but in a table of its own: a tenant key is never looked
+"""The admin token store's schema, as numbered migrations applied at ``open()`` (see ``sluice.stores.db``), in
+the same database as the tenant store and the ledger but in a table of its own: a tenant key is never looked
 up here, an admin token never in ``api_keys``.
 
 Only a token's SHA-256 (hex) and a short non-secret prefix for display are stored, never the token. A

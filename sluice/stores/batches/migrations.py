@@ -1,5 +1,5 @@
-"""The batch store's schema, as numbered migrations applied at ``open()`` (see ``sluice.db``), and how a
-``Batch`` and a ``BatchPart`` are laid out in rows (the same for both backends, but for timestamps:
+"""The batch store's schema, as numbered migrations applied at ``open()`` (see ``sluice.stores.db``), and how
+a ``Batch`` and a ``BatchPart`` are laid out in rows (the same for both backends, but for timestamps:
 ``TIMESTAMPTZ`` in PostgreSQL, ISO-8601 UTC text in SQLite, which sorts as the instants do).
 
 ``batches`` holds every ``Batch`` field (``metadata`` a JSON object, ``errors`` a JSON array, the request

@@ -1,4 +1,4 @@
-"""The usage ledger's schema, as numbered migrations applied at ``open()`` (see ``sluice.db``).
+"""The usage ledger's schema, as numbered migrations applied at ``open()`` (see ``sluice.stores.db``).
 
 Never edit a migration that has shipped: add the next number. SQLite stores timestamps as fixed-width
 ISO-8601 UTC text (``2026-01-02T03:04:05.000006+00:00``), which sorts and compares like time.

@@ -1,4 +1,4 @@
-"""The registry's schema, as numbered migrations applied at ``open()`` (see ``sluice.db``), and how its
+"""The registry's schema, as numbered migrations applied at ``open()`` (see ``sluice.stores.db``), and how its
 values are laid out in rows (the same for both databases; JSON is TEXT on SQLite, JSONB on PostgreSQL).
 
 ``registry_generation`` holds one row: the generation. Every change updates it first, so on PostgreSQL

@@ -1,5 +1,5 @@
-"""The tenant store's schema, as numbered migrations applied at ``open()`` (see ``sluice.db``), and how a
-``Tenant`` is laid out in a row (the same for both backends).
+"""The tenant store's schema, as numbered migrations applied at ``open()`` (see ``sluice.stores.db``), and how
+a ``Tenant`` is laid out in a row (the same for both backends).
 
 Only a key's SHA-256 (hex) and a short non-secret prefix for display are stored, never the key.
 ``allowed_models`` is a JSON array of model names (empty: every model); ``allowed_classes`` a JSON array
