@@ -190,17 +190,22 @@ def sampling_distribution(logits: np.ndarray, params: list[SamplingParams]) -> t
     probs = np.where((rank < top_k) & (below_best > -_MAX_LOG_RATIO), np.exp(below_best), 0.0)
     probs /= probs.sum(axis=1, keepdims=True)
     top_p = np.array([p.top_p for p in params])[:, None]
-    before = np.cumsum(probs, axis=1) - probs  # the mass of the better tokens
-    probs = np.where((top_p >= 1.0) | (before < top_p - TOP_P_TOLERANCE) | (rank == 0), probs, 0.0)
+    probs = np.where(top_p_kept(probs, top_p), probs, 0.0)
     min_p = np.array([p.min_p for p in params])[:, None]
     probs = np.where(probs >= min_p * probs.max(axis=1, keepdims=True), probs, 0.0)
     return probs / probs.sum(axis=1, keepdims=True), order
 
 
+def top_p_kept(sorted_probs: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+    """Which tokens each row's top-p cut keeps (rows sorted, largest first; ``top_p`` one per row, as a
+    column): the smallest prefix whose mass reaches ``top_p`` within ``TOP_P_TOLERANCE``, at least the
+    best token; every token when ``top_p`` is 1."""
+    before = np.cumsum(sorted_probs, axis=1)
+    before = np.concatenate([np.zeros_like(before[:, :1]), before[:, :-1]], axis=1)  # the better tokens' mass
+    first = np.arange(sorted_probs.shape[1])[None, :] == 0
+    return (top_p >= 1.0) | (before < top_p - TOP_P_TOLERANCE) | first
+
+
 def top_p_keep(sorted_probs: np.ndarray, top_p: float) -> int:
-    """How many of the probabilities (sorted, largest first, summing to 1) the top-p cut keeps: the
-    smallest prefix whose mass reaches ``top_p`` within ``TOP_P_TOLERANCE``, at least one."""
-    if top_p >= 1.0:
-        return int(sorted_probs.shape[0])
-    reached = int(np.searchsorted(np.cumsum(sorted_probs), top_p - TOP_P_TOLERANCE))
-    return max(1, min(reached + 1, int(sorted_probs.shape[0])))
+    """How many of one row's probabilities (sorted, largest first, summing to 1) ``top_p_kept`` keeps."""
+    return int(top_p_kept(sorted_probs[None, :], np.array([[top_p]])).sum())
