@@ -33,6 +33,11 @@ leading batch dimension of 1: ``input_ids`` [1, N], ``output_ids`` [1, 1, T]:
 ``repetition_penalty`` FP32    1 is none; divides (multiplies, if negative) the prompt's and output's
 ``logit_bias_ids``     INT32   [-1] token ids whose logits get a bias (Sluice's sparse ``embedding_bias``)
 ``logit_bias_values``  FP32    [-1] the bias of each of ``logit_bias_ids``, in [-100, 100]
+``guided_decoding_guide_type`` BYTES a ``GuideKind``: constrain the output to a grammar
+``guided_decoding_guide``      BYTES the guide (a JSON schema, a regex, a grammar; none for ``json``)
+``return_log_probs``   BOOL    report each output token's log-probability (``output_log_probs``)
+``top_logprobs``       INT32   and this many most likely alternatives per token (0-20)
+``num_return_sequences`` INT32 n answers to one prompt (prefilled once); responses say which
 =====================  ======  ==================================================================
 
 All inputs are optional but the first three and ``cache_scope`` (config.pbtxt declares it optional only so
@@ -43,7 +48,11 @@ temperature is 1.0.
 Outputs: ``output_ids`` INT32 [1, 1, T] and ``sequence_length`` INT32 [1, 1] (T, the tokens in *this*
 response; the prompt is never echoed). The response with a request's last tokens also has
 ``finish_reason`` BYTES [1, 1] (a ``FinishReason``), ``num_prompt_tokens`` and ``num_cached_tokens``
-INT32 [1, 1] (prompt tokens served from the prefix cache). A request the model refuses or fails ends
+INT32 [1, 1] (prompt tokens served from the prefix cache). With ``return_log_probs``, every response with tokens also has ``output_log_probs`` FP32 [1, 1, T]
+and, with ``top_logprobs`` K > 0, ``top_logprob_ids`` INT32 and ``top_logprobs`` FP32 [1, 1, T, K] (most
+likely first): the model's log-softmax before any sampling adjustment. With ``num_return_sequences`` n > 1
+every response carries ``sequence_index`` INT32 [1, 1] (0 to n-1), the final outputs come once per
+sequence, and the request ends when every sequence has. A request the model refuses or fails ends
 with one response carrying ``error_kind`` BYTES [1, 1] (an ``EngineErrorKind``) and ``error_message``
 BYTES [1, 1] instead. An empty response flagged final ends every other request.
 """
@@ -58,6 +67,16 @@ class FinishReason(StrEnum):
     STOP = "stop"  # an end-of-sequence or stop token
     LENGTH = "length"  # max_tokens, or the model's context
     ABORT = "abort"  # cancelled
+
+
+class GuideKind(StrEnum):
+    """What a guided-decoding guide is (structured output): the names TensorRT-LLM's Triton backend takes
+    in ``guided_decoding_guide_type``, which the CPU engine's model takes too."""
+
+    JSON = "json"  # any JSON value that is an object (OpenAI's json_object); the guide text is unused
+    JSON_SCHEMA = "json_schema"  # the guide is a JSON schema, as JSON text
+    REGEX = "regex"
+    EBNF_GRAMMAR = "ebnf_grammar"  # a Lark / GBNF grammar
 
 
 class EnginePriority(IntEnum):
@@ -91,12 +110,15 @@ OPTIONAL_INPUTS = (
     "streaming", "end_id", "pad_id", "temperature", "runtime_top_k", "runtime_top_p", "random_seed",
     "stop_token_ids", "priority", "cache_scope", "ignore_eos", "min_p", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias_ids", "logit_bias_values",
+    "guided_decoding_guide_type", "guided_decoding_guide", "return_log_probs", "top_logprobs",
+    "num_return_sequences",
 )  # fmt: skip
 INPUT_NAMES = REQUIRED_INPUTS + OPTIONAL_INPUTS
 TOKEN_OUTPUTS = ("output_ids", "sequence_length")
+LOGPROB_OUTPUTS = ("output_log_probs", "top_logprob_ids", "top_logprobs")
 FINAL_OUTPUTS = ("finish_reason", "num_prompt_tokens", "num_cached_tokens")
 ERROR_OUTPUTS = ("error_kind", "error_message")
-OUTPUT_NAMES = TOKEN_OUTPUTS + FINAL_OUTPUTS + ERROR_OUTPUTS
+OUTPUT_NAMES = TOKEN_OUTPUTS + LOGPROB_OUTPUTS + ("sequence_index",) + FINAL_OUTPUTS + ERROR_OUTPUTS
 
 
 @dataclass(frozen=True)

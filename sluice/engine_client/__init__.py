@@ -2,8 +2,8 @@
 (``sluice.engine_client.triton``) or in process (``cpu_engine.client``), and the wire types every side
 shares (``sluice.wire``)."""
 
-from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, Sampling
-from sluice.wire import EngineError, EngineErrorKind, EnginePriority, FinishReason, ReplicaStats
+from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, Guide, Sampling, TokenLogprob
+from sluice.wire import EngineError, EngineErrorKind, EnginePriority, FinishReason, GuideKind, ReplicaStats
 
 __all__ = [
     "Delta",
@@ -13,6 +13,9 @@ __all__ = [
     "EnginePriority",
     "FinishReason",
     "GenerateRequest",
+    "Guide",
+    "GuideKind",
     "ReplicaStats",
     "Sampling",
+    "TokenLogprob",
 ]

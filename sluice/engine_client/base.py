@@ -13,11 +13,21 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from sluice.wire import EnginePriority, FinishReason, ReplicaStats
+from sluice.wire import EnginePriority, FinishReason, GuideKind, ReplicaStats
 
 # A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
 # dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
 MIN_SAMPLED_TEMPERATURE = 1e-5
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat); completions' logprobs is at most 5
+
+
+@dataclass(frozen=True)
+class Guide:
+    """Structured output: the answer must match this guide (``GuideKind``: a JSON schema as JSON text, a
+    regex, a grammar; for ``JSON`` the text is empty: any JSON object)."""
+
+    kind: GuideKind
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,9 @@ class Sampling:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # 1: none
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
+    guide: Guide | None = None  # structured output: every answer matches it
+    logprobs: int | None = None  # None: none; K >= 0: each token's log-probability and K alternatives
+    n: int = 1  # answers to the one prompt (prefilled once), each its own Delta.index
 
     @property
     def greedy(self) -> bool:
@@ -72,13 +85,25 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the model (log-softmax before any sampling adjustment)
+    and, when asked, the most likely alternatives at its place, most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability)
+
+
+@dataclass(frozen=True)
 class Delta:
-    """Tokens produced since the previous delta; the last delta carries the finish reason and totals."""
+    """Tokens produced since the previous delta for answer ``index`` (0 unless n > 1); the last delta of
+    each answer carries its finish reason and the totals. ``logprobs`` (when asked) is one per token."""
 
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class EngineClient(ABC):
