@@ -76,6 +76,7 @@ class InProcessEngineClient(EngineClient):
                 frequency_penalty=asked.frequency_penalty,
                 repetition_penalty=asked.repetition_penalty,
                 logit_bias=asked.logit_bias,
+                guide=asked.guide,
             )
         except ValueError as exc:
             raise EngineError(EngineErrorKind.INVALID_REQUEST, str(exc)) from None

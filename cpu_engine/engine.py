@@ -9,6 +9,7 @@ from pathlib import Path
 from cpu_engine.block_pool import BlockPool
 from cpu_engine.config import EngineConfig, LinearDType, ModelConfig
 from cpu_engine.cpu_features import DTypeChoice, detect_dtype
+from cpu_engine.grammar import GrammarCompiler
 from cpu_engine.model import KVCache, LlamaModel
 from cpu_engine.runner import ModelRunner
 from cpu_engine.sampling import SamplingParams
@@ -34,7 +35,13 @@ class RequestOutput:
 
 
 class LLMEngine:
-    def __init__(self, model_config: ModelConfig, weights: LlamaWeights, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        weights: LlamaWeights,
+        config: EngineConfig,
+        grammar: GrammarCompiler | None = None,
+    ) -> None:
         self.model_config = model_config
         self.config = config
         # "auto" becomes bfloat16 or float32 here, from this CPU's flags (see cpu_engine.cpu_features).
@@ -45,8 +52,10 @@ class LLMEngine:
         self.kv_cache = KVCache(
             model_config, config.num_kv_blocks, config.block_size_tokens, dtype=self.dtype
         )
+        # Structured output needs the checkpoint's tokenizer; without one, guided requests are refused.
+        self.grammar = grammar
         self.runner = ModelRunner(
-            LlamaModel(model_config, weights, self.kv_cache, self.dtype), config.block_size_tokens
+            LlamaModel(model_config, weights, self.kv_cache, self.dtype), config.block_size_tokens, grammar
         )
         self.scheduler = Scheduler(
             config,
@@ -65,7 +74,10 @@ class LLMEngine:
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
         model_config = ModelConfig.from_checkpoint(path)
-        return cls(model_config, load_llama_weights(path, model_config), config or EngineConfig())
+        grammar = GrammarCompiler.for_checkpoint(
+            path, list(model_config.eos_token_ids), model_config.vocab_size
+        )
+        return cls(model_config, load_llama_weights(path, model_config), config or EngineConfig(), grammar)
 
     @property
     def dtype(self) -> LinearDType:
@@ -89,6 +101,12 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t, _ in params.logit_bias):  # a bad id would fail the whole step
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         seq = Sequence(request_id, prompt_token_ids, params, priority, cache_scope)
+        if params.guide is not None:
+            if self.grammar is None:
+                raise ValueError(
+                    "structured output needs the model's tokenizer.json, which this checkpoint lacks"
+                )
+            seq.matcher = self.grammar.matcher(params.guide)  # raises GrammarError (a ValueError)
         self.scheduler.add(seq)
         self.sequences[request_id] = seq
 

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpu_engine.grammar import GrammarCompiler, consume
 from cpu_engine.model import LlamaModel
 from cpu_engine.sampling import sample_tokens
+from cpu_engine.sequence import Sequence
 from cpu_engine.step_plan import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, block_size_tokens: int) -> None:
+    def __init__(
+        self, model: LlamaModel, block_size_tokens: int, grammar: GrammarCompiler | None = None
+    ) -> None:
         self.model = model
         self.block_size_tokens = block_size_tokens
+        self.grammar = grammar
 
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         """Run the step; returns the sampled token of every sequence whose chunk reached its last token."""
@@ -49,8 +54,21 @@ class ModelRunner:
         )
         if not sampling_seqs:
             return {}
+        guided = [i for i, s in enumerate(sampling_seqs) if s.matcher is not None]
+        if guided:
+            self._mask_guided(logits, [sampling_seqs[i] for i in guided], guided)
         params = [s.params for s in sampling_seqs]
         # The penalties read each row's tokens so far (by reference: no copy unless a row needs them).
         histories = [(s.token_ids, s.num_prompt_tokens) for s in sampling_seqs]
         tokens = sample_tokens(logits, params, [s.generator for s in sampling_seqs], histories)
+        for i in guided:
+            matcher = sampling_seqs[i].matcher
+            assert matcher is not None
+            consume(matcher, int(tokens[i]))
         return {seq.request_id: int(t) for seq, t in zip(sampling_seqs, tokens, strict=True)}
+
+    def _mask_guided(self, logits: np.ndarray, seqs: list[Sequence], rows: list[int]) -> None:
+        """Set to -inf, in place, the logits of every token a guided row's grammar does not allow next."""
+        assert self.grammar is not None  # the engine gives a sequence a matcher only when it has a grammar
+        allowed = self.grammar.allowed_tokens([s.matcher for s in seqs if s.matcher is not None])
+        logits[rows] = np.where(allowed, logits[rows], -np.inf)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sluice.wire import Guide
+
 log = logging.getLogger(__name__)
 
 # Below this a temperature samples as greedy (vLLM's threshold): dividing logits by 1e-310 overflows to
@@ -40,6 +42,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    guide: Guide | None = None  # structured output: the answer matches it (cpu_engine.grammar)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -59,6 +62,10 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be in (0, 2]")
         if any(not -100.0 <= bias <= 100.0 or token < 0 for token, bias in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100] for token ids >= 0")
+        if self.guide is not None and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos cannot be combined with a guide (the answer ends where it is complete)"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -89,7 +96,8 @@ def sample_tokens(
     temperature, top-k, top-p and min-p (transformers' order) and one draw each. A sampled row draws from
     its own generator, so a request with a seed draws the same tokens whatever else shares its batch. A
     row that cannot be sampled (logits that are not finite) takes its argmax instead and is logged: one
-    request's bad row never fails the other sequences of the step.
+    request's bad row never fails the other sequences of the step. A logit of -inf is a token the row may
+    not take (structured output's mask): never picked while any other is allowed.
     """
     rows = np.arange(len(params))
     penalised = [r for r in rows if params[r].penalised]
@@ -102,7 +110,10 @@ def sample_tokens(
     sampled = [r for r in rows if not params[r].greedy]
     if not sampled:
         return tokens
-    finite = np.isfinite(logits[sampled]).all(axis=1)
+    rows_sampled = logits[sampled]
+    finite = ~(np.isnan(rows_sampled) | np.isposinf(rows_sampled)).any(axis=1) & np.isfinite(
+        rows_sampled.max(axis=1)
+    )
     for r in np.asarray(sampled)[~finite]:
         log.warning("sampling row %d failed (its logits are not all finite); taking its argmax", r)
         tokens[r] = int(np.argmax(np.where(np.isnan(logits[r]), -np.inf, logits[r])))

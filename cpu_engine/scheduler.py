@@ -264,6 +264,8 @@ class Scheduler:
             return FinishReason.STOP
         if not p.ignore_eos and token in self.eos_token_ids:
             return FinishReason.STOP
+        if seq.matcher is not None and seq.matcher.is_stopped():  # the guide is complete: nothing can follow
+            return FinishReason.STOP
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None

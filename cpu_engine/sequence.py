@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 
+import llguidance
 import numpy as np
 
 from cpu_engine.sampling import SamplingParams
@@ -60,6 +61,8 @@ class Sequence:
         self.protected_until_num_tokens = 0
         self.admitted_order = -1  # set by the scheduler at admission; higher = more recent
         self.generator = None if params.greedy else np.random.default_rng(params.seed)
+        # Structured output: where the guide stands after the output so far (the engine sets it at add).
+        self.matcher: llguidance.LLMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -79,6 +79,15 @@ class GuideKind(StrEnum):
     EBNF_GRAMMAR = "ebnf_grammar"  # a Lark / GBNF grammar
 
 
+@dataclass(frozen=True)
+class Guide:
+    """Structured output: the answer must match this guide (a JSON schema as JSON text, a regex, a
+    grammar; for ``GuideKind.JSON`` the text is empty: any JSON object)."""
+
+    kind: GuideKind
+    text: str = ""
+
+
 class EnginePriority(IntEnum):
     """The engine's priority class of a request, lower first: the engine admits a waiting request ahead of
     lower classes and preempts running ones of a strictly lower class (a higher value) to make room,

@@ -20,6 +20,7 @@ from gateway.errors import OpenAIError, context_length_exceeded, invalid_request
 from gateway.openai.idempotency import check_key, fingerprint
 from gateway.openai.job import Job
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, unsupported_params
+from gateway.openai.structured import check_guide, guide_of
 from gateway.routing.router import Target
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
@@ -29,6 +30,7 @@ from sluice.policy.degrade import Degraded
 from sluice.policy.rollout import conversation_key
 from sluice.settings import Settings
 from sluice.text import ChatTemplateError
+from sluice.wire import Guide
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256  # each; the stream holds back up to this many characters while it may match
@@ -52,6 +54,12 @@ async def admit_chat(
     conversation_id: str | None = None,
 ) -> Job:
     target, request_id, degraded = _check_common(req, tenant, gw, "chatcmpl", conversation_id)
+    guide = guide_of(req.response_format)
+    if guide is not None and req.ignore_eos:
+        raise invalid_request(
+            "ignore_eos cannot be combined with a JSON response_format.", param="ignore_eos"
+        )
+    await check_guide(guide, target.codec, "response_format")
     if not req.messages:
         raise invalid_request("'messages' must hold at least one message.", param="messages")
     messages: list[dict[str, Any]] = []
@@ -71,7 +79,7 @@ async def admit_chat(
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     prompt = _Prompt(token_ids, screened, "messages")
     return _job(request_id, target, "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param),
-                arrival_s, idempotency_key, degraded)  # fmt: skip
+                arrival_s, idempotency_key, degraded, guide)  # fmt: skip
 
 
 async def admit_completion(
@@ -219,9 +227,12 @@ def request_class(req: ChatCompletionRequest | CompletionRequest, tenant: Tenant
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
-def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, target: Target) -> Sampling:
+def _sampling(
+    req: ChatCompletionRequest | CompletionRequest, max_tokens: int, target: Target, guide: Guide | None
+) -> Sampling:
     """The request's sampling controls, once, as every engine takes them: ``top_k`` -1 is no cut (vLLM's
-    spelling), ``logit_bias`` keys are token ids of this model's vocabulary."""
+    spelling), ``logit_bias`` keys are token ids of this model's vocabulary; ``guide`` (checked before)
+    constrains the answer."""
     return Sampling(
         max_tokens,
         req.temperature,
@@ -234,6 +245,7 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest, max_tokens: int, t
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=_logit_bias(req.logit_bias or {}, target.codec.vocab_size),
+        guide=guide,
     )
 
 
@@ -304,6 +316,7 @@ def _job(
     arrival_s: float,
     idempotency_key: str | None,
     degraded: Degraded | None = None,
+    guide: Guide | None = None,
 ) -> Job:
     settings = gw.settings
     token_ids = prompt.token_ids
@@ -335,7 +348,7 @@ def _job(
         model=target.model,  # an alias of an overloaded model names itself
         target=target,
         prompt_token_ids=token_ids,
-        sampling=_sampling(req, max_tokens, target),
+        sampling=_sampling(req, max_tokens, target, guide),
         stop=req.stop_strings(),
         arrival_s=arrival_s,
         deadline_s=arrival_s + deadline_s,

@@ -72,6 +72,23 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_obfuscation: bool | None = None  # accepted, ignored: Sluice pads no chunks
 
 
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    """``response_format.json_schema``: OpenAI's fields. The schema is honoured whatever ``strict`` says
+    (Sluice always constrains decoding to it)."""
+
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """``text`` (the default), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _SamplingFields(msgspec.Struct, kw_only=True):
     model: str
     max_tokens: int | None = None
@@ -119,7 +136,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     prediction: Any = None
     audio: Any = None
     modalities: list[str] | None = None
@@ -160,11 +177,6 @@ _CHAT: tuple[_Check, ...] = (
     ("parallel_tool_calls", _is_set, "parallel_tool_calls is not supported (no tools)."),
     ("functions", _is_on, "functions are not supported."),
     ("function_call", _not_none_mode, "function_call is not supported (no functions)."),
-    (
-        "response_format",
-        lambda v: v is not None and v.get("type", "text") != "text",
-        "Only response_format {'type': 'text'} is supported.",
-    ),
     ("prediction", _is_set, "Predicted outputs are not supported."),
     ("audio", _is_set, "Audio output is not supported."),
     ("modalities", lambda v: v is not None and set(v) - {"text"}, "Only the text modality is supported."),
@@ -250,7 +262,12 @@ def _field_names(struct: type[msgspec.Struct]) -> frozenset[str]:
 
 
 _NESTED: dict[type[msgspec.Struct], dict[str, type[msgspec.Struct]]] = {
-    ChatCompletionRequest: {"messages": ChatMessage, "stream_options": StreamOptions},
+    ChatCompletionRequest: {
+        "messages": ChatMessage,
+        "stream_options": StreamOptions,
+        "response_format": ResponseFormat,
+    },
+    ResponseFormat: {"json_schema": JsonSchemaFormat},
     CompletionRequest: {"stream_options": StreamOptions},
     ChatMessage: {"content": ContentPart},
 }

@@ -2,8 +2,16 @@
 (``sluice.engine_client.triton``) or in process (``cpu_engine.client``), and the wire types every side
 shares (``sluice.wire``)."""
 
-from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, Guide, Sampling, TokenLogprob
-from sluice.wire import EngineError, EngineErrorKind, EnginePriority, FinishReason, GuideKind, ReplicaStats
+from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, Sampling, TokenLogprob
+from sluice.wire import (
+    EngineError,
+    EngineErrorKind,
+    EnginePriority,
+    FinishReason,
+    Guide,
+    GuideKind,
+    ReplicaStats,
+)
 
 __all__ = [
     "Delta",

@@ -13,21 +13,12 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from sluice.wire import EnginePriority, FinishReason, GuideKind, ReplicaStats
+from sluice.wire import EnginePriority, FinishReason, Guide, ReplicaStats
 
 # A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
 # dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
 MIN_SAMPLED_TEMPERATURE = 1e-5
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat); completions' logprobs is at most 5
-
-
-@dataclass(frozen=True)
-class Guide:
-    """Structured output: the answer must match this guide (``GuideKind``: a JSON schema as JSON text, a
-    regex, a grammar; for ``JSON`` the text is empty: any JSON object)."""
-
-    kind: GuideKind
-    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +63,9 @@ class GenerateRequest:
     # TensorRT-LLM model stops only at the end_id it is sent. The CPU engine applies its checkpoint's own.
     eos_token_ids: tuple[int, ...] = ()
     cache_scope: str = field(kw_only=True)  # the tenant
+    # The model's vocabulary size (config.json's vocab_size: its logits' width), for an engine that takes
+    # logit_bias as a dense vector of that length (TensorRT-LLM's embedding_bias). None: not known.
+    vocab_size: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.cache_scope:

@@ -53,7 +53,8 @@ class TextCodec:
     ) -> None:
         # Every text is tokenized with special-token strings as plain text; the template's specials are
         # found by ``_specials`` and added as ids.
-        self._tokenizer = Tokenizer.from_str(tokenizer.to_str())
+        self.tokenizer_json = tokenizer.to_str()  # as the checkpoint has it (structured output's tokenizer)
+        self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
         self._tokenizer.encode_special_tokens = True
         added = tokenizer.get_added_tokens_decoder()
         self._special_ids = {t.content: i for i, t in added.items() if t.special}

@@ -41,7 +41,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferResult
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from sluice.wire import EngineError, EngineErrorKind
+from sluice.wire import EngineError, EngineErrorKind, Guide
 
 
 def grpc_target(endpoint: str) -> str:
@@ -90,6 +90,7 @@ def request_tensors(
     frequency_penalty: float | None = None,
     repetition_penalty: float | None = None,
     logit_bias: Sequence[tuple[int, float]] = (),
+    guide: Guide | None = None,
 ) -> dict[str, np.ndarray]:
     """A request's input tensors (``sluice.wire``), each with its batch dimension of 1.
 
@@ -124,6 +125,10 @@ def request_tensors(
         ids, values = zip(*logit_bias, strict=True)
         out["logit_bias_ids"] = np.asarray(ids, dtype=np.int32).reshape(1, -1)
         out["logit_bias_values"] = np.asarray(values, dtype=np.float32).reshape(1, -1)
+    if guide is not None:
+        out["guided_decoding_guide_type"] = np.array([[guide.kind.value.encode()]], dtype=np.object_)
+        if guide.text:
+            out["guided_decoding_guide"] = np.array([[guide.text.encode()]], dtype=np.object_)
     out["cache_scope"] = np.array([[cache_scope.encode()]], dtype=np.object_)
     return out
 

@@ -18,6 +18,7 @@ ALLOWED_SLUICE_MODULES = {
     "sluice.engine_client",
     "sluice.engine_client.base",
     "sluice.wire",
+    "sluice.guides",  # how a guide becomes a grammar (imports only the wire and llguidance)
 }
 APPLICATIONS = ("gateway", "control_plane", "build_engines")
 

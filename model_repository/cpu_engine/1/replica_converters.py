@@ -28,11 +28,14 @@ from sluice.wire import (
     REQUIRED_INPUTS,
     EngineErrorKind,
     EnginePriority,
+    Guide,
+    GuideKind,
 )
 
 T = TypeVar("T")
 
 MAX_CACHE_SCOPE_BYTES = 256
+MAX_GUIDE_BYTES = 256 * 1024  # a schema, regex or grammar; the gateway's own limit is lower
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ def request_from_tensors(
         frequency_penalty=_float_scalar(tensors, "frequency_penalty", 0.0),
         repetition_penalty=_float_scalar(tensors, "repetition_penalty", 1.0),
         logit_bias=_logit_bias(tensors, vocab_size),
+        guide=_guide(tensors),
     )
     return EngineRequest(
         prompt_token_ids=[int(t) for t in prompt],
@@ -300,6 +304,46 @@ def _logit_bias(tensors: Mapping[str, np.ndarray], vocab_size: int) -> tuple[tup
     return tuple((int(t), float(v)) for t, v in zip(ids, values, strict=True))
 
 
+def _guide(tensors: Mapping[str, np.ndarray]) -> Guide | None:
+    """``guided_decoding_guide_type`` and ``guided_decoding_guide`` as a ``Guide`` (the text may be left
+    out for ``json``, any JSON object)."""
+    if "guided_decoding_guide_type" not in tensors:
+        if "guided_decoding_guide" in tensors:
+            raise ValueError("guided_decoding_guide needs guided_decoding_guide_type")
+        return None
+    kind = _string_scalar(tensors, "guided_decoding_guide_type", 64)
+    try:
+        guide_kind = GuideKind(kind)
+    except ValueError:
+        allowed = ", ".join(k.value for k in GuideKind)
+        raise ValueError(f"guided_decoding_guide_type must be one of {allowed}, got {kind!r}") from None
+    text = (
+        _string_scalar(tensors, "guided_decoding_guide", MAX_GUIDE_BYTES)
+        if "guided_decoding_guide" in tensors
+        else ""
+    )
+    if not text and guide_kind is not GuideKind.JSON:
+        raise ValueError(f"a {guide_kind.value} guide needs its guided_decoding_guide")
+    return Guide(guide_kind, text)
+
+
+def _string_scalar(tensors: Mapping[str, np.ndarray], name: str, max_bytes: int) -> str:
+    arr = _flat(tensors, name)
+    if arr.size != 1:
+        raise ValueError(f"{name} must hold one string")
+    raw = arr[0]
+    if isinstance(raw, str):
+        raw = raw.encode()
+    if not isinstance(raw, bytes | np.bytes_):
+        raise ValueError(f"{name} must be bytes")
+    if len(raw) > max_bytes:
+        raise ValueError(f"{name} must be at most {max_bytes} bytes")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} must be UTF-8") from None
+
+
 def _check_vocab(name: str, ids: np.ndarray, vocab_size: int) -> None:
     bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
     if bad.size:
@@ -315,19 +359,7 @@ def _cache_scope(tensors: Mapping[str, np.ndarray]) -> str:
             "input 'cache_scope' is required (the tenant: prefix-cache blocks are shared only within one "
             "scope, and there is no shared default)"
         )
-    arr = _flat(tensors, "cache_scope")
-    if arr.size != 1:
-        raise ValueError("cache_scope must hold one string")
-    raw = arr[0]
-    if isinstance(raw, str):
-        raw = raw.encode()
-    if not isinstance(raw, bytes | np.bytes_):
-        raise ValueError("cache_scope must be bytes")
-    if len(raw) > MAX_CACHE_SCOPE_BYTES:
-        raise ValueError(f"cache_scope must be at most {MAX_CACHE_SCOPE_BYTES} bytes")
-    if not raw:
+    scope = _string_scalar(tensors, "cache_scope", MAX_CACHE_SCOPE_BYTES)
+    if not scope:
         raise ValueError("cache_scope must not be empty (there is no shared default scope)")
-    try:
-        return bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError("cache_scope must be UTF-8") from None
+    return scope
