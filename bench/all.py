@@ -61,6 +61,8 @@ BENCHES: tuple[Bench, ...] = (
           4),
     Bench("attention", "bench.attention_bench", (), ("--repeats", "20"), 1),
     Bench("linear", "bench.linear_bench", (), ("--rounds", "1", "--only", "shapes", "--no-torch"), 3),
+    Bench("grammar-choice", "bench.grammar_choice", ("--model", CHECKPOINT, "--write-docs"),
+          ("--model", CHECKPOINT, "--repeats", "2", "--steps", "50"), 1),
     Bench("safety", "bench.safety_bench", ("--write-docs",), ("--repeat", "1"), 1),
     Bench("replica", "bench.replica_bench", ("--checkpoint-dir", CHECKPOINT),
           ("--checkpoint-dir", CHECKPOINT, "--concurrency", "8", "--requests", "16"), 2),
