@@ -34,6 +34,7 @@ from build_engines.plan import STEP_COUNTS, BuildPlan, Step, plan_build, tool_ve
 from build_engines.repository import (
     ENGINE_SUBDIR,
     render_trtllm,
+    trtllm_guided_decoding,
     write_repository,
 )
 from build_engines.spec import BuildSpec
@@ -367,14 +368,17 @@ def _execute(plan: BuildPlan, say: Say) -> tuple[str, EngineLimits | None]:
         say(f"       engine limits {limits.to_dict()}")
         digest = weights_digest(plan.artifact_dir / ENGINE_SUBDIR)
         _step(plan, "render", say)
+        # Structured output from the staged tokenizer, as a replica renders it (render_for_replica).
+        serving, guided_files = trtllm_guided_decoding(plan.artifact_dir, plan.repository_dir, spec.model)
         files = render_trtllm(
             model_name=spec.model,
             triton_version=spec.triton_version,
             engine_dir=str(plan.artifact_dir / ENGINE_SUBDIR),
             weights_digest_value=digest,
             max_batch_size=spec.max_batch_size,
+            serving=serving,
         )
-        write_repository(plan.repository_dir, files, spec.model, spec.triton_version)
+        write_repository(plan.repository_dir, files | guided_files, spec.model, spec.triton_version)
         return digest, limits
     digest = plan.source_weights_digest
     _step(plan, "render", say)

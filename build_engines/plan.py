@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from build_engines.checkpoint import CheckpointInfo
+from build_engines.guided_decoding import XGRAMMAR_TOKENIZER_INFO
 from build_engines.repository import (
     ENGINE_SUBDIR,
+    guided_serving,
     render_cpu,
     render_llmapi,
     render_trtllm,
@@ -246,12 +248,16 @@ def _plan_trtllm(
     render = Step(
         "render", f"render the inflight_batcher_llm tensorrt_llm model into {work_dir / 'repository'}"
     )
+    # Structured output on: the render step writes the staged tokenizer's info file beside the config
+    # (build_engines.guided_decoding; the check requires a tokenizer.json).
+    info_path = work_dir / "repository" / spec.model / XGRAMMAR_TOKENIZER_INFO
     rendered = render_trtllm(
         model_name=spec.model,
         triton_version=spec.triton_version,
         engine_dir=str(engine),
         weights_digest_value=ENGINE_DIGEST_PENDING,
         max_batch_size=spec.max_batch_size,
+        serving=guided_serving(info_path),
     )
     upload = Step("upload", f"upload the artifact to {spec.dest} with its manifest")
     register = Step("register", f"register {spec.model}@{spec.version} as staged with the engine's digest")

@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from build_engines.guided_decoding import (
+    GUIDED_DECODING_BACKEND,
+    XGRAMMAR_TOKENIZER_INFO,
+    xgrammar_tokenizer_info_text,
+)
 from build_engines.replica_launch import world_size
 from build_engines.trtllm_release import LLMAPI_MODEL_FILES
 from replicas.render import (
@@ -67,7 +72,11 @@ class TrtllmServing:
     exclude_input_in_output: bool = True  # the gateway streams new tokens only
     max_beam_width: int = 1
     logits_datatype: str = "TYPE_FP32"
-    # Guided decoding off: the backend reads these three without a fallback; "" means unset.
+    # output_log_probs over the whole vocabulary, not renormalised over the top-k/top-p set (the backend's
+    # default, under which a greedy token's log-probability is always 0).
+    normalize_log_probs: bool = False
+    # Structured output: the backend reads these three without a fallback; "" means unset (off). On:
+    # guided_decoding_backend "xgrammar" with the tokenizer info file (``trtllm_guided_decoding``).
     tokenizer_dir: str = ""
     guided_decoding_backend: str = ""
     xgrammar_tokenizer_info_path: str = ""
@@ -83,10 +92,36 @@ class TrtllmServing:
             raise ValueError("kv_cache_free_gpu_mem_fraction must be in (0, 1]")
         if min(self.max_queue_size, self.max_queue_delay_microseconds, self.cancellation_check_period_ms) < 0:
             raise ValueError("queue size, queue delay and cancellation period must be >= 0")
+        if self.guided_decoding_backend not in ("", GUIDED_DECODING_BACKEND):
+            raise ValueError(f"the tensorrt_llm backend's guided decoding is {GUIDED_DECODING_BACKEND} only")
+        if bool(self.guided_decoding_backend) != bool(self.xgrammar_tokenizer_info_path):
+            raise ValueError("guided decoding needs both its backend and its tokenizer info path, or neither")
 
     def values(self) -> dict[str, str]:
         """Template values: booleans as the backend and YAML read them (true/false)."""
         return {k: _text(v) for k, v in asdict(self).items()}
+
+
+def guided_serving(info_path: Path, serving: TrtllmServing | None = None) -> TrtllmServing:
+    """``serving`` with structured output on, its tokenizer info at ``info_path`` (absolute)."""
+    return replace(
+        serving or TrtllmServing(),
+        guided_decoding_backend=GUIDED_DECODING_BACKEND,
+        xgrammar_tokenizer_info_path=str(info_path),
+    )
+
+
+def trtllm_guided_decoding(
+    tokenizer_dir: Path, repository_dir: Path, model_name: str, serving: TrtllmServing | None = None
+) -> tuple[TrtllmServing, dict[str, str]]:
+    """The serving knobs and the extra file of a ``tensorrt_llm`` model with structured output on: the
+    tokenizer info (``build_engines.guided_decoding``) of ``tokenizer_dir``'s tokenizer, written beside
+    the model's config.pbtxt in ``repository_dir``. Without a tokenizer.json there: off, no file."""
+    text = xgrammar_tokenizer_info_text(tokenizer_dir)
+    if text is None:
+        return serving or TrtllmServing(), {}
+    info_path = (repository_dir / model_name / XGRAMMAR_TOKENIZER_INFO).resolve()
+    return guided_serving(info_path, serving), {f"{model_name}/{XGRAMMAR_TOKENIZER_INFO}": text}
 
 
 def _text(value: object) -> str:
@@ -214,14 +249,17 @@ def render_for_replica(
         return render_model_repository(out_dir, settings)
     if target == "trtllm":
         _check_engine_world_size(weights_dir, build_config)
+        # Structured output from the artifact's own tokenizer (at its top level, where the gateway reads it).
+        serving, guided_files = trtllm_guided_decoding(artifact_dir, out_dir, model_name)
         files = render_trtllm(
             model_name=model_name,
             triton_version=triton_version,
             engine_dir=str(weights_dir.resolve()),
             weights_digest_value=digest,
             max_batch_size=int(build_config["max_batch_size"]),
+            serving=serving,
         )
-        return write_repository(out_dir, files, model_name, triton_version)
+        return write_repository(out_dir, files | guided_files, model_name, triton_version)
     if target == "trtllm-llmapi":
         missing = [
             name

@@ -123,6 +123,16 @@ class BlockPool:
         for _ in range(num_missing):
             seq.block_table.append(self._pop_free())
 
+    def share(self, parent: Sequence, child: Sequence) -> None:
+        """``child`` (holding no blocks) takes ``parent``'s blocks and computed tokens, each block shared
+        (``allocate`` copies a shared block before either writes to it)."""
+        assert not child.block_table, "share() is for sequences that hold no blocks"
+        for block_id in parent.block_table:
+            self._incref(block_id)
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+
     def free(self, seq: Sequence) -> None:
         """Release every block of ``seq``; its full blocks stay in the prefix cache until evicted."""
         # Reverse order: a sequence's tail blocks are evicted before its head, which other prompts share.

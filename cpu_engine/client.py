@@ -77,6 +77,8 @@ class InProcessEngineClient(EngineClient):
                 repetition_penalty=asked.repetition_penalty,
                 logit_bias=asked.logit_bias,
                 guide=asked.guide,
+                logprobs=asked.logprobs,
+                n=asked.n,
             )
         except ValueError as exc:
             raise EngineError(EngineErrorKind.INVALID_REQUEST, str(exc)) from None
@@ -105,17 +107,21 @@ class InProcessEngineClient(EngineClient):
                 if delta.error is not None:
                     finished = True
                     raise EngineError(error_kind(delta.error_kind), delta.error)
-                if delta.finished:
-                    finished = True
+                logprobs = tuple(delta.logprobs) if delta.logprobs is not None else None
+                if delta.answer_finished:
                     yield Delta(
                         delta.token_ids,
                         delta.finish_reason,  # the engine's is the wire's own FinishReason
                         delta.num_prompt_tokens,
                         delta.num_cached_prompt_tokens,
+                        delta.index,
+                        logprobs,
                     )
+                elif delta.token_ids:
+                    yield Delta(delta.token_ids, index=delta.index, logprobs=logprobs)
+                if delta.finished:
+                    finished = True
                     return
-                if delta.token_ids:
-                    yield Delta(delta.token_ids)
         finally:
             if not finished:
                 thread.abort(request.request_id)

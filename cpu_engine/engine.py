@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cpu_engine.block_pool import BlockPool
@@ -18,12 +18,14 @@ from cpu_engine.sequence import Sequence
 from cpu_engine.stats import EngineStats, StepTimeHistogram
 from cpu_engine.step_plan import SchedulerOutput
 from cpu_engine.weights import LlamaWeights, load_llama_weights
-from sluice.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason, TokenLogprob
 
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What one step produced for one request: its new tokens, and whether it is done."""
+    """What one step produced for one answer of a request (``index``: 0 unless n > 1): its new tokens
+    (with their log-probabilities, where asked), and whether it is done; ``request_finished`` once every
+    answer of the request is."""
 
     request_id: str
     new_token_ids: list[int]
@@ -32,6 +34,9 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_prompt_tokens: int
+    index: int = 0
+    new_logprobs: list[TokenLogprob] | None = None
+    request_finished: bool = True
 
 
 class LLMEngine:
@@ -63,7 +68,7 @@ class LLMEngine:
             model_config.max_position_embeddings,
             frozenset(model_config.eos_token_ids),
         )
-        self.sequences: dict[str, Sequence] = {}
+        self.sequences: dict[str, list[Sequence]] = {}  # request id -> its answers (n, index order)
         self.step_ms = StepTimeHistogram(config.step_ms_buckets)
         self._ewma_step_ms: float | None = None
         self._num_steps = 0
@@ -100,23 +105,30 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if any(not 0 <= t < vocab for t, _ in params.logit_bias):  # a bad id would fail the whole step
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-        seq = Sequence(request_id, prompt_token_ids, params, priority, cache_scope)
+        answers = [
+            Sequence(request_id, prompt_token_ids, params, priority, cache_scope, index=i)
+            for i in range(params.n)
+        ]
         if params.guide is not None:
             if self.grammar is None:
                 raise ValueError(
                     "structured output needs the model's tokenizer.json, which this checkpoint lacks"
                 )
-            seq.matcher = self.grammar.matcher(params.guide)  # raises GrammarError (a ValueError)
-        self.scheduler.add(seq)
-        self.sequences[request_id] = seq
+            for seq in answers:
+                seq.matcher = self.grammar.matcher(params.guide)  # raises GrammarError (a ValueError)
+        first = answers[0]
+        first.siblings = answers[1:]  # prefilled once, with the first (the scheduler forks them)
+        self.scheduler.add(first)
+        self.sequences[request_id] = answers
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Drop a request now (between steps) and free its blocks. None if it is unknown or finished."""
-        seq = self.sequences.pop(request_id, None)
-        if seq is None:
-            return None
-        self.scheduler.abort(request_id)
-        return self._output(seq, [])
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """Drop a request now (between steps) and free its blocks: one output for each of its answers that
+        had not finished (none if it is unknown or finished)."""
+        answers = self.sequences.pop(request_id, [])
+        live = [seq for seq in answers if not seq.is_finished]
+        for seq in live:
+            self.scheduler.abort(seq.key)  # the first answer's abort also ends the siblings waiting on it
+        return [self._output(seq, [], request_finished=seq is live[-1]) for seq in live]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -129,20 +141,36 @@ class LLMEngine:
         if out.is_empty:
             return []
         sampled = self.runner.execute(out)
-        finished = self.scheduler.update_from_output(out, sampled)
-        outputs = []
+        self.scheduler.update_from_output(out, sampled.tokens)
+        outputs: list[RequestOutput] = []
         for seq, _ in out.scheduled:
-            token = sampled.get(seq.request_id)
-            if token is not None:
-                outputs.append(self._output(seq, [token]))
-        for seq in finished:
-            self.sequences.pop(seq.request_id, None)
+            if seq.key not in sampled.tokens:
+                continue
+            answers = self.sequences[seq.request_id]
+            forked_now = len(answers) > 1 and seq.index == 0 and seq.num_output_tokens == 1
+            for member in answers if forked_now else [seq]:  # the first answer's step made its siblings'
+                logprob = sampled.logprobs.get(member.key)
+                new_logprobs = None if logprob is None else [logprob]
+                outputs.append(self._output(member, [sampled.tokens[member.key]], new_logprobs, False))
+        outputs = self._mark_request_ends(outputs)
         self._num_steps += 1
-        self._num_generated += len(sampled)
+        self._num_generated += len(sampled.tokens)
         self._last_num_scheduled = len(out.scheduled)
-        self._last_num_context = sum(1 for s, n in out.scheduled if s.request_id not in sampled or n > 1)
+        self._last_num_context = sum(1 for s, n in out.scheduled if s.key not in sampled.tokens or n > 1)
         self._observe_step(out, (time.perf_counter() - started) * 1000.0)
         return outputs
+
+    def _mark_request_ends(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Flag the last output of each request whose every answer is now finished (``request_finished``)
+        and forget the request."""
+        marked = list(outputs)
+        for i in range(len(marked) - 1, -1, -1):
+            request_id = marked[i].request_id
+            answers = self.sequences.get(request_id)
+            if answers is not None and all(a.is_finished for a in answers):
+                marked[i] = replace(marked[i], request_finished=True)
+                del self.sequences[request_id]
+        return marked
 
     def _observe_step(self, out: SchedulerOutput, ms: float) -> None:
         self.step_ms.observe(ms)
@@ -159,7 +187,13 @@ class LLMEngine:
         elif self._ewma_step_ms < 0.9 * target and num_running >= self.scheduler.running_cap:
             self.scheduler.running_cap = min(self.config.max_num_running, self.scheduler.running_cap + 1)
 
-    def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
+    def _output(
+        self,
+        seq: Sequence,
+        new_tokens: list[int],
+        new_logprobs: list[TokenLogprob] | None = None,
+        request_finished: bool = True,
+    ) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=new_tokens,
@@ -168,6 +202,9 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+            index=seq.index,
+            new_logprobs=new_logprobs,
+            request_finished=request_finished,
         )
 
     def stats(self) -> EngineStats:

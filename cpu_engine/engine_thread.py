@@ -18,7 +18,7 @@ from enum import StrEnum
 from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import EngineStats
-from sluice.wire import EngineErrorKind, EnginePriority, FinishReason
+from sluice.wire import EngineErrorKind, EnginePriority, FinishReason, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ def error_kind(stream_error: StreamError | None) -> EngineErrorKind:
 
 @dataclass
 class StreamDelta:
-    """Tokens produced since the previous read, and the request's end if it has come."""
+    """One answer's tokens produced since the previous read (``index``: 0 unless n > 1), with their
+    log-probabilities where asked; ``answer_finished`` when that answer has ended (its ``finish_reason``),
+    ``finished`` on the request's last delta (every answer ended, or an error)."""
 
     token_ids: list[int]
     finished: bool
@@ -51,24 +53,48 @@ class StreamDelta:
     num_cached_prompt_tokens: int
     error: str | None = None
     error_kind: StreamError | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    answer_finished: bool = False
+
+
+@dataclass
+class _Answer:
+    """What one answer of a request has made that was not read yet."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    last: RequestOutput | None = None
+    end_read: bool = False
+
+    def has_news(self) -> bool:
+        return bool(self.tokens) or (self.last is not None and self.last.finished and not self.end_read)
 
 
 @dataclass
 class RequestStream:
+    """A request's output as the engine makes it, read by one consumer: each read takes one answer's
+    tokens (the lowest index with any), so a slow reader gets several tokens per read instead of a
+    growing backlog of messages."""
+
     request_id: str
     on_update: Callable[[], None] | None = None
     submitted_s: float = field(default_factory=time.monotonic)
     _cond: threading.Condition = field(default_factory=threading.Condition)
-    _pending: list[int] = field(default_factory=list)
-    _last: RequestOutput | None = None
+    _answers: dict[int, _Answer] = field(default_factory=dict)
+    _request_finished: bool = False
     _error: str | None = None
     _error_kind: StreamError | None = None
     _taken_final: bool = False
 
     def _push(self, out: RequestOutput) -> None:
         with self._cond:
-            self._pending.extend(out.new_token_ids)
-            self._last = out
+            answer = self._answers.setdefault(out.index, _Answer())
+            answer.tokens.extend(out.new_token_ids)
+            if out.new_logprobs:
+                answer.logprobs.extend(out.new_logprobs)
+            answer.last = out
+            self._request_finished = self._request_finished or out.request_finished
             self._cond.notify_all()
         if self.on_update is not None:
             self.on_update()
@@ -81,35 +107,44 @@ class RequestStream:
         if self.on_update is not None:
             self.on_update()
 
+    def _ready(self) -> bool:
+        return (
+            self._error is not None
+            or self._request_finished
+            or any(a.has_news() for a in self._answers.values())
+        )
+
     def take(self, timeout_s: float | None = None) -> StreamDelta | None:
         """Block until there are new tokens or an end; None on timeout or after the final delta."""
         with self._cond:
             if self._taken_final:
                 return None
-            ready = self._cond.wait_for(
-                lambda: self._pending or self._error is not None or (self._last and self._last.finished),
-                timeout_s,
-            )
+            ready = self._cond.wait_for(self._ready, timeout_s)
             return self._take_locked() if ready else None
 
     def has_ended(self) -> bool:
         """The request finished or failed: its final delta is ready (or taken)."""
         with self._cond:
-            return self._error is not None or bool(self._last and self._last.finished)
+            return self._error is not None or self._request_finished
 
     def take_nowait(self) -> StreamDelta | None:
         with self._cond:
-            if self._taken_final or not (
-                self._pending or self._error or (self._last and self._last.finished)
-            ):
+            if self._taken_final or not self._ready():
                 return None
             return self._take_locked()
 
     def _take_locked(self) -> StreamDelta:
-        last = self._last
-        finished = self._error is not None or bool(last and last.finished)
+        news = sorted(i for i, a in self._answers.items() if a.has_news())
+        index = news[0] if news else 0
+        answer = self._answers.get(index) or _Answer()
+        last = answer.last
+        answer_finished = bool(news) and bool(last and last.finished)
+        if answer_finished:
+            answer.end_read = True
+        # The request's last delta: it ended, and no other answer has anything left to read.
+        finished = self._error is not None or (self._request_finished and len(news) <= 1)
         delta = StreamDelta(
-            token_ids=self._pending,
+            token_ids=answer.tokens,
             finished=finished,
             finish_reason=last.finish_reason if last else None,
             num_prompt_tokens=last.num_prompt_tokens if last else 0,
@@ -117,8 +152,11 @@ class RequestStream:
             num_cached_prompt_tokens=last.num_cached_prompt_tokens if last else 0,
             error=self._error,
             error_kind=self._error_kind,
+            index=index,
+            logprobs=answer.logprobs or None,
+            answer_finished=answer_finished,
         )
-        self._pending = []
+        answer.tokens, answer.logprobs = [], []
         self._taken_final = finished
         return delta
 
@@ -230,8 +268,7 @@ class EngineThread:
                 return
             self._streams[stream.request_id] = stream
         elif isinstance(command, _Abort):
-            out = self._engine.abort_request(command.request_id)
-            if out is not None:
+            for out in self._engine.abort_request(command.request_id):
                 self._deliver(out)
             self._stats = self._engine.stats()
 
@@ -239,6 +276,6 @@ class EngineThread:
         stream = self._streams.get(out.request_id)
         if stream is None:
             return
-        if out.finished:
+        if out.request_finished:
             del self._streams[out.request_id]
         stream._push(out)

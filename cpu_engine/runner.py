@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from cpu_engine.grammar import GrammarCompiler, consume
 from cpu_engine.model import LlamaModel
-from cpu_engine.sampling import sample_tokens
+from cpu_engine.sampling import sample_tokens, token_logprobs
 from cpu_engine.sequence import Sequence
 from cpu_engine.step_plan import SchedulerOutput
+from sluice.wire import TokenLogprob
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """What a step sampled, by sequence key: the next token, and its log-probabilities where asked."""
+
+    tokens: dict[str, int]
+    logprobs: dict[str, TokenLogprob]
 
 
 class ModelRunner:
@@ -19,8 +30,9 @@ class ModelRunner:
         self.block_size_tokens = block_size_tokens
         self.grammar = grammar
 
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run the step; returns the sampled token of every sequence whose chunk reached its last token."""
+    def execute(self, out: SchedulerOutput) -> StepSamples:
+        """Run the step; sample the next token of every sequence whose chunk reached its last token (and
+        the first token of each sibling waiting on it: an answer of the same prompt, n > 1)."""
         if out.block_copies:
             self.model.kv.copy_blocks(out.block_copies)
         bs = self.block_size_tokens
@@ -31,7 +43,8 @@ class ModelRunner:
         positions_parts: list[np.ndarray] = []
         seq_index_parts: list[np.ndarray] = []
         logits_indices: list[int] = []
-        sampling_seqs = []
+        sampling_seqs: list[Sequence] = []
+        rows: list[int] = []  # each sampled sequence's row of the logits (siblings share their parent's)
         for i, (seq, num_new) in enumerate(out.scheduled):
             start = seq.num_computed_tokens
             block_tables[i, : len(seq.block_table)] = seq.block_table
@@ -40,7 +53,9 @@ class ModelRunner:
             seq_index_parts.append(np.full(num_new, i, dtype=np.int32))
             if start + num_new == seq.num_tokens:  # this chunk ends the known tokens: sample the next one
                 logits_indices.append(len(ids) - 1)
-                sampling_seqs.append(seq)
+                for member in (seq, *seq.siblings):
+                    sampling_seqs.append(member)
+                    rows.append(len(logits_indices) - 1)
         positions = np.concatenate(positions_parts)
         seq_index = np.concatenate(seq_index_parts)
         slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
@@ -53,7 +68,11 @@ class ModelRunner:
             np.asarray(logits_indices, dtype=np.int64),
         )
         if not sampling_seqs:
-            return {}
+            return StepSamples({}, {})
+        if len(rows) != len(logits_indices):
+            logits = logits[rows]  # a copy: each sibling's row is its own from here on
+        reporting = [i for i, s in enumerate(sampling_seqs) if s.params.logprobs is not None]
+        raw = logits[reporting].copy() if reporting else None  # the model's own, before any adjustment
         guided = [i for i, s in enumerate(sampling_seqs) if s.matcher is not None]
         if guided:
             self._mask_guided(logits, [sampling_seqs[i] for i in guided], guided)
@@ -65,7 +84,14 @@ class ModelRunner:
             matcher = sampling_seqs[i].matcher
             assert matcher is not None
             consume(matcher, int(tokens[i]))
-        return {seq.request_id: int(t) for seq, t in zip(sampling_seqs, tokens, strict=True)}
+        logprobs: dict[str, TokenLogprob] = {}
+        if raw is not None:
+            wanted = [sampling_seqs[i].params.logprobs or 0 for i in reporting]
+            for i, (value, top) in zip(
+                reporting, token_logprobs(raw, tokens[reporting], wanted), strict=True
+            ):
+                logprobs[sampling_seqs[i].key] = TokenLogprob(value, top)
+        return StepSamples({seq.key: int(t) for seq, t in zip(sampling_seqs, tokens, strict=True)}, logprobs)
 
     def _mask_guided(self, logits: np.ndarray, seqs: list[Sequence], rows: list[int]) -> None:
         """Set to -inf, in place, the logits of every token a guided row's grammar does not allow next."""

@@ -19,6 +19,8 @@ MIN_SAMPLED_TEMPERATURE = 1e-5
 # on the last bit of a SIMD exp() (which differs between CPUs with and without AVX-512).
 TOP_P_TOLERANCE = 1e-9
 _MAX_LOG_RATIO = 700.0  # exp(-700) is still a normal float64
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+MAX_N = 128  # answers per request (the gateway's own limit, SLUICE_MAX_N, is lower)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     guide: Guide | None = None  # structured output: the answer matches it (cpu_engine.grammar)
+    # Report each token's log-probability (the model's log-softmax, before any of the above) and this many
+    # most likely alternatives; None: none.
+    logprobs: int | None = None
+    n: int = 1  # answers to the prompt, prefilled once (cpu_engine.scheduler forks them)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -62,6 +68,10 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be in (0, 2]")
         if any(not -100.0 <= bias <= 100.0 or token < 0 for token, bias in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100] for token ids >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}]")
         if self.guide is not None and self.ignore_eos:
             raise ValueError(
                 "ignore_eos cannot be combined with a guide (the answer ends where it is complete)"
@@ -130,6 +140,35 @@ def sample_tokens(
         picked = np.minimum(picked, last_kept)
         tokens[good] = order[np.arange(len(good)), picked]
     return tokens
+
+
+def token_logprobs(
+    logits: np.ndarray, tokens: np.ndarray, num_top: list[int]
+) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """Each row's log-probability of its chosen token and its ``num_top[row]`` most likely tokens with
+    theirs (most likely first; a tie in value is ordered by token id): the log-softmax of ``logits``
+    [rows, vocab], computed in float64."""
+    x = logits.astype(np.float64)
+    peak = x.max(axis=1, keepdims=True)
+    log_z = peak[:, 0] + np.log(np.exp(x - peak).sum(axis=1))
+    rows = np.arange(x.shape[0])
+    chosen = x[rows, tokens] - log_z
+    k = max(num_top, default=0)
+    top_ids = np.empty((x.shape[0], 0), dtype=np.int64)
+    if k:
+        part = (
+            np.argpartition(-x, k - 1, axis=1)[:, :k]
+            if k < x.shape[1]
+            else np.tile(np.arange(x.shape[1]), (x.shape[0], 1))
+        )
+        vals = np.take_along_axis(x, part, axis=1)
+        order = np.lexsort((part, -vals), axis=1)
+        top_ids = np.take_along_axis(part, order, axis=1)
+    out = []
+    for r, want in enumerate(num_top):
+        ids = top_ids[r, :want]
+        out.append((float(chosen[r]), tuple((int(t), float(x[r, t] - log_z[r])) for t in ids)))
+    return out
 
 
 def apply_penalties(

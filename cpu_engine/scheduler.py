@@ -50,7 +50,7 @@ class Scheduler:
 
     # ----- queue -----
     def add(self, seq: Sequence) -> None:
-        total = seq.num_tokens + seq.params.max_tokens
+        total = seq.num_tokens + seq.params.max_tokens * seq.params.n
         if self.block_pool.blocks_for_tokens(min(total, self.max_model_len)) > self.block_pool.num_blocks:
             raise ValueError(
                 f"request {seq.request_id} needs more KV blocks than the pool holds "
@@ -60,16 +60,17 @@ class Scheduler:
             raise ValueError(f"prompt of {seq.num_tokens} tokens reaches the model's {self.max_model_len}")
         self.waiting[seq.priority].append(seq)
 
-    def abort(self, request_id: str) -> Sequence | None:
-        """Remove a sequence wherever it is and free its blocks. Returns it, or None if unknown."""
+    def abort(self, key: str) -> Sequence | None:
+        """Remove a sequence (by its key) wherever it is and free its blocks, with the siblings still
+        waiting on it. Returns it, or None if unknown."""
         for queue in self.waiting.values():
             for seq in queue:
-                if seq.request_id == request_id:
+                if seq.key == key:
                     queue.remove(seq)
                     self._finish(seq, FinishReason.ABORT)
                     return seq
         for seq in self.running:
-            if seq.request_id == request_id:
+            if seq.key == key:
                 self.running.remove(seq)
                 self._finish(seq, FinishReason.ABORT)
                 return seq
@@ -119,23 +120,38 @@ class Scheduler:
         return out
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
-        """Advance the scheduled sequences; append sampled tokens; return the sequences that finished."""
+        """Advance the scheduled sequences; append sampled tokens (forking the siblings waiting on a
+        prompt that was just computed); return the sequences that finished."""
         finished: list[Sequence] = []
         for seq, num_new in out.scheduled:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed_tokens += num_new
             self.block_pool.cache_full_blocks(seq)
-            token = sampled.get(seq.request_id)
-            if token is None:
+            if seq.key not in sampled:
                 continue  # a prefill chunk that did not reach the end of the prompt
-            seq.token_ids.append(token)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self.running.remove(seq)
-                self._finish(seq, reason)
-                finished.append(seq)
+            siblings, seq.siblings = seq.siblings, []
+            for member in (seq, *siblings):
+                if member is not seq:
+                    self._fork(seq, member)
+                token = sampled[member.key]
+                member.token_ids.append(token)
+                reason = self._stop_reason(member, token)
+                if reason is not None:
+                    self.running.remove(member)
+                    self._finish(member, reason)
+                    finished.append(member)
         return finished
+
+    def _fork(self, parent: Sequence, child: Sequence) -> None:
+        """``child`` (an answer of ``parent``'s prompt) runs from here on ``parent``'s computed blocks: the
+        full ones shared, the last partial one copied when either writes to it (copy-on-write)."""
+        self.block_pool.share(parent, child)
+        child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.status = SequenceStatus.RUNNING
+        child.admitted_order = self._num_admitted
+        self._num_admitted += 1
+        self.running.append(child)
 
     # ----- internals -----
     def _num_prompt_sequences(self, out: SchedulerOutput, num_decode: int) -> int:
@@ -173,7 +189,9 @@ class Scheduler:
             seq = queue[0]
             cached = self.block_pool.find_cached_prefix(seq)
             remaining_output = seq.params.max_tokens - seq.num_output_tokens
+            # NOTE: the siblings waiting on it run from its prompt's blocks: only their output is extra.
             reserved = min(seq.num_tokens + remaining_output, self.max_model_len)
+            reserved += remaining_output * len(seq.siblings)
             if not self._has_room(cached, reserved, 0, 0) and not self._preempt_for(
                 seq, cached, reserved, out, budget
             ):
@@ -274,3 +292,7 @@ class Scheduler:
         self.block_pool.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        if reason is FinishReason.ABORT:  # the answers waiting on its prompt go with it
+            for sibling in seq.siblings:
+                sibling.status, sibling.finish_reason = SequenceStatus.FINISHED, reason
+            seq.siblings = []

@@ -38,6 +38,7 @@ class Sequence:
         priority: EnginePriority = EnginePriority.UNDER_SHARE,
         cache_scope: str = "",
         arrival_s: float | None = None,
+        index: int = 0,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
@@ -60,7 +61,15 @@ class Sequence:
         # grace after such a preemption: every readmission makes progress).
         self.protected_until_num_tokens = 0
         self.admitted_order = -1  # set by the scheduler at admission; higher = more recent
-        self.generator = None if params.greedy else np.random.default_rng(params.seed)
+        # Answer ``index`` of a request with n > 1 draws from its own stream (the first, the seed's own).
+        seed = params.seed if params.seed is None or index == 0 else [params.seed, index]
+        self.generator = None if params.greedy else np.random.default_rng(seed)
+        self.index = index
+        # Unique in the engine: the request's id for its first answer, "<id>#<index>" for the others.
+        self.key = request_id if index == 0 else f"{request_id}#{index}"
+        # n > 1: the request's other answers, waiting for this one's prompt: they share its computed
+        # blocks and each samples its first token from its last logits (the scheduler forks them).
+        self.siblings: list[Sequence] = []
         # Structured output: where the guide stands after the output so far (the engine sets it at add).
         self.matcher: llguidance.LLMatcher | None = None
 

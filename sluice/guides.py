@@ -20,7 +20,11 @@ if TYPE_CHECKING:  # the options' type exists only in the package's stub
     from llguidance._lib import JsonCompileOptions
 
 # How a JSON answer is laid out (see the module docstring).
-JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 # Compilation is bounded by llguidance's fuel (its limits' units: ~50k a millisecond for the initial lexer),
 # so a hostile schema is refused in well under a second instead of holding the engine's step.
 COMPILE_LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=10_000_000, max_grammar_size=500_000)

@@ -46,15 +46,16 @@ none of ``temperature``, ``runtime_top_k``, ``runtime_top_p`` is greedy; once an
 temperature is 1.0.
 
 Outputs: ``output_ids`` INT32 [1, 1, T] and ``sequence_length`` INT32 [1, 1] (T, the tokens in *this*
-response; the prompt is never echoed). The response with a request's last tokens also has ``finish_reason``
+response; the prompt is never echoed). The response with an answer's last tokens also has ``finish_reason``
 BYTES [1, 1] (a ``FinishReason``), ``num_prompt_tokens`` and ``num_cached_tokens`` INT32 [1, 1] (prompt tokens
 served from the prefix cache). With ``return_log_probs``, every response with tokens also has
 ``output_log_probs`` FP32 [1, 1, T] and, with ``top_logprobs`` K > 0, ``top_logprob_ids`` INT32 and
 ``top_logprobs`` FP32 [1, 1, T, K] (most likely first): the model's log-softmax before any sampling
-adjustment. With ``num_return_sequences`` n > 1 every response carries ``sequence_index`` INT32 [1, 1] (0 to
-n-1), the final outputs come once per sequence, and the request ends when every sequence has. A request the
-model refuses or fails ends with one response carrying ``error_kind`` BYTES [1, 1] (an ``EngineErrorKind``)
-and ``error_message`` BYTES [1, 1] instead. An empty response flagged final ends every other request.
+adjustment. With ``num_return_sequences`` n > 1 the responses of every answer but the first carry
+``sequence_index`` INT32 [1, 1] (1 to n-1; absent: 0), each answer's last response carries its final outputs,
+and the request ends when every sequence has. A request the model refuses or fails ends with one response
+carrying ``error_kind`` BYTES [1, 1] (an ``EngineErrorKind``) and ``error_message`` BYTES [1, 1] instead. An
+empty response flagged final ends every other request.
 """
 
 from __future__ import annotations
@@ -86,6 +87,15 @@ class Guide:
 
     kind: GuideKind
     text: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the model (log-softmax before any sampling adjustment)
+    and, when asked, the most likely alternatives at its place, most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability)
 
 
 class EnginePriority(IntEnum):

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from sluice.wire import EnginePriority, FinishReason, Guide, ReplicaStats
+from sluice.wire import EnginePriority, FinishReason, Guide, ReplicaStats, TokenLogprob
 
 # A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
 # dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
@@ -76,15 +76,6 @@ class GenerateRequest:
             allowed = ", ".join(str(int(p)) for p in EnginePriority)
             raise ValueError(f"priority must be one of {allowed}, got {self.priority!r}") from None
         object.__setattr__(self, "priority", priority)  # NOTE: frozen; the same value, as the enum
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One output token's log-probability under the model (log-softmax before any sampling adjustment)
-    and, when asked, the most likely alternatives at its place, most likely first."""
-
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability)
 
 
 @dataclass(frozen=True)

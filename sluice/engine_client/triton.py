@@ -29,8 +29,9 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
-from sluice.engine_client.dialects import TRTLLM_OUTPUTS, Dialect, TrtllmDecoder, build_tensors
-from sluice.triton.client import GenerateStream, chunk_from_response, grpc_target
+from sluice.engine_client.dialects import Dialect, build_tensors
+from sluice.engine_client.trtllm_dialect import TRTLLM_OUTPUTS, TrtllmDecoder
+from sluice.triton.client import GenerateStream, TokenChunk, chunk_from_response, grpc_target
 from sluice.triton.metrics import replica_stats_from_metrics
 from sluice.wire import EngineError, EngineErrorKind, FinishReason
 
@@ -121,14 +122,17 @@ class TritonEngineClient(EngineClient):
                             delta = decoder.on_response(outputs)
                             if delta.token_ids:
                                 yield delta
-                    yield decoder.on_end()
+                    for final in decoder.on_end():  # each answer's final delta
+                        yield final
                     return
+                num_open = request.sampling.n  # answers not finished yet; the stream ends with the last
                 raw_responses = stream.responses()
                 if raw_responses is None:  # a client whose stream hides its gRPC call: through its results
                     async for chunk in stream:
                         reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
-                        yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
-                        if reason is not None:
+                        yield _delta(chunk, reason)
+                        num_open -= reason is not None
+                        if num_open == 0:
                             return
                 else:
                     # NOTE: the call's protobufs decoded here rather than through the stream's iterator:
@@ -136,18 +140,31 @@ class TritonEngineClient(EngineClient):
                     async for response in raw_responses:
                         chunk = chunk_from_response(response)
                         if chunk.finish_reason is None:
-                            yield Delta(chunk.token_ids)
+                            yield Delta(chunk.token_ids, index=chunk.index, logprobs=chunk.logprobs)
                             continue
-                        stream.finished()
                         reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
-                        yield Delta(chunk.token_ids, reason, chunk.num_prompt_tokens, chunk.num_cached_tokens)
-                        if reason is not None:
+                        num_open -= reason is not None
+                        if num_open == 0:
+                            stream.finished()
+                        yield _delta(chunk, reason)
+                        if num_open == 0:
                             return
             except InferenceServerException as exc:  # EngineError from the model's own response passes
                 raise _engine_error(exc) from None
             except grpc.RpcError as exc:  # the aio stream raises gRPC's own errors for transport failures
                 raise _rpc_error(exc) from None
         raise EngineError(EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing")
+
+
+def _delta(chunk: TokenChunk, reason: FinishReason | None) -> Delta:
+    return Delta(
+        chunk.token_ids,
+        reason,
+        chunk.num_prompt_tokens,
+        chunk.num_cached_tokens,
+        chunk.index,
+        chunk.logprobs,
+    )
 
 
 class _ResultStream(GenerateStream):

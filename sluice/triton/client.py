@@ -41,7 +41,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferResult
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from sluice.wire import EngineError, EngineErrorKind, Guide
+from sluice.wire import EngineError, EngineErrorKind, Guide, TokenLogprob
 
 
 def grpc_target(endpoint: str) -> str:
@@ -63,12 +63,15 @@ def check_client(endpoint: str) -> grpcclient.InferenceServerClient:
 
 @dataclass(frozen=True)
 class TokenChunk:
-    """The tokens one response carried; the totals only on the response with the request's last tokens."""
+    """The tokens one response carried for answer ``index``; the totals only on the response with that
+    answer's last tokens; their log-probabilities when the request asked for them."""
 
     token_ids: list[int]
     finish_reason: str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 def request_tensors(
@@ -91,6 +94,8 @@ def request_tensors(
     repetition_penalty: float | None = None,
     logit_bias: Sequence[tuple[int, float]] = (),
     guide: Guide | None = None,
+    logprobs: int | None = None,
+    n: int = 1,
 ) -> dict[str, np.ndarray]:
     """A request's input tensors (``sluice.wire``), each with its batch dimension of 1.
 
@@ -125,6 +130,12 @@ def request_tensors(
         ids, values = zip(*logit_bias, strict=True)
         out["logit_bias_ids"] = np.asarray(ids, dtype=np.int32).reshape(1, -1)
         out["logit_bias_values"] = np.asarray(values, dtype=np.float32).reshape(1, -1)
+    if logprobs is not None:
+        out["return_log_probs"] = np.array([[True]], dtype=np.bool_)
+        if logprobs:
+            out["top_logprobs"] = np.array([[logprobs]], dtype=np.int32)
+    if n != 1:
+        out["num_return_sequences"] = np.array([[n]], dtype=np.int32)
     if guide is not None:
         out["guided_decoding_guide_type"] = np.array([[guide.kind.value.encode()]], dtype=np.object_)
         if guide.text:
@@ -150,13 +161,34 @@ def chunk_from_result(result: Any) -> TokenChunk:
         raise _replica_error(error_kind, result.as_numpy("error_message"))
     output_ids = result.as_numpy("output_ids")
     reason = result.as_numpy("finish_reason")
+    index = result.as_numpy("sequence_index")
+    answer = int(index.reshape(-1)[0]) if index is not None else 0
+    logprobs = _logprobs_of(result)
     if reason is None:
-        return TokenChunk(output_ids.reshape(-1).tolist())
+        return TokenChunk(output_ids.reshape(-1).tolist(), index=answer, logprobs=logprobs)
     return TokenChunk(
         token_ids=output_ids.reshape(-1).tolist(),
         finish_reason=reason.reshape(-1)[0].decode(),
         num_prompt_tokens=int(result.as_numpy("num_prompt_tokens").reshape(-1)[0]),
         num_cached_tokens=int(result.as_numpy("num_cached_tokens").reshape(-1)[0]),
+        index=answer,
+        logprobs=logprobs,
+    )
+
+
+def _logprobs_of(result: Any) -> tuple[TokenLogprob, ...] | None:
+    """``output_log_probs`` (and the alternatives, when sent) as one ``TokenLogprob`` per token."""
+    values = result.as_numpy("output_log_probs")
+    if values is None:
+        return None
+    top_ids, top_values = result.as_numpy("top_logprob_ids"), result.as_numpy("top_logprobs")
+    chosen = values.reshape(-1).tolist()
+    if top_ids is None or top_values is None:
+        return tuple(TokenLogprob(v) for v in chosen)
+    k = top_ids.shape[-1]
+    ids, alts = top_ids.reshape(-1, k).tolist(), top_values.reshape(-1, k).tolist()
+    return tuple(
+        TokenLogprob(v, tuple(zip(i, a, strict=True))) for v, i, a in zip(chosen, ids, alts, strict=True)
     )
 
 
@@ -169,6 +201,10 @@ _FAST_DATATYPES = {
     "error_kind": "BYTES",
     "error_message": "BYTES",
 }
+
+
+# Outputs only requests that asked for more carry (logprobs, n > 1): decoded by ``chunk_from_result``.
+_DETAIL_OUTPUTS = frozenset({"output_log_probs", "top_logprob_ids", "top_logprobs", "sequence_index"})
 
 
 def chunk_from_response(response: Any) -> TokenChunk:
@@ -185,6 +221,8 @@ def chunk_from_response(response: Any) -> TokenChunk:
         for output, data in zip(outputs, contents, strict=True):
             name = output.name
             datatype = _FAST_DATATYPES.get(name)
+            if name in _DETAIL_OUTPUTS:  # log-probabilities, an answer's index: the generic decoder's
+                break
             if datatype is None or name in found:  # not read (sequence_length), or a repeat: the first counts
                 continue
             if output.datatype != datatype:

@@ -7,6 +7,7 @@ canned responses to ``Delta``s, the last with a finish reason the backend never 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,14 +26,16 @@ from gateway.routing.pools import unservable
 from gateway.routing.table import ReplicaTarget, RoutingTable
 from replicas.render import CpuEngineModelSettings
 from replicas.verify import served_digest
-from sluice.engine_client import Delta, EnginePriority, FinishReason, GenerateRequest, Sampling
-from sluice.engine_client.dialects import (
-    Dialect,
-    TrtllmDecoder,
-    build_tensors,
-    dialect_of,
-    stop_words_list,
+from sluice.engine_client import (
+    Delta,
+    EnginePriority,
+    FinishReason,
+    GenerateRequest,
+    Sampling,
+    trtllm_dialect,
 )
+from sluice.engine_client.dialects import Dialect, build_tensors, dialect_of
+from sluice.engine_client.trtllm_dialect import TrtllmDecoder, stop_words_list
 from sluice.stores.registry.base import (
     Model,
     ModelVersion,
@@ -44,7 +47,7 @@ from sluice.stores.registry.base import (
     VersionState,
 )
 from sluice.triton.client import request_tensors
-from sluice.wire import EngineError, EngineErrorKind
+from sluice.wire import EngineError, EngineErrorKind, Guide, GuideKind
 
 DIGEST = "sha256:" + "0" * 64
 PROMPT = [5, 17, 99, 4]
@@ -85,7 +88,7 @@ def cpu_config() -> tuple[int, dict[str, Declared]]:
 
 def _request(**kwargs: object) -> GenerateRequest:
     names = ("temperature", "top_p", "seed", "ignore_eos", "top_k", "min_p", "presence_penalty")
-    names += ("frequency_penalty", "repetition_penalty", "logit_bias")
+    names += ("frequency_penalty", "repetition_penalty", "logit_bias", "guide", "logprobs", "n")
     sampled = {k: kwargs.pop(k) for k in names if k in kwargs}
     max_tokens = kwargs.pop("max_tokens", 16)
     fields: dict[str, object] = {"cache_scope": "acme", "eos_token_ids": EOS, **kwargs}
@@ -165,14 +168,10 @@ CONTROLS = {
 
 
 @pytest.mark.parametrize("case", sorted(CONTROLS))
-def test_the_sampling_controls_are_cpu_engine_inputs_and_refused_not_dropped_by_tensorrt_llm(
+def test_the_sampling_controls_are_cpu_engine_inputs(
     case: str, cpu_config: tuple[int, dict[str, Declared]]
 ) -> None:
-    request = CONTROLS[case]
-    _check_against(build_tensors(Dialect.CPU_ENGINE, request), *cpu_config)
-    with pytest.raises(EngineError, match="not supported by this model's engine") as err:
-        build_tensors(Dialect.TENSORRT_LLM, request)
-    assert err.value.kind is EngineErrorKind.INVALID_REQUEST
+    _check_against(build_tensors(Dialect.CPU_ENGINE, CONTROLS[case]), *cpu_config)
 
 
 def test_the_cpu_engine_sends_each_control_and_leaves_out_the_off_ones() -> None:
@@ -246,7 +245,7 @@ def _response(token_ids: list[int]) -> dict[str, np.ndarray | None]:
 
 def _decode(request: GenerateRequest, responses: list[list[int]]) -> list[Delta]:
     decoder = TrtllmDecoder(request)
-    return [decoder.on_response(_response(ids)) for ids in responses] + [decoder.on_end()]
+    return [decoder.on_response(_response(ids)) for ids in responses] + decoder.on_end()
 
 
 def test_a_tensorrt_llm_stream_that_reached_max_tokens_ends_with_length() -> None:
@@ -265,6 +264,186 @@ def test_a_tensorrt_llm_stream_that_ended_early_ends_with_stop() -> None:
 def test_only_the_sequence_length_of_output_ids_is_read() -> None:
     padded = {"output_ids": np.array([[[40, -1, -1]]], dtype=np.int32), "sequence_length": np.array([[1]])}
     assert TrtllmDecoder(_request()).on_response(padded).token_ids == [40]
+
+
+# issue 25's controls on the tensorrt_llm dialect (sluice/engine_client/trtllm_dialect.py's table).
+VOCAB = 16
+TRTLLM_REQUESTS = {
+    "top_k": _request(temperature=0.7, top_k=5),
+    "top_k past the vocabulary": _request(temperature=0.7, top_k=5000, vocab_size=VOCAB),
+    "repetition_penalty": _request(repetition_penalty=1.2),
+    "logit_bias": _request(logit_bias=((3, 2.5), (7, -100.0)), vocab_size=VOCAB),
+    "json": _request(guide=Guide(GuideKind.JSON)),
+    "json_schema": _request(guide=Guide(GuideKind.JSON_SCHEMA, '{"type": "string"}')),
+    "regex": _request(guide=Guide(GuideKind.REGEX, "[a-z]+")),
+    "logprobs": _request(temperature=0.7, logprobs=0),
+    "everything": _request(
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        seed=1,
+        repetition_penalty=0.9,
+        logprobs=0,
+        logit_bias=((0, 1.0),),
+        vocab_size=VOCAB,
+        guide=Guide(GuideKind.REGEX, "a+"),
+        stop_token_ids=(9,),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRTLLM_REQUESTS))
+def test_tensorrt_llm_sends_each_new_control_as_an_input_the_rendered_model_declares(
+    case: str, trtllm_config: tuple[int, dict[str, Declared]]
+) -> None:
+    _check_against(build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS[case]), *trtllm_config)
+
+
+def test_tensorrt_llm_maps_top_k_repetition_penalty_and_logprobs() -> None:
+    sent = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["top_k"])
+    assert _scalar(sent, "runtime_top_k") == 5 and "repetition_penalty" not in sent
+    assert (
+        _scalar(
+            build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["top_k past the vocabulary"]), "runtime_top_k"
+        )
+        == 0
+    )
+    penalty = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["repetition_penalty"])
+    assert penalty["repetition_penalty"].dtype == np.float32
+    assert _scalar(penalty, "repetition_penalty") == pytest.approx(1.2)
+    assert _scalar(penalty, "runtime_top_k") == 1  # greedy keeps its penalty
+    logprobs = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["logprobs"])
+    assert _scalar(logprobs, "return_log_probs") is True and logprobs["return_log_probs"].dtype == np.bool_
+    assert "return_log_probs" not in build_tensors(Dialect.TENSORRT_LLM, REQUESTS["sampled"])
+    assert "num_return_sequences" not in logprobs
+
+
+def test_tensorrt_llm_sends_logit_bias_as_a_dense_embedding_bias_over_the_vocabulary() -> None:
+    bias = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["logit_bias"])["embedding_bias"]
+    assert bias.dtype == np.float32 and bias.shape == (1, VOCAB)
+    expected = np.zeros(VOCAB, dtype=np.float32)
+    expected[3], expected[7] = 2.5, -100.0
+    assert bias.reshape(-1).tolist() == expected.tolist()
+    with pytest.raises(EngineError, match=r"logit_bias token ids must be in \[0, 16\)") as out_of_range:
+        build_tensors(Dialect.TENSORRT_LLM, _request(logit_bias=((16, 1.0),), vocab_size=VOCAB))
+    assert out_of_range.value.kind is EngineErrorKind.INVALID_REQUEST
+    # Without the model's vocabulary size the vector cannot be built: the gateway's bug, not the caller's.
+    with pytest.raises(EngineError, match="vocab_size") as unknown:
+        build_tensors(Dialect.TENSORRT_LLM, _request(logit_bias=((3, 1.0),)))
+    assert unknown.value.kind is EngineErrorKind.ENGINE_ERROR
+
+
+def _text(tensors: Mapping[str, np.ndarray], name: str) -> str:
+    return str(tensors[name].reshape(-1)[0].decode())
+
+
+def test_tensorrt_llm_sends_guides_under_the_backends_guide_types() -> None:
+    json_object = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["json"])
+    # OpenAI's json_object is an object; the backend's "json" is any JSON value: sent as a schema.
+    assert _text(json_object, "guided_decoding_guide_type") == "json_schema"
+    assert json.loads(_text(json_object, "guided_decoding_guide")) == {"type": "object"}
+    schema = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["json_schema"])
+    assert (_text(schema, "guided_decoding_guide_type"), _text(schema, "guided_decoding_guide")) == (
+        "json_schema",
+        '{"type": "string"}',
+    )
+    regex = build_tensors(Dialect.TENSORRT_LLM, TRTLLM_REQUESTS["regex"])
+    assert (_text(regex, "guided_decoding_guide_type"), _text(regex, "guided_decoding_guide")) == (
+        "regex",
+        "[a-z]+",
+    )
+    assert regex["guided_decoding_guide"].dtype == np.object_ and regex["guided_decoding_guide"].shape == (
+        1,
+        1,
+    )
+
+
+REFUSED = {
+    "min_p": (_request(temperature=0.7, min_p=0.1), "min_p"),
+    "presence_penalty": (_request(presence_penalty=0.5), "presence_penalty.*prompt"),
+    "frequency_penalty": (_request(frequency_penalty=-0.2), "frequency_penalty.*prompt"),
+    "n": (_request(temperature=0.7, n=2), r"n > 1.*num_return_sequences.*no_repeat_ngram_size"),
+    "top_logprobs": (_request(logprobs=3), "top_logprobs.*alternatives"),
+    "top_k above 1024": (_request(temperature=0.7, top_k=1025, vocab_size=50_000), "top_k above 1024"),
+    "top_k above 1024, vocabulary unknown": (_request(temperature=0.7, top_k=5000), "top_k above 1024"),
+    "ebnf_grammar": (_request(guide=Guide(GuideKind.EBNF_GRAMMAR, "start: /a+/")), "ebnf_grammar guide"),
+    "guide with ignore_eos": (_request(guide=Guide(GuideKind.JSON), ignore_eos=True), "ignore_eos"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_tensorrt_llm_cannot_carry_is_refused_naming_the_parameter_and_why(case: str) -> None:
+    request, why = REFUSED[case]
+    with pytest.raises(EngineError, match="not supported by this model's engine \\(TensorRT-LLM\\)") as err:
+        build_tensors(Dialect.TENSORRT_LLM, request)
+    assert err.value.kind is EngineErrorKind.INVALID_REQUEST
+    assert re.search(why, err.value.message), err.value.message
+
+
+def test_greedy_ignores_the_cuts_tensorrt_llm_cannot_make_instead_of_refusing_them() -> None:
+    """A greedy request takes the argmax: min_p and top_k cut nothing, so neither is sent nor refused."""
+    sent = build_tensors(Dialect.TENSORRT_LLM, _request(min_p=0.2, top_k=5000))
+    assert _scalar(sent, "runtime_top_k") == 1 and "min_p" not in sent
+
+
+def test_n_is_num_return_sequences_once_the_release_carries_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trtllm_dialect, "NUM_RETURN_SEQUENCES_CARRIED", True)
+    sent = build_tensors(Dialect.TENSORRT_LLM, _request(temperature=0.7, n=3))
+    assert _scalar(sent, "num_return_sequences") == 3 and sent["num_return_sequences"].dtype == np.int32
+    # Greedy with n > 1 is n identical answers: the caller's choice, not refused.
+    assert _scalar(build_tensors(Dialect.TENSORRT_LLM, _request(n=2)), "num_return_sequences") == 2
+
+
+def _with_logprobs(
+    response: dict[str, np.ndarray | None], values: list[float]
+) -> dict[str, np.ndarray | None]:
+    return {**response, "output_log_probs": np.asarray(values, dtype=np.float32).reshape(1, 1, -1)}
+
+
+def test_tensorrt_llm_log_probs_are_each_responses_tokens_of_the_answers_so_far() -> None:
+    """The backend sends an answer's log-probabilities for all its tokens so far (createResult)."""
+    decoder = TrtllmDecoder(_request(temperature=0.7, logprobs=0))
+    first = decoder.on_response(_with_logprobs(_response([40, 41]), [-0.5, -1.5]))
+    second = decoder.on_response(_with_logprobs(_response([42]), [-0.5, -1.5, -2.5]))
+    assert [t.logprob for t in first.logprobs or ()] == [-0.5, -1.5]
+    assert [t.logprob for t in second.logprobs or ()] == [-2.5]
+    assert all(t.top == () for t in first.logprobs or ())  # no alternatives from this backend
+    (final,) = decoder.on_end()
+    assert final.finish_reason is FinishReason.STOP and final.logprobs == ()
+    # Only this response's, as some builds send: read as such.
+    only_new = TrtllmDecoder(_request(logprobs=0))
+    only_new.on_response(_with_logprobs(_response([40]), [-0.25]))
+    assert [
+        t.logprob for t in only_new.on_response(_with_logprobs(_response([41]), [-0.75])).logprobs or ()
+    ] == [-0.75]
+    with pytest.raises(EngineError, match="output_log_probs") as short:
+        TrtllmDecoder(_request(logprobs=0)).on_response(_with_logprobs(_response([40, 41, 42]), [-1.0]))
+    assert short.value.kind is EngineErrorKind.ENGINE_ERROR
+    assert TrtllmDecoder(_request()).on_response(_with_logprobs(_response([40]), [-1.0])).logprobs is None
+
+
+def _of(response: dict[str, np.ndarray | None], index: int) -> dict[str, np.ndarray | None]:
+    return {**response, "sequence_index": np.array([[index]], dtype=np.int32)}
+
+
+def test_tensorrt_llm_answers_are_told_apart_by_sequence_index_and_each_ends_with_its_reason() -> None:
+    decoder = TrtllmDecoder(_request(temperature=0.7, n=2, max_tokens=2))
+    deltas = [
+        decoder.on_response(_of(_response([40]), 0)),
+        decoder.on_response(_of(_response([50]), 1)),
+        decoder.on_response(_of(_response([41]), 0)),
+        decoder.on_response(_of(_response([]), 1)),  # answer 1 met its end id
+    ]
+    assert [(d.index, d.token_ids) for d in deltas] == [(0, [40]), (1, [50]), (0, [41]), (1, [])]
+    finals = decoder.on_end()
+    assert [(d.index, d.finish_reason, d.num_prompt_tokens) for d in finals] == [
+        (0, FinishReason.LENGTH, 4),
+        (1, FinishReason.STOP, 4),
+    ]
+    assert decoder.num_generated_tokens == 3
+    with pytest.raises(EngineError, match="answer 2") as err:
+        decoder.on_response(_of(_response([1]), 2))
+    assert err.value.kind is EngineErrorKind.ENGINE_ERROR
 
 
 def test_dialect_follows_the_build_target() -> None:

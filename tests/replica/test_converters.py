@@ -24,7 +24,7 @@ from cpu_engine.engine_thread import StreamDelta, StreamError, error_kind
 from cpu_engine.stats import EngineStats
 from sluice.engine_client import EngineErrorKind, EnginePriority, FinishReason
 from sluice.triton.client import request_tensors
-from sluice.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, TOKEN_OUTPUTS
+from sluice.wire import ERROR_OUTPUTS, FINAL_OUTPUTS, LOGPROB_OUTPUTS, TOKEN_OUTPUTS, TokenLogprob
 
 VOCAB = 8192
 
@@ -135,23 +135,38 @@ def test_bad_requests_raise_clear_value_errors(tensors: dict[str, np.ndarray], m
 
 
 def test_response_tensors_mirror_tensorrt_llm_shapes() -> None:
-    out = response_tensors([7, 8, 9])
+    out = response_tensors(StreamDelta([7, 8, 9], False, None, 12, 3, 4), [7, 8, 9])
     assert set(out) == {"output_ids", "sequence_length"}
     assert out["output_ids"].shape == (1, 1, 3) and out["output_ids"].dtype == np.int32
     assert out["sequence_length"].tolist() == [[3]]
-    final = StreamDelta([9], True, FinishReason.STOP, 12, 5, 4)
-    out = response_tensors([9], final)
+    final = StreamDelta([9], True, FinishReason.STOP, 12, 5, 4, answer_finished=True)
+    out = response_tensors(final, [9])
     assert set(out) == {*TOKEN_OUTPUTS, *FINAL_OUTPUTS}
     assert out["finish_reason"].tolist() == [[b"stop"]]
     assert out["num_prompt_tokens"].tolist() == [[12]] and out["num_cached_tokens"].tolist() == [[4]]
-    assert response_tensors([], final)["output_ids"].shape == (1, 1, 0)
+    assert response_tensors(final, [])["output_ids"].shape == (1, 1, 0)
+
+
+def test_logprobs_and_the_answer_index_travel_beside_the_tokens() -> None:
+    delta = StreamDelta([7, 8], False, None, 12, 2, 0, index=2)
+    logprobs = [TokenLogprob(-0.5, ((7, -0.5), (3, -1.5))), TokenLogprob(-2.0, ((1, -0.25), (8, -2.0)))]
+    out = response_tensors(delta, [7, 8], logprobs)
+    assert set(out) == {*TOKEN_OUTPUTS, *LOGPROB_OUTPUTS, "sequence_index"}
+    assert out["output_log_probs"].tolist() == [[[-0.5, -2.0]]]
+    assert out["top_logprob_ids"].shape == (1, 1, 2, 2) and out["top_logprob_ids"].tolist() == [
+        [[[7, 3], [1, 8]]]
+    ]
+    assert out["top_logprobs"].tolist() == [[[[-0.5, -1.5], [-0.25, -2.0]]]]
+    assert out["sequence_index"].tolist() == [[2]]
+    plain = response_tensors(StreamDelta([7], False, None, 12, 1, 0), [7], [TokenLogprob(-0.5)])
+    assert set(plain) == {*TOKEN_OUTPUTS, "output_log_probs"}  # no alternatives asked: none sent
 
 
 def test_every_finish_reason_travels_as_its_own_value() -> None:
     """The engine ends sequences with the wire's ``FinishReason`` itself: no map between two enums."""
     for reason in FinishReason:
-        final = StreamDelta([], True, reason, 3, 0, 0)
-        assert FinishReason(response_tensors([], final)["finish_reason"].item().decode()) is reason
+        final = StreamDelta([], True, reason, 3, 0, 0, answer_finished=True)
+        assert FinishReason(response_tensors(final, [])["finish_reason"].item().decode()) is reason
 
 
 def test_errors_travel_as_a_kind_field_and_a_message() -> None:

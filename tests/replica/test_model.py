@@ -319,7 +319,7 @@ def test_a_higher_priority_first_token_is_sent_before_the_backlog(model: Any) ->
     model.execute([quiet])
     [quiet_id] = [rid for rid in sender._live if sender._live[rid].request is quiet]
     quiet_stream = sender._live[quiet_id].stream
-    wait_until(lambda: bool(quiet_stream._pending))
+    wait_until(lambda: any(answer.tokens for answer in quiet_stream._answers.values()))
     # Its dirty mark is queued while the engine delivers that step, before the stats of the step land.
     steps = model._engine.stats().num_steps_total
     wait_until(lambda: model._engine.stats().num_steps_total > steps)

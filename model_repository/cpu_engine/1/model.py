@@ -57,7 +57,7 @@ from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, error_kind
 from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.weights_digest import weights_digest
-from sluice.wire import INPUT_NAMES, EngineErrorKind
+from sluice.wire import INPUT_NAMES, EngineErrorKind, TokenLogprob
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
@@ -86,10 +86,13 @@ class _Live:
     streaming: bool
     priority: int  # the engine's EnginePriority: lower is sent first
     tenant: str  # its cache scope
-    tokens: list[int] = field(default_factory=list)  # non-streaming: every token so far
+    # Non-streaming: every token (and log-probability) so far, per answer.
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     first_token_sent: bool = False
     last_send_s: float | None = None  # streaming: when its last response was sent
     cancelled: bool = False
+    num_answers: int = 1  # n
 
 
 class TritonPythonModel:
@@ -231,6 +234,7 @@ class _Sender:
                 converted.streaming,
                 int(converted.priority),
                 converted.cache_scope,
+                num_answers=converted.params.n,
             )
 
     def stop(self) -> None:
@@ -317,26 +321,30 @@ class _Sender:
         else:
             self._held_ids.discard(request_id)  # its end leaves now (its heap entry finds it gone)
             self._released_ids.discard(request_id)
-        delta = live.stream.take_nowait()
-        if delta is None:
-            return
-        done = delta.finished  # an error delta is finished too
-        try:
-            if delta.error is not None:
-                _send_error(live.sender, error_kind(delta.error_kind), delta.error)
-            else:
-                self._send_tokens(live, delta)
-                if done:
+        # NOTE: at most one read per answer (n > 1 answers are read one at a time): what an answer makes
+        # while this sends waits for its next turn in the send queue.
+        for _ in range(live.num_answers):
+            delta = live.stream.take_nowait()
+            if delta is None:
+                return
+            done = delta.finished  # an error delta is finished too
+            try:
+                if delta.error is not None:
+                    _send_error(live.sender, error_kind(delta.error_kind), delta.error)
+                else:
+                    self._send_tokens(live, delta)
+                    if done:
+                        live.sender.send(flags=_FINAL)
+            except Exception as exc:  # Triton refused the response: stop the work and end the request
+                pb_utils.Logger.log_warn(f"{request_id}: sending failed ({exc}); aborting")
+                self._engine.abort(request_id)
+                done = True
+                with contextlib.suppress(Exception):  # it may be the final send itself that failed
                     live.sender.send(flags=_FINAL)
-        except Exception as exc:  # Triton refused the response: stop the work and end the request
-            pb_utils.Logger.log_warn(f"{request_id}: sending failed ({exc}); aborting")
-            self._engine.abort(request_id)
-            done = True
-            with contextlib.suppress(Exception):  # it may be the final send itself that failed
-                live.sender.send(flags=_FINAL)
-        if done:
-            with self._lock:
-                self._live.pop(request_id, None)
+            if done:
+                with self._lock:
+                    self._live.pop(request_id, None)
+                return
 
     def _hold_until(self, live: _Live, top_other_priority: int | None) -> float | None:
         """When streaming ``live`` may be sent next, if not now: the later of its send budget and, while
@@ -352,15 +360,18 @@ class _Sender:
         if live.cancelled:
             return  # nobody is listening
         if live.streaming:
-            if delta.token_ids or delta.finished:
-                tensors = response_tensors(delta.token_ids, delta if delta.finished else None)
+            if delta.token_ids or delta.answer_finished:
+                tensors = response_tensors(delta, delta.token_ids, delta.logprobs)
                 live.sender.send(_response(tensors))
                 live.first_token_sent = True
                 live.last_send_s = time.monotonic()
         else:
-            live.tokens.extend(delta.token_ids)
-            if delta.finished:
-                live.sender.send(_response(response_tensors(live.tokens, delta)))
+            tokens = live.tokens.setdefault(delta.index, [])
+            tokens.extend(delta.token_ids)
+            logprobs = live.logprobs.setdefault(delta.index, [])
+            logprobs.extend(delta.logprobs or ())
+            if delta.answer_finished:
+                live.sender.send(_response(response_tensors(delta, tokens, logprobs or None)))
 
     def _abort_cancelled(self, idle: bool) -> None:
         """Ask Triton about the requests due (see ``CancelSweep``); abort the cancelled ones.

@@ -30,6 +30,7 @@ from sluice.wire import (
     EnginePriority,
     Guide,
     GuideKind,
+    TokenLogprob,
 )
 
 T = TypeVar("T")
@@ -109,6 +110,8 @@ def request_from_tensors(
         repetition_penalty=_float_scalar(tensors, "repetition_penalty", 1.0),
         logit_bias=_logit_bias(tensors, vocab_size),
         guide=_guide(tensors),
+        logprobs=_logprobs(tensors),
+        n=_int_scalar(tensors, "num_return_sequences") if "num_return_sequences" in tensors else 1,
     )
     return EngineRequest(
         prompt_token_ids=[int(t) for t in prompt],
@@ -119,17 +122,40 @@ def request_from_tensors(
     )
 
 
-def response_tensors(token_ids: Sequence[int], final: StreamDelta | None = None) -> dict[str, np.ndarray]:
-    """Output tensors for a response carrying ``token_ids``; ``final`` adds the request's totals."""
+def response_tensors(
+    delta: StreamDelta, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+) -> dict[str, np.ndarray]:
+    """Output tensors for a response carrying ``token_ids`` of ``delta``'s answer (and their
+    ``logprobs``, when asked); the answer's totals when it has finished, its index when the request asked
+    for several."""
     out = {
         "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, 1, -1),
         "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
     }
-    if final is not None:
-        reason = final.finish_reason.value if final.finish_reason is not None else ""
+    if logprobs is not None:
+        out |= logprob_tensors(logprobs)
+    if delta.index:  # absent: the first answer (n = 1, or the first of n)
+        out["sequence_index"] = np.array([[delta.index]], dtype=np.int32)
+    if delta.answer_finished:
+        reason = delta.finish_reason.value if delta.finish_reason is not None else ""
         out["finish_reason"] = np.array([[reason.encode()]], dtype=np.object_)
-        out["num_prompt_tokens"] = np.array([[final.num_prompt_tokens]], dtype=np.int32)
-        out["num_cached_tokens"] = np.array([[final.num_cached_prompt_tokens]], dtype=np.int32)
+        out["num_prompt_tokens"] = np.array([[delta.num_prompt_tokens]], dtype=np.int32)
+        out["num_cached_tokens"] = np.array([[delta.num_cached_prompt_tokens]], dtype=np.int32)
+    return out
+
+
+def logprob_tensors(logprobs: Sequence[TokenLogprob]) -> dict[str, np.ndarray]:
+    """``output_log_probs`` [1, 1, T] and, when alternatives were asked, ``top_logprob_ids`` and
+    ``top_logprobs`` [1, 1, T, K]."""
+    out = {"output_log_probs": np.array([lp.logprob for lp in logprobs], dtype=np.float32).reshape(1, 1, -1)}
+    k = len(logprobs[0].top) if logprobs else 0
+    if k:
+        out["top_logprob_ids"] = np.array(
+            [[t for t, _ in lp.top] for lp in logprobs], dtype=np.int32
+        ).reshape(1, 1, -1, k)
+        out["top_logprobs"] = np.array([[v for _, v in lp.top] for lp in logprobs], dtype=np.float32).reshape(
+            1, 1, -1, k
+        )
     return out
 
 
@@ -302,6 +328,15 @@ def _logit_bias(tensors: Mapping[str, np.ndarray], vocab_size: int) -> tuple[tup
         raise ValueError("logit_bias_values must be one finite number per logit_bias_ids entry")
     _check_vocab("logit_bias_ids", ids, vocab_size)
     return tuple((int(t), float(v)) for t, v in zip(ids, values, strict=True))
+
+
+def _logprobs(tensors: Mapping[str, np.ndarray]) -> int | None:
+    """How many alternatives to report per token, or None for no log-probabilities."""
+    if not _bool_scalar(tensors, "return_log_probs", False):
+        if "top_logprobs" in tensors:
+            raise ValueError("top_logprobs needs return_log_probs")
+        return None
+    return _int_scalar(tensors, "top_logprobs") if "top_logprobs" in tensors else 0
 
 
 def _guide(tensors: Mapping[str, np.ndarray]) -> Guide | None:
