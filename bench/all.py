@@ -63,6 +63,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("linear", "bench.linear_bench", (), ("--rounds", "1", "--only", "shapes", "--no-torch"), 3),
     Bench("grammar-choice", "bench.grammar_choice", ("--model", CHECKPOINT, "--write-docs"),
           ("--model", CHECKPOINT, "--repeats", "2", "--steps", "50"), 1),
+    Bench("features", "bench.features_bench", ("--model", CHECKPOINT, "--write-docs"),
+          ("--model", CHECKPOINT, "--requests", "32", "--rounds", "1", "--output-len", "32"), 3),
     Bench("safety", "bench.safety_bench", ("--write-docs",), ("--repeat", "1"), 1),
     Bench("replica", "bench.replica_bench", ("--checkpoint-dir", CHECKPOINT),
           ("--checkpoint-dir", CHECKPOINT, "--concurrency", "8", "--requests", "16"), 2),

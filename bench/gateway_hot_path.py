@@ -34,7 +34,8 @@ from bench.report import cpu_description, write_section
 from bench.servers import REPO_ROOT
 from gateway.openai.controller import CompletionShape, _sse
 from gateway.openai.generation import _Deadline
-from sluice.engine_client import Delta
+from gateway.openai.job import TextEvent
+from sluice.engine_client import Delta, Sampling
 from sluice.text.detokenizer import TokenBytes
 from sluice.text.tokenizer import TextCodec
 from sluice.triton.client import chunk_from_response, chunk_from_result
@@ -128,14 +129,19 @@ def measure(checkpoint_dir: Path, repeat: int) -> list[tuple[str, float, float]]
     )
     shape = CompletionShape(
         cast(Any, SimpleNamespace)(
-            request_id="cmpl-abc", created=1_700_000_000, model="sluice-tiny", system_fingerprint="fp"
+            request_id="cmpl-abc",
+            created=1_700_000_000,
+            model="sluice-tiny",
+            system_fingerprint="fp",
+            sampling=Sampling(16),
         )
     )
+    fox = TextEvent(" fox")
     rows.append(
         (
             "SSE bytes of a text chunk",
-            per_call_us(lambda: _sse(shape.text(" fox")), 50_000, repeat),
-            per_call_us(lambda: shape.text_sse(" fox"), 50_000, repeat),
+            per_call_us(lambda: _sse(shape.text(fox)), 50_000, repeat),
+            per_call_us(lambda: shape.text_sse(fox), 50_000, repeat),
         )
     )
     timeout_us, deadline_wait_us = min(deadline_us(50_000) for _ in range(repeat))

@@ -68,6 +68,7 @@ from sluice.stores.quota.base import QuotaStore
 from sluice.stores.registry.base import Registry
 from sluice.stores.tenants.base import TenantStore, seed_dev_tenants
 from sluice.text import TextCodec
+from sluice.tool_parsers import tool_call_parser_of
 
 log = logging.getLogger("sluice.gateway")
 
@@ -179,7 +180,8 @@ async def _open_routing(
         await engine.start()
         stack.push_async_callback(engine.close)
         limits = limits_of(settings.static_build)  # None: bounded by the model's context alone
-        await router.add_static(settings.model_name, engine.model_version, engine, codec, limits)
+        parser = tool_call_parser_of(settings.static_build)  # None: unknown, logged; no tools served
+        await router.add_static(settings.model_name, engine.model_version, engine, codec, limits, parser)
         return router, None
     if registry is None:  # a PostgreSQL down at start: start anyway, route once it answers
         registry = await open_registry(settings, keep_trying=True)

@@ -194,6 +194,8 @@ class Settings(BaseSettings):
     max_output_tokens: int = Field(512, ge=1, le=1_000_000)
     # None, as OpenAI: a request without max_tokens may use min(max_output_tokens, context - prompt).
     default_max_tokens: int | None = Field(None, ge=1)
+    # Answers one request may ask for (``n``); each may make max_tokens, and the quota reserves for all.
+    max_n: int = Field(8, ge=1, le=128)
     # Characters of prompt text (messages' contents and names, or a completion prompt) accepted before
     # templating and tokenizing; None: PROMPT_CHARS_PER_TOKEN x max_prompt_tokens (see prompt_limit_chars).
     max_prompt_chars: int | None = Field(None, ge=1, le=256 * 1024 * 1024)

@@ -22,7 +22,7 @@ from gateway.batches.lines import BatchLine
 from gateway.batches.results import LineResult, request_id
 from gateway.errors import OpenAIError
 from gateway.openai.admission import admit_chat, admit_completion
-from gateway.openai.controller import ChatShape, CompletionShape, engine_http_error
+from gateway.openai.controller import Answer, ChatShape, CompletionShape, collect, engine_http_error
 from gateway.openai.generation import generate_text
 from gateway.openai.job import FinishEvent, Job, TextEvent, Timing
 from gateway.openai.schemas import ChatCompletionRequest
@@ -88,13 +88,13 @@ async def run_line(
 async def _generate(job: Job, gw: GatewayState) -> Any:
     """The response body the endpoint returns for ``job`` (non-streaming)."""
     shape = ChatShape(job) if job.route == "/v1/chat/completions" else CompletionShape(job)
-    parts: list[str] = []
+    answers: dict[int, Answer] = {}
     finish: FinishEvent | None = None
     async with aclosing(generate_text(job, gw, Timing(job.arrival_s))) as events:
         async for event in events:
             if isinstance(event, TextEvent):
-                parts.append(event.text)
+                collect(answers, event)
             else:
                 finish = event
     assert finish is not None  # generate_text ends with a FinishEvent or raises
-    return msgspec.to_builtins(shape.whole("".join(parts), finish))
+    return msgspec.to_builtins(shape.whole(answers, finish))

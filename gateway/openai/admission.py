@@ -9,6 +9,8 @@ prompt above the character bound (``Settings.prompt_limit_chars``) is prepared a
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +21,9 @@ import anyio.to_thread
 from gateway.errors import OpenAIError, context_length_exceeded, invalid_request
 from gateway.openai.idempotency import check_key, fingerprint
 from gateway.openai.job import Job
-from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, unsupported_params
+from gateway.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported_params
 from gateway.openai.structured import check_guide, guide_of
+from gateway.openai.tools import ToolPlan, template_tool_call, template_tools, tool_plan
 from gateway.routing.router import Target
 from gateway.state import GatewayState
 from sluice.domain import RequestClass, Tenant
@@ -60,26 +63,64 @@ async def admit_chat(
             "ignore_eos cannot be combined with a JSON response_format.", param="ignore_eos"
         )
     await check_guide(guide, target.codec, "response_format")
+    # Tools (gateway.openai.tools): a forced call is decoded by its guide, checked as a response_format's
+    # is. NOTE: the answer is read by the same plan: ``tool_plan(req, job.target.tool_call_parser)``.
+    plan = tool_plan(req, target.tool_call_parser)
+    if plan is not None and plan.guide is not None:
+        await check_guide(plan.guide, target.codec, plan.guide_param)
+        guide = plan.guide
     if not req.messages:
         raise invalid_request("'messages' must hold at least one message.", param="messages")
+    tools = template_tools(req)
     messages: list[dict[str, Any]] = []
-    for m in req.messages:
-        message = {"role": _TEMPLATE_ROLES.get(m.role, m.role), "content": m.text()}
-        if m.name is not None:
-            message["name"] = m.name
+    # What the safety policy screens: every text that reaches the prompt (names, tool calls and results,
+    # the tools' descriptions and schemas included).
+    screened_parts = [] if tools is None else [json.dumps(tools, ensure_ascii=False)]
+    for i, m in enumerate(req.messages):
+        message, texts = _template_message(m, i)
         messages.append(message)
-    # What the safety policy screens: every text that reaches the prompt (names included).
-    screened = "\n".join(f"{m['name']}\n{m['content']}" if "name" in m else m["content"] for m in messages)
+        screened_parts.append("\n".join(texts))
+    screened = "\n".join(screened_parts)
     _check_prompt_chars(len(screened), gw, "messages")
     try:
-        token_ids = await _prepare(len(screened), target.codec.encode_chat, messages)
+        token_ids = await _prepare(
+            len(screened), functools.partial(target.codec.encode_chat, tools=tools), messages
+        )
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), param="messages") from None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     prompt = _Prompt(token_ids, screened, "messages")
+    reading = plan if plan is not None and plan.reads_calls else None
     return _job(request_id, target, "/v1/chat/completions", req, tenant, gw, prompt, (max_tokens, param),
-                arrival_s, idempotency_key, degraded, guide)  # fmt: skip
+                arrival_s, idempotency_key, degraded, guide, reading)  # fmt: skip
+
+
+def _template_message(m: ChatMessage, i: int) -> tuple[dict[str, Any], list[str]]:
+    """Message ``i`` as chat templates take it (Hugging Face's shape), and its texts to screen."""
+    message: dict[str, Any] = {"role": _TEMPLATE_ROLES.get(m.role, m.role), "content": m.text()}
+    texts = [message["content"]]
+    if m.name is not None:
+        message["name"] = m.name
+        texts.insert(0, m.name)
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise invalid_request(
+                "Only assistant messages carry tool_calls.", param=f"messages[{i}].tool_calls"
+            )
+        message["tool_calls"] = [template_tool_call(call) for call in m.tool_calls]
+        texts.extend(
+            t for call in m.tool_calls for t in (call.id, call.function.name, call.function.arguments)
+        )
+    if m.role == "tool":
+        if m.tool_call_id is None:
+            raise invalid_request(
+                "A tool message needs the tool_call_id of the call it answers.",
+                param=f"messages[{i}].tool_call_id",
+            )
+        message["tool_call_id"] = m.tool_call_id
+        texts.append(m.tool_call_id)
+    return message, texts
 
 
 async def admit_completion(
@@ -196,6 +237,14 @@ def _check_common(
         raise invalid_request("top_p must be in (0, 1].", param="top_p")
     if req.seed is not None and not 0 <= req.seed < 2**63:
         raise invalid_request("seed must be in [0, 2**63).", param="seed")
+    if req.n is not None and req.n > gw.settings.max_n:
+        raise invalid_request(f"n must be at most {gw.settings.max_n}.", param="n")
+    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
+        raise invalid_request(
+            "logprobs with echo (the prompt's own log-probabilities) are not supported; ask without echo.",
+            param="logprobs",
+            code="unsupported_parameter",
+        )
     stops = req.stop_strings()
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
@@ -246,7 +295,19 @@ def _sampling(
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=_logit_bias(req.logit_bias or {}, target.codec.vocab_size),
         guide=guide,
+        logprobs=_logprobs(req),
+        n=req.n or 1,
     )
+
+
+def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many alternatives per token the request asks for, or None for no log-probabilities (chat:
+    ``logprobs`` true and ``top_logprobs``; completions: ``logprobs`` 0-5)."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("top_logprobs needs logprobs: true.", param="top_logprobs")
+    return (req.top_logprobs or 0) if req.logprobs else None
 
 
 def _top_k(top_k: int | None, vocab_size: int) -> int:
@@ -317,6 +378,7 @@ def _job(
     idempotency_key: str | None,
     degraded: Degraded | None = None,
     guide: Guide | None = None,
+    tool_plan: ToolPlan | None = None,
 ) -> Job:
     settings = gw.settings
     token_ids = prompt.token_ids
@@ -339,8 +401,17 @@ def _job(
         if chosen_class is RequestClass.BATCH
         else settings.request_deadline_s
     )
+    sampling = _sampling(req, max_tokens, target, guide)
     if idempotency_key is not None:
         check_key(idempotency_key)
+        if sampling.n > 1 or sampling.logprobs is not None:
+            # NOTE: a replay stores and returns one answer's text: refused rather than replayed short.
+            raise invalid_request(
+                "An Idempotency-Key cannot be combined with n > 1 or logprobs (a replay returns the text "
+                "of one answer); retry without the key.",
+                param="Idempotency-Key",
+                code="unsupported_parameter",
+            )
     return Job(
         request_id=request_id,
         route=route,
@@ -348,13 +419,14 @@ def _job(
         model=target.model,  # an alias of an overloaded model names itself
         target=target,
         prompt_token_ids=token_ids,
-        sampling=_sampling(req, max_tokens, target, guide),
+        sampling=sampling,
         stop=req.stop_strings(),
         arrival_s=arrival_s,
         deadline_s=arrival_s + deadline_s,
         request_class=chosen_class,
         prompt_text=prompt.text,
         echo=isinstance(req, CompletionRequest) and req.echo,
+        tool_plan=tool_plan,
         idempotency_key=idempotency_key,
         fingerprint=fingerprint(route, req) if idempotency_key is not None else "",
         degraded=degraded_as,

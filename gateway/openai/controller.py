@@ -9,8 +9,9 @@ the disconnect themselves. Either way the cancellation lands in ``generate_text`
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -30,16 +31,19 @@ from gateway.errors import (
 from gateway.openai.admission import admit_chat, admit_completion
 from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
-from gateway.openai.job import Event, FinishEvent, Job, QuotaTaken, TextEvent, Timing
+from gateway.openai.job import Event, FinishEvent, Job, QuotaTaken, TextEvent, Timing, TokenLogprobs
+from gateway.openai.logprobs import CompletionLogprobsWriter, chat_logprobs
 from gateway.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatLogprobs,
     ChoiceDelta,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     Model,
     ModelList,
@@ -48,6 +52,7 @@ from gateway.openai.schemas import (
     first_unknown_field,
     parameters_doc,
 )
+from gateway.openai.tools import Part, ToolCallReader, delta_tool_call, read_whole
 from gateway.scheduling.quota_gate import rate_limit_headers
 from gateway.state import GatewayState
 from sluice.engine_client import EngineError, EngineErrorKind
@@ -93,36 +98,106 @@ def _usage(finish: FinishEvent) -> Usage:
     return Usage(finish.prompt_tokens, finish.output_tokens, finish.prompt_tokens + finish.output_tokens)
 
 
+@dataclass
+class Answer:
+    """One answer of a whole (non-streamed) response: its text and its tokens' log-probabilities."""
+
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def collect(answers: dict[int, Answer], event: TextEvent) -> None:
+    answer = answers.setdefault(event.index, Answer())
+    answer.parts.append(event.text)
+    answer.logprobs.extend(event.logprobs)
+
+
 # ----- per-endpoint chunk shapes -----
 class ChatShape:
     def __init__(self, job: Job) -> None:
         self.job = job
         self._frame: tuple[bytes, bytes] | None = None
+        # With tools: each answer's text is read for calls (gateway.openai.tools), one reader per answer.
+        self._readers: dict[int, ToolCallReader] = {}
+        self._held_logprobs: dict[int, list[TokenLogprobs]] = {}
 
-    def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
+    def _reader(self, index: int) -> ToolCallReader | None:
+        plan = self.job.tool_plan
+        if plan is None:
+            return None
+        if index not in self._readers:
+            self._readers[index] = plan.reader()
+        return self._readers[index]
+
+    def _parts_sse(self, index: int, parts: list[Part], logprobs: Sequence[TokenLogprobs]) -> bytes:
+        """The chunks of an answer's parts (content, tool-call deltas); the log-probabilities go with the
+        first chunk, or wait for the next one when there is none yet (text held back)."""
+        held = self._held_logprobs.setdefault(index, [])
+        held.extend(logprobs)
+        out = []
+        for part in parts:
+            delta = (
+                ChoiceDelta(content=part)
+                if isinstance(part, str)
+                else ChoiceDelta(tool_calls=[delta_tool_call(part)])
+            )
+            out.append(_sse(self._chunk(delta, None, index, self._logprobs(held) if held else None)))
+            held.clear()
+        return b"".join(out)
+
+    def _chunk(
+        self, delta: ChoiceDelta, finish_reason: str | None = None, index: int = 0, logprobs: Any = None
+    ) -> ChatCompletionChunk:
         job = self.job
         return ChatCompletionChunk(
             job.request_id,
             job.created,
             job.model,
-            [ChatChunkChoice(0, delta, finish_reason)],
+            [ChatChunkChoice(index, delta, finish_reason, logprobs)],
             system_fingerprint=job.system_fingerprint,
         )
 
-    def opening(self) -> Any:
-        return self._chunk(ChoiceDelta(role="assistant", content=""))
+    def _logprobs(self, entries: Sequence[TokenLogprobs]) -> ChatLogprobs | None:
+        asked = self.job.sampling.logprobs is not None
+        return chat_logprobs(self.job.target.codec, entries) if asked else None
 
-    def text(self, text: str) -> Any:
-        return self._chunk(ChoiceDelta(content=text))
+    def opening(self) -> list[Any]:
+        return [
+            self._chunk(ChoiceDelta(role="assistant", content=""), index=i)
+            for i in range(self.job.sampling.n)
+        ]
 
-    def text_sse(self, text: str) -> bytes:
-        """``_sse(self.text(text))``, byte for byte, from this stream's framing around the text."""
+    def text(self, event: TextEvent) -> Any:
+        return self._chunk(ChoiceDelta(content=event.text), None, event.index, self._logprobs(event.logprobs))
+
+    def text_sse(self, event: TextEvent) -> bytes:
+        """``_sse(self.text(event))``, byte for byte; the first answer's plain text from this stream's
+        framing around the text. With tools, the chunks of what the answer's reader makes of it (maybe
+        none while it holds text back)."""
+        reader = self._reader(event.index)
+        if reader is not None:
+            return self._parts_sse(event.index, reader.feed(event.text), event.logprobs)
+        if event.index or self.job.sampling.logprobs is not None:
+            return _sse(self.text(event))
         if self._frame is None:
-            self._frame = _text_frame(self.text(_MARK))
-        return self._frame[0] + _ENCODER.encode(text) + self._frame[1]
+            self._frame = _text_frame(self.text(TextEvent(_MARK)))
+        return self._frame[0] + _ENCODER.encode(event.text) + self._frame[1]
 
-    def finish(self, finish: FinishEvent) -> Any:
-        return self._chunk(ChoiceDelta(), finish.finish_reason)
+    def finish_sse(self, finish: FinishEvent) -> bytes:
+        """Each answer's end: what its reader still held (with tools), then its finish chunk."""
+        out = []
+        for i in range(self.job.sampling.n):
+            reason = finish.reason_of(i)
+            reader = self._reader(i)
+            if reader is not None:
+                out.append(self._parts_sse(i, reader.finish(), ()))
+                reason = reader.finish_reason(reason)
+            out.append(_sse(self._chunk(ChoiceDelta(), reason, i)))
+        return b"".join(out)
 
     def usage(self, finish: FinishEvent) -> Any:
         job = self.job
@@ -135,14 +210,25 @@ class ChatShape:
             system_fingerprint=job.system_fingerprint,
         )
 
-    def whole(self, text: str, finish: FinishEvent) -> Any:
+    def whole(self, answers: dict[int, Answer], finish: FinishEvent) -> Any:
         job = self.job
-        choice = ChatChoice(0, ResponseMessage("assistant", text), finish.finish_reason)
+        choices = []
+        for i in range(job.sampling.n):
+            answer = answers.get(i, Answer())
+            reason = finish.reason_of(i)
+            if job.tool_plan is not None:
+                reader = job.tool_plan.reader()
+                content, calls = read_whole(reader, answer.text)
+                message = ResponseMessage("assistant", content, calls or None)
+                reason = reader.finish_reason(reason)
+            else:
+                message = ResponseMessage("assistant", answer.text)
+            choices.append(ChatChoice(i, message, reason, self._logprobs(answer.logprobs)))
         return ChatCompletion(
             job.request_id,
             job.created,
             job.model,
-            [choice],
+            choices,
             _usage(finish),
             system_fingerprint=job.system_fingerprint,
         )
@@ -152,32 +238,45 @@ class CompletionShape:
     def __init__(self, job: Job) -> None:
         self.job = job
         self._frame: tuple[bytes, bytes] | None = None
+        self._writers: dict[int, CompletionLogprobsWriter] = {}
 
-    def _chunk(self, text: str, finish_reason: str | None = None) -> Completion:
+    def _chunk(
+        self, text: str, finish_reason: str | None = None, index: int = 0, logprobs: Any = None
+    ) -> Completion:
         job = self.job
         return Completion(
             job.request_id,
             job.created,
             job.model,
-            [CompletionChoice(0, text, finish_reason)],
+            [CompletionChoice(index, text, finish_reason, logprobs)],
             system_fingerprint=job.system_fingerprint,
         )
 
-    def opening(self) -> Any:
-        """With ``echo``, the prompt, as the stream's first chunk."""
-        return self._chunk(self.job.prompt_text) if self.job.echo else None
+    def _logprobs(self, index: int, entries: Sequence[TokenLogprobs]) -> CompletionLogprobs | None:
+        if self.job.sampling.logprobs is None:
+            return None
+        writer = self._writers.setdefault(index, CompletionLogprobsWriter(self.job.target.codec))
+        return writer(entries)
 
-    def text(self, text: str) -> Any:
-        return self._chunk(text)
+    def opening(self) -> list[Any]:
+        """With ``echo``, the prompt, as each answer's first chunk."""
+        job = self.job
+        return [self._chunk(job.prompt_text, index=i) for i in range(job.sampling.n)] if job.echo else []
 
-    def text_sse(self, text: str) -> bytes:
-        """``_sse(self.text(text))``, byte for byte, from this stream's framing around the text."""
+    def text(self, event: TextEvent) -> Any:
+        return self._chunk(event.text, None, event.index, self._logprobs(event.index, event.logprobs))
+
+    def text_sse(self, event: TextEvent) -> bytes:
+        """``_sse(self.text(event))``, byte for byte; the first answer's plain text from this stream's
+        framing around the text."""
+        if event.index or self.job.sampling.logprobs is not None:
+            return _sse(self.text(event))
         if self._frame is None:
-            self._frame = _text_frame(self.text(_MARK))
-        return self._frame[0] + _ENCODER.encode(text) + self._frame[1]
+            self._frame = _text_frame(self.text(TextEvent(_MARK)))
+        return self._frame[0] + _ENCODER.encode(event.text) + self._frame[1]
 
-    def finish(self, finish: FinishEvent) -> Any:
-        return self._chunk("", finish.finish_reason)
+    def finish_sse(self, finish: FinishEvent) -> bytes:
+        return b"".join(_sse(self._chunk("", finish.reason_of(i), i)) for i in range(self.job.sampling.n))
 
     def usage(self, finish: FinishEvent) -> Any:
         job = self.job
@@ -190,13 +289,18 @@ class CompletionShape:
             system_fingerprint=job.system_fingerprint,
         )
 
-    def whole(self, text: str, finish: FinishEvent) -> Any:
+    def whole(self, answers: dict[int, Answer], finish: FinishEvent) -> Any:
         job = self.job
+        choices = []
+        for i in range(job.sampling.n):
+            answer = answers.get(i, Answer())
+            text = job.prompt_text + answer.text if job.echo else answer.text
+            choices.append(CompletionChoice(i, text, finish.reason_of(i), self._logprobs(i, answer.logprobs)))
         return Completion(
             job.request_id,
             job.created,
             job.model,
-            [CompletionChoice(0, job.prompt_text + text if job.echo else text, finish.finish_reason)],
+            choices,
             usage=_usage(finish),
             system_fingerprint=job.system_fingerprint,
         )
@@ -254,21 +358,21 @@ async def _stream(
         # NOTE: one write per batch of chunks ready together: the opening with the first event, and the
         # finish, usage and [DONE] (or the filter's error event) as one.
         async with aclosing(events):
-            opening = shape.opening()
-            ready = [] if opening is None else [_sse(opening)]
+            ready = [_sse(chunk) for chunk in shape.opening()]
             assert first is not None
             event: Event = first
             try:
                 while True:
                     if isinstance(event, TextEvent):
-                        chunk = shape.text_sse(event.text)
+                        chunk = shape.text_sse(event)
                         if ready:
                             ready.append(chunk)
                             chunk = b"".join(ready)
                             ready.clear()
-                        yield chunk
+                        if chunk:  # with tools, text a reader holds back makes no chunk yet
+                            yield chunk
                     else:
-                        ready.append(_sse(shape.finish(event)))
+                        ready.append(shape.finish_sse(event))
                         if include_usage:
                             ready.append(_sse(shape.usage(event)))
                         if event.filter_message is not None:  # the terminal event of a filtered stream
@@ -293,19 +397,19 @@ async def _whole(
     timing: Timing,
     quota_taken: QuotaTaken,
 ) -> Response[Any]:
-    parts: list[str] = []
+    answers: dict[int, Answer] = {}
     finish: FinishEvent | None = None
 
-    async def collect() -> None:
+    async def read_all() -> None:
         nonlocal finish
         async for event in events:
             if isinstance(event, TextEvent):
-                parts.append(event.text)
+                collect(answers, event)
             else:
                 finish = event
 
     try:
-        await _until_disconnect(request, collect)
+        await _until_disconnect(request, read_all)
     except EngineError as exc:
         err = engine_http_error(exc)
         err.counted = True  # generate_text's finally counted it
@@ -313,7 +417,7 @@ async def _whole(
     if finish is None:  # the client went away; nobody reads this
         return Response(b"", status_code=499)
     headers = _request_headers(shape.job, timing, quota_taken)
-    return Response(shape.whole("".join(parts), finish), headers=headers)
+    return Response(shape.whole(answers, finish), headers=headers)
 
 
 def _request_headers(job: Job, timing: Timing, quota_taken: QuotaTaken) -> dict[str, str]:

@@ -30,7 +30,16 @@ import anyio
 from gateway.errors import OpenAIError
 from gateway.metering.pipeline import OpenUsage
 from gateway.openai.idempotency import begin_attempt, lookup_attempt, settle_attempt
-from gateway.openai.job import Event, FinishEvent, IdempotentAttempt, Job, QuotaTaken, TextEvent, Timing
+from gateway.openai.job import (
+    Event,
+    FinishEvent,
+    IdempotentAttempt,
+    Job,
+    QuotaTaken,
+    TextEvent,
+    Timing,
+    TokenLogprobs,
+)
 from gateway.openai.records import Ended, record_request, usage_record
 from gateway.openai.stops import StopMatcher
 from gateway.scheduling.quota_gate import acquire_quota
@@ -49,6 +58,7 @@ from sluice.safety.base import ClassifierUnavailableError, Verdict
 from sluice.safety.policy import SafetyPolicy
 from sluice.safety.stream import StreamScreen
 from sluice.stores.quota.base import QuotaGrant
+from sluice.text import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +91,57 @@ class _Ending:
     grant: QuotaGrant | None = None
     slot: Slot | None = None
     usage: OpenUsage | None = None  # open in the usage outbox from dispatch to the final record
-    screen: StreamScreen | None = None
+    answers: list[_Answer] = field(default_factory=list)  # n of them, once admitted
     engine_deltas: AsyncGenerator[Delta, None] | None = None
+
+
+@dataclass
+class _Answer:
+    """One answer's path from tokens to text (n per request): its detokenizer, stop strings and output
+    screen, its finish reason once it ended, and the log-probabilities of tokens whose text is not out."""
+
+    index: int
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    screen: StreamScreen | None
+    eos_token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    pending_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    def take(self, delta: Delta) -> str:
+        """The text ``delta`` releases past the stop strings (ending the answer at a stop string or at the
+        engine's finish)."""
+        if delta.logprobs is not None:
+            self.pending_logprobs.extend(zip(delta.token_ids, delta.logprobs, strict=True))
+        text = self.detok.push(delta.token_ids)
+        if delta.finish_reason is not None:
+            text += self.detok.finish()
+        emit, hit_stop = self.stops.feed(text)
+        if hit_stop:
+            self.finish_reason = "stop"
+        elif delta.finish_reason is not None:
+            emit += self.stops.flush()
+            self.finish_reason = _finish_reason(delta.finish_reason)
+            if delta.finish_reason is FinishReason.STOP and delta.token_ids:
+                self._drop_final_eos(delta.token_ids[-1])
+        return emit
+
+    def end_as(self, reason: str) -> str:
+        """End the answer now (its deadline): the text it still holds."""
+        self.finish_reason = reason
+        return self.stops.flush() + self.detok.finish()
+
+    def take_logprobs(self) -> tuple[TokenLogprobs, ...]:
+        """The log-probabilities to send with the text going out now: every one held (its text is out, or
+        was cut by a stop string or the end)."""
+        taken = tuple(self.pending_logprobs)
+        self.pending_logprobs.clear()
+        return taken
+
+    def _drop_final_eos(self, token: int) -> None:
+        """The end-of-sequence token that ended the answer is not part of it (OpenAI reports none)."""
+        if token in self.eos_token_ids and self.pending_logprobs and self.pending_logprobs[-1][0] == token:
+            self.pending_logprobs.pop()
 
 
 async def generate_text(
@@ -93,8 +152,6 @@ async def generate_text(
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``); ``quota_taken``, if given, gets the
     quota grant of a request that will generate, before the first event (for the rate-limit headers)."""
-    detok = job.target.codec.detokenizer()
-    stops = StopMatcher(job.stop)
     end = _Ending()
     deadline: _Deadline | None = None
     try:
@@ -111,13 +168,13 @@ async def generate_text(
         gw.metrics.in_flight.inc()
         timing.engine_start_s = time.monotonic()
         deadline = _Deadline(job.deadline_s)
+        answers = end.answers
         while end.finish_reason is None:
-            ended = False
             try:
                 delta = await deadline.wait(_next_delta(job, gw, end, timing))
             except TimeoutError:
-                end.outcome, end.finish_reason = Outcome.DEADLINE, "length"
-                emit, ended = stops.flush() + detok.finish(), True
+                end.outcome = Outcome.DEADLINE
+                ready = [(a, a.end_as("length")) for a in answers if a.finish_reason is None]
             except StopAsyncIteration:
                 # The engine client's contract is a final delta with a finish reason.
                 raise EngineError(
@@ -131,32 +188,40 @@ async def generate_text(
                 timing.observe(now, len(delta.token_ids))
                 assert end.slot is not None
                 job.target.scheduler.on_tokens(end.slot, len(delta.token_ids), gap_s)
-                text = detok.push(delta.token_ids)
                 if delta.finish_reason is not None:
-                    text += detok.finish()
                     end.num_cached_tokens = delta.num_cached_tokens
-                emit, hit_stop = stops.feed(text)
-                if hit_stop:
-                    end.outcome, end.finish_reason, ended = Outcome.FINISHED, "stop", True
-                elif delta.finish_reason is not None:
-                    emit += stops.flush()
-                    end.outcome, end.finish_reason = Outcome.FINISHED, _finish_reason(delta.finish_reason)
-                    ended = True
-            if end.screen is not None:
-                emit, end.verdict = _screened(end.screen, emit, ended)
+                if not 0 <= delta.index < len(answers):
+                    raise EngineError(EngineErrorKind.ENGINE_ERROR, f"the replica sent answer {delta.index}")
+                answer = answers[delta.index]
+                # NOTE: an answer that met a stop string while others run (n > 1) makes tokens until the
+                # engine ends it: counted and billed above, not sent.
+                ready = [] if answer.finish_reason is not None else [(answer, answer.take(delta))]
+            for answer, emit in ready:
+                ended = answer.finish_reason is not None
+                if answer.screen is not None:
+                    emit, end.verdict = _screened(answer.screen, emit, ended)
+                    if end.verdict is not None:
+                        end.outcome, end.finish_reason = Outcome.FILTERED, "content_filter"
+                        gw.metrics.filtered.labels("output", end.verdict.category).inc()
+                        for other in answers:
+                            other.finish_reason = other.finish_reason or "content_filter"
+                        answer.finish_reason = "content_filter"
+                if emit or (ended and answer.pending_logprobs):
+                    if end.attempt is not None:
+                        end.texts.append(emit)
+                    yield TextEvent(emit, answer.index, answer.take_logprobs())
                 if end.verdict is not None:
-                    end.outcome, end.finish_reason = Outcome.FILTERED, "content_filter"
-                    gw.metrics.filtered.labels("output", end.verdict.category).inc()
-            if emit:
-                if end.attempt is not None:
-                    end.texts.append(emit)
-                yield TextEvent(emit)
+                    break
+            if end.finish_reason is None and all(a.finish_reason is not None for a in answers):
+                end.outcome = end.outcome or Outcome.FINISHED
+                end.finish_reason = answers[0].finish_reason
         assert end.finish_reason is not None
         yield FinishEvent(
             end.finish_reason,
             len(job.prompt_token_ids),
             end.num_output_tokens,
             filter_message=end.verdict.message if end.verdict is not None else None,
+            finish_reasons=tuple(a.finish_reason or "length" for a in answers) if len(answers) > 1 else (),
         )
     except OpenAIError as exc:  # refused at admission
         end.outcome, end.error = Outcome.REFUSED, exc.code
@@ -165,12 +230,14 @@ async def generate_text(
         end.outcome, end.error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
         # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
         end.reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or end.num_output_tokens > 0
-        if end.screen is not None and end.verdict is None:  # the stream ends: what is held back and safe goes
-            rest, _ = _screened(end.screen, "", ended=True)
+        for answer in end.answers if end.verdict is None else ():  # what is held back and safe goes
+            if answer.screen is None or answer.finish_reason is not None:
+                continue
+            rest, _ = _screened(answer.screen, "", ended=True)
             if rest:
                 if end.attempt is not None:
                     end.texts.append(rest)
-                yield TextEvent(rest)
+                yield TextEvent(rest, answer.index)
         raise
     except Exception as exc:
         # NOTE: the type only: a repr may carry the request's text (a UnicodeDecodeError's holds the bytes
@@ -197,13 +264,19 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
             return replay
     policy = _safety_policy(job, gw)
     await _screen_prompt(job, gw, policy)
-    end.screen = policy.output_screen(gw.settings.safety_holdback_chars)
+    codec, holdback = job.target.codec, gw.settings.safety_holdback_chars
+    end.answers = [
+        _Answer(
+            i, codec.detokenizer(), StopMatcher(job.stop), policy.output_screen(holdback), codec.eos_token_ids
+        )
+        for i in range(job.sampling.n)
+    ]
     end.grant = await acquire_quota(
         gw.quota,
         gw.metrics,
         job.model,
         job.tenant,
-        len(job.prompt_token_ids) + job.max_tokens,
+        len(job.prompt_token_ids) + job.max_tokens,  # every answer's tokens (n)
         job.deadline_s,
         request_id=job.request_id,
     )
@@ -392,6 +465,7 @@ def _engine_request(job: Job, priority: EnginePriority) -> GenerateRequest:
         cache_scope=job.tenant.tenant_id,
         priority=priority,
         eos_token_ids=job.target.codec.eos_token_ids,
+        vocab_size=job.target.codec.model_vocab_size,
     )
 
 

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gateway.openai.tools import ToolPlan
 from gateway.routing.router import Target
 from sluice.domain import RequestClass, Tenant
-from sluice.engine_client import Sampling
+from sluice.engine_client import Sampling, TokenLogprob
 from sluice.stores.quota.base import QuotaGrant
 
 
@@ -41,6 +42,8 @@ class Job:
     # What the safety policy screens (never stored or logged; sent back only as a completion's echo).
     prompt_text: str = field(default="", repr=False)
     echo: bool = False  # a completion whose text begins with its prompt (OpenAI's ``echo``)
+    # Tools whose calls are read out of the answer (gateway.openai.tools); None: plain text.
+    tool_plan: ToolPlan | None = None
     # With an Idempotency-Key (see gateway.openai.idempotency): the key and the body's fingerprint.
     idempotency_key: str | None = None
     fingerprint: str = ""
@@ -72,7 +75,8 @@ class Job:
 
     @property
     def max_tokens(self) -> int:
-        return self.sampling.max_tokens
+        """The most output tokens it may make: every answer's (n of them)."""
+        return self.sampling.max_tokens * self.sampling.n
 
     @property
     def model_version(self) -> str:
@@ -92,18 +96,31 @@ class Job:
         object.__setattr__(self, "degraded", "")
 
 
+# A token's id and its log-probabilities, as the engine reported them (the shapes turn them into text).
+TokenLogprobs = tuple[int, TokenLogprob]
+
+
 @dataclass(frozen=True)
 class TextEvent:
+    """Text of answer ``index`` (0 unless n > 1), with the log-probabilities of the tokens it was made
+    of, when asked (a token whose text is held back reports with the text that releases it)."""
+
     text: str
+    index: int = 0
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
 class FinishEvent:
-    finish_reason: str  # OpenAI's: "stop", "length" or "content_filter"
+    finish_reason: str  # OpenAI's: "stop", "length" or "content_filter" (the first answer's)
     prompt_tokens: int
-    output_tokens: int
+    output_tokens: int  # every answer's
     # content_filter: what the client is told in the terminal error event (never the matched text).
     filter_message: str | None = None
+    finish_reasons: tuple[str, ...] = ()  # each answer's, by index (n > 1); empty: (finish_reason,)
+
+    def reason_of(self, index: int) -> str:
+        return self.finish_reasons[index] if self.finish_reasons else self.finish_reason
 
 
 Event = TextEvent | FinishEvent

@@ -6,19 +6,20 @@ Every field OpenAI defines for these requests is declared, so none is dropped wi
   ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
   ``service_tier`` (``auto``/``default``: interactive, ``flex``: batch), ``presence_penalty``,
   ``frequency_penalty``, ``logit_bias``, and the extensions ``ignore_eos``, ``top_k``, ``min_p`` and
-  ``repetition_penalty`` (vLLM's names);
+  ``repetition_penalty`` (vLLM's names); ``tools``, ``tool_choice`` (``none``/``auto``/``required``/a named
+  function), ``parallel_tool_calls``, assistant ``tool_calls`` and a tool message's ``tool_call_id``
+  (``gateway.openai.tools``);
 - accepted and ignored, because they do not change the output: ``user``, ``metadata``, ``store`` (Sluice
   stores no completions), ``safety_identifier``, ``prompt_cache_key`` (the prefix cache is per tenant
-  anyway), ``stream_options.include_obfuscation``, a tool message's ``tool_call_id``, and the values of
-  refused parameters that mean "off" (``n: 1``, ``logprobs: false``, ``tool_choice: "none"``,
-  ``response_format: {"type": "text"}``, ...);
+  anyway), ``stream_options.include_obfuscation``, and the values of refused parameters that mean "off"
+  (``n: 1``, ``logprobs: false``, ``response_format: {"type": "text"}``, ...);
 - refused with 400 ``unsupported_parameter`` and ``param`` naming it (``UNSUPPORTED``), because dropping
-  them would change the result: tools and functions, ``logprobs`` / ``top_logprobs``,
+  them would change the result: ``functions`` / ``function_call`` (the deprecated form of tools),
+  ``logprobs`` / ``top_logprobs``,
   ``n`` > 1, ``response_format`` other than text, ``prediction``, ``audio`` and
   ``modalities`` other than text, ``web_search_options``, ``reasoning_effort``, ``verbosity``; content
-  parts other than text (images, audio, files); assistant ``tool_calls`` / ``function_call`` / ``audio``
-  / ``refusal``; for completions ``suffix`` and ``best_of`` > 1 (``echo`` is served: the text begins
-  with the prompt).
+  parts other than text (images, audio, files); assistant ``function_call`` / ``audio`` / ``refusal``;
+  for completions ``suffix`` and ``best_of`` > 1 (``echo`` is served: the text begins with the prompt).
 
 Any other field is refused with 400 ``unknown_parameter`` (as OpenAI answers "Unrecognized request
 argument"): a misspelt or vendor-specific parameter would otherwise be silently ignored.
@@ -50,12 +51,62 @@ class ContentPart(msgspec.Struct, kw_only=True):
     refusal: str | None = None
 
 
+# ----- tools (gateway.openai.tools) -----
+# OpenAI's rule for a function's name.
+FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A tool's function: ``parameters`` is a JSON schema object (absent: no arguments). ``strict`` is
+    accepted; a forced call (``tool_choice`` ``required`` or named) always follows the schema."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One entry of ``tools``: a function the model may call."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    """``tool_choice`` naming the function the model must call (one of ``tools``)."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A call the model made: in an answer's ``message.tool_calls``, and in an assistant message sent back
+    in the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: Role
     content: str | list[ContentPart] | None = None
     name: ParticipantName | None = None
-    tool_call_id: str | None = None  # a tool message's reference to a call: accepted, not used
-    tool_calls: list[Any] | None = None  # refused (no tools)
+    tool_call_id: str | None = None  # a tool message's: the call it answers (the template may render it)
+    tool_calls: list[ToolCall] | None = None  # an assistant message's calls
     function_call: Any = None  # refused
     audio: Any = None  # refused
     refusal: str | None = None  # refused
@@ -96,7 +147,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    # Answers to the one prompt, prefilled once (at most SLUICE_MAX_N, checked at admission).
+    n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -115,7 +167,6 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] | None = None
     min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] | None = None
-    logprobs: bool | int | None = None
     # Extension (vLLM's name): keep generating past end-of-sequence, for benchmarks with fixed lengths.
     ignore_eos: bool = False
     # OpenAI's: "auto"/"default" (or absent) is the interactive class; "flex" is the batch class.
@@ -130,9 +181,12 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    # Each output token's log-probability, and this many most likely alternatives at its place.
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    # At most 128 tools; tool_choice defaults to "auto" with tools, "none" without (gateway.openai.tools).
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -147,6 +201,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[str | int]  # text, [text] or token ids (msgspec allows one array type)
+    # Each output token's log-probability and this many most likely alternatives (0: the token's own).
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -166,15 +222,8 @@ def _not_none_mode(value: Any) -> bool:
 
 # (field, when it is refused, what the client is told): checked in this order.
 _Check = tuple[str, Any, str]
-_COMMON: tuple[_Check, ...] = (
-    ("n", lambda v: v is not None and v != 1, "Only n=1 is supported: ask for one choice per request."),
-    ("logprobs", lambda v: v is not None and v is not False, "logprobs are not supported."),
-)
+_COMMON: tuple[_Check, ...] = ()
 _CHAT: tuple[_Check, ...] = (
-    ("top_logprobs", _is_on, "top_logprobs are not supported."),
-    ("tools", _is_on, "Tools are not supported."),
-    ("tool_choice", _not_none_mode, "tool_choice is not supported (no tools)."),
-    ("parallel_tool_calls", _is_set, "parallel_tool_calls is not supported (no tools)."),
     ("functions", _is_on, "functions are not supported."),
     ("function_call", _not_none_mode, "function_call is not supported (no functions)."),
     ("prediction", _is_set, "Predicted outputs are not supported."),
@@ -189,7 +238,6 @@ _COMPLETION: tuple[_Check, ...] = (
     ("best_of", lambda v: v is not None and v != 1, "Only best_of=1 is supported."),
 )
 _MESSAGE: tuple[_Check, ...] = (
-    ("tool_calls", _is_on, "Assistant tool_calls are not supported (no tools)."),
     ("function_call", _is_set, "Assistant function_call is not supported (no functions)."),
     ("audio", _is_set, "Assistant audio is not supported."),
     ("refusal", _is_set, "Assistant refusal messages are not supported; send the text as content."),
@@ -204,19 +252,31 @@ IGNORED = ("user", "metadata", "store", "safety_identifier", "prompt_cache_key",
 def parameters_doc(chat: bool) -> str:
     """The OpenAPI description's paragraph on parameters (Markdown), from the lists above."""
     refused = ", ".join(f"`{n}`" for n in (UNSUPPORTED_CHAT if chat else UNSUPPORTED_COMPLETION))
-    ignored = ", ".join(f"`{n}`" for n in (*IGNORED, *(("messages[].tool_call_id",) if chat else ())))
-    off = "`n: 1`, `logprobs: false`"
+    ignored = ", ".join(f"`{n}`" for n in IGNORED)
+    off = '`modalities: ["text"]`' if chat else "`best_of: 1`"
     if chat:
-        off += ', `tool_choice: "none"`, `response_format: {"type": "text"}`, `modalities: ["text"]`'
         refused += (
-            ", content parts other than `text` (images, audio, files), and assistant `tool_calls` / "
-            "`function_call` / `audio` / `refusal`"
+            ", content parts other than `text` (images, audio, files), and assistant `function_call` / "
+            "`audio` / `refusal`"
         )
+    logprobs = (
+        "`logprobs` (true) with `top_logprobs` (0-20)"
+        if chat
+        else "`logprobs` (0-5 alternatives; not with `echo`)"
+    )
     text = (
-        "Sampling controls honoured besides OpenAI's basics: `presence_penalty`, `frequency_penalty`, "
+        "Parameters honoured besides OpenAI's basics: `n` (up to `SLUICE_MAX_N`, 8 by default; the prompt is "
+        f"prefilled once and billed once), {logprobs} (the model's log-probabilities before any sampling "
+        "adjustment), the sampling controls `presence_penalty`, `frequency_penalty`, "
         "`logit_bias` (token id -> -100..100), and vLLM's `top_k`, `min_p`, `repetition_penalty`, "
         "`ignore_eos`"
-        + ("" if chat else "; `echo` (the text begins with the prompt; not with `logprobs`)")
+        + (
+            "; `response_format` `json_object` and `json_schema` (`strict` or not: decoding is always "
+            "constrained to the schema; compact JSON; a schema that cannot be compiled is 400 "
+            "`invalid_response_format`)"
+            if chat
+            else "; `echo` (the text begins with the prompt)"
+        )
         + ". "
         f"Parameters refused with 400 `unsupported_parameter` (`param` names it), because dropping them "
         f'would change the result: {refused}; each is accepted at its "off" value ({off}). Accepted '
@@ -226,6 +286,11 @@ def parameters_doc(chat: bool) -> str:
         text += (
             "Roles: system, developer (rendered as the template's system turn), user, assistant, tool; "
             "`name` must match `^[A-Za-z0-9_-]{1,64}$` and is screened with the content. "
+            "Tools: `tools` (at most 128 functions, each `parameters` a JSON schema), `tool_choice` "
+            "(`none`, `auto`: the model's own calls, read by its version's tool-call parser; `required` "
+            "or a named function: the call's arguments are decoded against the function's schema) and "
+            "`parallel_tool_calls`; assistant `tool_calls` and `tool` messages (`tool_call_id` required) "
+            "are rendered by the chat template and screened like any other text. "
         )
     return text + (
         "Text is tokenized as plain text: special tokens come only from the chat template. Limits: JSON "
@@ -266,10 +331,15 @@ _NESTED: dict[type[msgspec.Struct], dict[str, type[msgspec.Struct]]] = {
         "messages": ChatMessage,
         "stream_options": StreamOptions,
         "response_format": ResponseFormat,
+        "tools": Tool,
+        "tool_choice": NamedToolChoice,  # a string choice has no fields
     },
+    Tool: {"function": FunctionDefinition},
+    NamedToolChoice: {"function": NamedFunction},
+    ToolCall: {"function": FunctionCall},
     ResponseFormat: {"json_schema": JsonSchemaFormat},
     CompletionRequest: {"stream_options": StreamOptions},
-    ChatMessage: {"content": ContentPart},
+    ChatMessage: {"content": ContentPart, "tool_calls": ToolCall},
 }
 
 
@@ -307,16 +377,48 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
-class ResponseMessage(msgspec.Struct):
+class ResponseMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None: an answer that is only tool calls
+    tool_calls: list[ToolCall] | None = None  # omitted when the model called no tool
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(msgspec.Struct):
+    """One output token as OpenAI's chat reports it: its text, log-probability, UTF-8 bytes (a token may
+    hold part of a character) and the most likely alternatives at its place."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[ChatTokenLogprob] | None
+    refusal: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(msgspec.Struct):
+    """Legacy completions' form: parallel lists, one entry per token; ``text_offset`` is where each
+    token's text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
 
 
 class ChatChoice(msgspec.Struct):
     index: int
     message: ResponseMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct):
@@ -329,16 +431,32 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: str | None = None
 
 
+class ChoiceDeltaFunction(msgspec.Struct, omit_defaults=True):
+    name: str | None = None  # on the call's first delta
+    arguments: str | None = None  # the next fragment of the arguments' JSON text
+
+
+class ChoiceDeltaToolCall(msgspec.Struct, omit_defaults=True):
+    """A piece of a streamed tool call (OpenAI's): ``id``, ``type`` and the function's ``name`` on the
+    call's first delta, then fragments of its ``arguments``; ``index`` says which call it extends."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChoiceDeltaFunction | None = None
+
+
 class ChoiceDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ChoiceDeltaToolCall] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):
     index: int
     delta: ChoiceDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -355,7 +473,7 @@ class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(msgspec.Struct):

@@ -36,6 +36,7 @@ from sluice.engine_client import EngineClient
 from sluice.engine_limits import EngineLimits
 from sluice.stores.registry.base import ReplicaPool
 from sluice.text import TextCodec
+from sluice.tool_parsers import DEFAULT_PARSER
 from sluice.weight_store import WeightStore
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class Target:
     # The version's engine build limits (gateway.openai.admission refuses a request over them); None:
     # bounded by the tokenizer's model context alone.
     limits: EngineLimits | None = None
+    # The version's tool-call parser (gateway.openai.tools); None: unknown, it serves no tools.
+    tool_call_parser: str | None = DEFAULT_PARSER
 
 
 def model_unavailable(model: str) -> OpenAIError:
@@ -104,13 +107,14 @@ class Router:
         engine: EngineClient,
         codec: TextCodec,
         limits: EngineLimits | None = None,
+        tool_call_parser: str | None = DEFAULT_PARSER,
     ) -> None:
         """Static routing: every request for ``model`` goes to ``engine`` (``version``), refused before
         dispatch when over the engine's build ``limits`` (``SLUICE_STATIC_BUILD_CONFIG``), as a registry
-        version's are."""
+        version's are; its answers are read for tool calls by ``tool_call_parser``."""
         self._static_codec = codec
         await self.pools.add_static(model, version, engine)
-        target = VersionTarget(model, version, "", "", (), limits=limits)
+        target = VersionTarget(model, version, "", "", (), limits=limits, tool_call_parser=tool_call_parser)
         routes = ModelRoutes(model, {version: 100.0}, {version: target})
         self.table = RoutingTable(-1, {model: routes})
 
@@ -129,8 +133,11 @@ class Router:
             version = next(iter(self.table.models[model].split_pct))
             scheduler = self.pools.scheduler(model, version)
             assert scheduler is not None
-            limits = self.table.models[model].versions[version].limits
-            return Target(model, version, scheduler, self._static_codec, True, limits=limits)
+            routed = self.table.models[model].versions[version]
+            return Target(
+                model, version, scheduler, self._static_codec, True, limits=routed.limits,
+                tool_call_parser=routed.tool_call_parser,
+            )  # fmt: skip
         choice = self.table.choose(model, tenant.tenant_id, conversation_key)
         if choice is None:
             raise model_unavailable(model)
@@ -141,8 +148,11 @@ class Router:
         if not choice.sticky:
             self._metrics.version_fallbacks.labels(model, choice.version).inc()
         pool = ReplicaPool.GENERAL if ReplicaPool.GENERAL in schedulers else ReplicaPool.LONG_PROMPT
-        limits = self.table.models[model].versions[choice.version].limits
-        return Target(model, choice.version, schedulers[pool], codec, choice.sticky, pool, schedulers, limits)
+        routed = self.table.models[model].versions[choice.version]
+        return Target(
+            model, choice.version, schedulers[pool], codec, choice.sticky, pool, schedulers, routed.limits,
+            routed.tool_call_parser,
+        )  # fmt: skip
 
     def for_prompt(self, target: Target, num_prompt_tokens: int) -> Target:
         """``target`` queued for the pool a prompt of ``num_prompt_tokens`` goes to (module docstring);

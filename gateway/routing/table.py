@@ -27,6 +27,7 @@ from sluice.engine_client.dialects import Dialect, dialect_of
 from sluice.engine_limits import EngineLimits, limits_of
 from sluice.policy.rollout import bucket_of, version_for_bucket
 from sluice.stores.registry.base import RegistrySnapshot, ReplicaPool, ReplicaState, VersionState
+from sluice.tool_parsers import DEFAULT_PARSER, tool_call_parser_of
 
 # The pools a gateway routes to; a warm replica is loaded but routed nothing.
 ROUTED_POOLS = (ReplicaPool.GENERAL, ReplicaPool.LONG_PROMPT)
@@ -59,6 +60,9 @@ class VersionTarget:
     # The engine's build limits (prompt, prompt + output), enforced before dispatch; None: the model's
     # own context bounds it (the CPU engine).
     limits: EngineLimits | None = None
+    # How its answers are read for tool calls (build_config "tool_call_parser"); None: a parser this
+    # gateway does not know (logged), the version serves no tools.
+    tool_call_parser: str | None = DEFAULT_PARSER
 
     def pools(self) -> frozenset[ReplicaPool]:
         """The pools its routable replicas are in."""
@@ -116,6 +120,7 @@ class RoutingTable:
                     replicas if limits_ok else (),
                     dialect,
                     limits,
+                    tool_call_parser_of(version.build_config),
                 )
             split = {v: w for v, w in route.split_pct().items() if v in targets}
             if split and any(w > 0 for w in split.values()):

@@ -17,7 +17,7 @@ from cpu_engine.devckpt import CHECKPOINT_FILES, file_sha256, main, make_weights
 PINNED_SHA256 = {
     "config.json": "b47b5413300de74f0e4d43f90e5295774423b4fc2e3a87bcede53520d5a34340",
     "generation_config.json": "d66ea78f026b3fd867da89c6701c915bcc48bce8727169b0d0434100ea7e4f76",
-    "tokenizer_config.json": "9b80f5d39a8152b2f94f2cee7e36b66bf4ffcdc66c88037f889462eb93407d26",
+    "tokenizer_config.json": "cef54b71b4e2486f195789dacee68c6619c746d5efff54a7b5f799bdfee5f18c",
     "model.safetensors": "5c0e4d807ae5bf6f99963dd62fa1818384066090a87256c8bb6a2ef6471a16de",
 }
 # tokenizer.json is trained on the interpreter's own stdlib sources and serialised by `tokenizers`,

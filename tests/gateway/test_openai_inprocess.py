@@ -179,10 +179,10 @@ def test_unknown_model_is_404_model_not_found(inprocess_gateway: RunningGateway)
     assert err.value.code == "model_not_found"
 
 
-def test_n_above_one_is_a_clear_400(inprocess_gateway: RunningGateway) -> None:
+def test_n_above_the_limit_is_a_clear_400(inprocess_gateway: RunningGateway) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        inprocess_gateway.client().chat.completions.create(model=MODEL, messages=CHAT, n=2)
-    assert err.value.param == "n" and "n=1" in err.value.message
+        inprocess_gateway.client().chat.completions.create(model=MODEL, messages=CHAT, n=9)
+    assert err.value.param == "n" and "at most 8" in err.value.message
 
 
 @pytest.mark.parametrize(

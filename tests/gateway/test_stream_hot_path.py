@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from gateway.openai.controller import ChatShape, CompletionShape, _sse
 from gateway.openai.generation import _Deadline
-from sluice.engine_client import Delta
+from gateway.openai.job import TextEvent
+from sluice.engine_client import Delta, Sampling
 
 
 def job(**fields: Any) -> Any:
@@ -24,6 +25,7 @@ def job(**fields: Any) -> Any:
         "created": 1_700_000_000,
         "model": "sluice-tiny",
         "system_fingerprint": "fp_1",
+        "sampling": Sampling(16),
     }
     return SimpleNamespace(**(base | fields))
 
@@ -39,8 +41,9 @@ def test_a_text_chunk_from_the_streams_framing_is_the_whole_chunk_encoded(
 ) -> None:
     for shape_class in (ChatShape, CompletionShape):
         shape = shape_class(job(system_fingerprint=fingerprint, model=model))
-        assert shape.text_sse(text) == _sse(shape.text(text))
-        assert shape.text_sse(text + '"\\\n') == _sse(shape.text(text + '"\\\n'))  # the framing is reused
+        plain, escaped = TextEvent(text), TextEvent(text + '"\\\n')
+        assert shape.text_sse(plain) == _sse(shape.text(plain))
+        assert shape.text_sse(escaped) == _sse(shape.text(escaped))  # the framing is reused
 
 
 async def _never() -> Delta:
