@@ -130,9 +130,9 @@ def n_against_separate(
         elapsed = time.perf_counter() - began
         ttft = [max(first[(g, a)] for a in range(4)) * 1000 for g in range(groups)]
         tok_s = num_tokens / elapsed
-        rows.append(
-            f"| {label} | {groups} x 4 | {pct(ttft, 50):,.0f} | {pct(ttft, 95):,.0f} | {tok_s:,.0f} |"
-        )
+        ttft_ms = f"{pct(ttft, 50):,.0f} | {pct(ttft, 95):,.0f}"
+        rows.append(f"| {label} | {groups} x 4 | {sum(computed):,} | {ttft_ms} | {tok_s:,.0f} |")
+    engine.runner.execute = execute  # type: ignore[method-assign]
     return rows
 
 

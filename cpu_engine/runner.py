@@ -72,7 +72,7 @@ class ModelRunner:
         if len(rows) != len(logits_indices):
             logits = logits[rows]  # a copy: each sibling's row is its own from here on
         reporting = [i for i, s in enumerate(sampling_seqs) if s.params.logprobs is not None]
-        raw = logits[reporting].copy() if reporting else None  # the model's own, before any adjustment
+        raw = logits[reporting] if reporting else None  # (a copy) the model's own, before any adjustment
         guided = [i for i, s in enumerate(sampling_seqs) if s.matcher is not None]
         if guided:
             self._mask_guided(logits, [sampling_seqs[i] for i in guided], guided)

@@ -146,29 +146,27 @@ def token_logprobs(
     logits: np.ndarray, tokens: np.ndarray, num_top: list[int]
 ) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
     """Each row's log-probability of its chosen token and its ``num_top[row]`` most likely tokens with
-    theirs (most likely first; a tie in value is ordered by token id): the log-softmax of ``logits``
-    [rows, vocab], computed in float64."""
-    x = logits.astype(np.float64)
+    theirs (most likely first; of equal values, the lower token id first): the log-softmax of ``logits``
+    [rows, vocab]. In float32 (a log-sum-exp over the vocabulary is good to ~1e-6 there) and the top
+    tokens by repeated argmax (k passes over the rows at once: for OpenAI's k <= 20 far cheaper than a
+    partition of every row)."""
+    x = np.asarray(logits, dtype=np.float32)
     peak = x.max(axis=1, keepdims=True)
     log_z = peak[:, 0] + np.log(np.exp(x - peak).sum(axis=1))
     rows = np.arange(x.shape[0])
     chosen = x[rows, tokens] - log_z
     k = max(num_top, default=0)
-    top_ids = np.empty((x.shape[0], 0), dtype=np.int64)
+    top_ids = np.empty((x.shape[0], k), dtype=np.int64)
     if k:
-        part = (
-            np.argpartition(-x, k - 1, axis=1)[:, :k]
-            if k < x.shape[1]
-            else np.tile(np.arange(x.shape[1]), (x.shape[0], 1))
-        )
-        vals = np.take_along_axis(x, part, axis=1)
-        order = np.lexsort((part, -vals), axis=1)
-        top_ids = np.take_along_axis(part, order, axis=1)
-    out = []
-    for r, want in enumerate(num_top):
-        ids = top_ids[r, :want]
-        out.append((float(chosen[r]), tuple((int(t), float(x[r, t] - log_z[r])) for t in ids)))
-    return out
+        left = x.copy()
+        for j in range(k):
+            top_ids[:, j] = np.argmax(left, axis=1)
+            left[rows, top_ids[:, j]] = -np.inf
+    top_values = np.take_along_axis(x, top_ids, axis=1) - log_z[:, None]
+    return [
+        (float(chosen[r]), tuple(zip(top_ids[r, :want].tolist(), top_values[r, :want].tolist(), strict=True)))
+        for r, want in enumerate(num_top)
+    ]
 
 
 def apply_penalties(

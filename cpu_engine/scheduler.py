@@ -163,8 +163,9 @@ class Scheduler:
         if num_decode == 0:
             return 0
         top = min(seq.priority for seq, _ in out.scheduled)
-        num_waiting = sum(len(self.waiting[p]) for p in EnginePriority if p <= top)
-        num_prefilling = sum(1 for s in self.running if s.in_prefill and s.priority <= top)
+        # NOTE: a prompt counts once per answer waiting on it (n > 1): each is a stream owed a first token.
+        num_waiting = sum(1 + len(s.siblings) for p in EnginePriority if p <= top for s in self.waiting[p])
+        num_prefilling = sum(1 + len(s.siblings) for s in self.running if s.in_prefill and s.priority <= top)
         return max(0, min(num_waiting + num_prefilling, self.running_cap - num_decode))
 
     def _schedule_running(self, seq: Sequence, budget: StepBudget, out: SchedulerOutput) -> None:
