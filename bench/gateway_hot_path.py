@@ -128,13 +128,16 @@ def measure(checkpoint_dir: Path, repeat: int) -> list[tuple[str, float, float]]
         )
     )
     shape = CompletionShape(
-        cast(Any, SimpleNamespace)(
-            request_id="cmpl-abc",
-            created=1_700_000_000,
-            model="sluice-tiny",
-            system_fingerprint="fp",
-            sampling=Sampling(16),
-        )
+        [
+            cast(Any, SimpleNamespace)(
+                request_id="cmpl-abc",
+                created=1_700_000_000,
+                model="sluice-tiny",
+                system_fingerprint="fp",
+                sampling=Sampling(16),
+                prompt_text="",
+            )
+        ]
     )
     fox = TextEvent(" fox")
     rows.append(

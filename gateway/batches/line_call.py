@@ -25,6 +25,7 @@ from gateway.openai.admission import admit_chat, admit_completion
 from gateway.openai.controller import Answer, ChatShape, CompletionShape, collect, engine_http_error
 from gateway.openai.generation import generate_text
 from gateway.openai.job import FinishEvent, Job, TextEvent, Timing
+from gateway.openai.prompts import merged
 from gateway.openai.schemas import ChatCompletionRequest
 from gateway.state import GatewayState
 from sluice.domain import Tenant
@@ -59,17 +60,20 @@ async def run_line(
     line_request_id = request_id(batch_id, line.custom_id)
     try:
         if isinstance(body, ChatCompletionRequest):
-            job = await admit_chat(body, tenant, gw, arrival_s)
+            jobs = [await admit_chat(body, tenant, gw, arrival_s)]
         else:
-            job = await admit_completion(body, tenant, gw, arrival_s)
-        job = dataclasses.replace(
-            job,
-            request_id=line_request_id,
-            batch_id=batch_id,
-            custom_id=line.custom_id,
-            runs_again_if_cut=runs_again_if_cut,
-        )
-        response = await _generate(job, gw)
+            jobs = await admit_completion(body, tenant, gw, arrival_s)
+        jobs = [
+            dataclasses.replace(
+                job,
+                request_id=line_request_id if i == 0 else f"{line_request_id}-{i}",
+                batch_id=batch_id,
+                custom_id=line.custom_id,
+                runs_again_if_cut=runs_again_if_cut,
+            )
+            for i, job in enumerate(jobs)
+        ]
+        response = await _generate(jobs, gw)
     except OpenAIError as exc:
         if not exc.counted:
             gw.metrics.count_rejected(endpoint, exc.status_code)
@@ -85,12 +89,14 @@ async def run_line(
     return LineResult(line.index, line.custom_id, 200, line_request_id, response)
 
 
-async def _generate(job: Job, gw: GatewayState) -> Any:
-    """The response body the endpoint returns for ``job`` (non-streaming)."""
-    shape = ChatShape(job) if job.route == "/v1/chat/completions" else CompletionShape(job)
+async def _generate(jobs: list[Job], gw: GatewayState) -> Any:
+    """The response body the endpoint returns for ``jobs`` (one per prompt; non-streaming)."""
+    job = jobs[0]
+    shape = ChatShape(job) if job.route == "/v1/chat/completions" else CompletionShape(jobs)
     answers: dict[int, Answer] = {}
     finish: FinishEvent | None = None
-    async with aclosing(generate_text(job, gw, Timing(job.arrival_s))) as events:
+    streams = [generate_text(j, gw, Timing(j.arrival_s)) for j in jobs]
+    async with aclosing(merged(streams, job.sampling.n)) as events:
         async for event in events:
             if isinstance(event, TextEvent):
                 collect(answers, event)

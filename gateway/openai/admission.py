@@ -21,6 +21,7 @@ import anyio.to_thread
 from gateway.errors import OpenAIError, context_length_exceeded, invalid_request
 from gateway.openai.idempotency import check_key, fingerprint
 from gateway.openai.job import Job
+from gateway.openai.prompts import MAX_PROMPTS
 from gateway.openai.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported_params
 from gateway.openai.structured import check_guide, guide_of
 from gateway.openai.tools import ToolPlan, template_tool_call, template_tools, tool_plan
@@ -130,31 +131,54 @@ async def admit_completion(
     arrival_s: float,
     idempotency_key: str | None = None,
     conversation_id: str | None = None,
-) -> Job:
+) -> list[Job]:
+    """One job per prompt (``prompt`` a text, token ids, or a list of either: gateway.openai.prompts), the
+    first under the request's id, the others under ``<id>-<i>``."""
     target, request_id, degraded = _check_common(req, tenant, gw, "cmpl", conversation_id)
-    given = req.prompt
-    if isinstance(given, list) and given and all(isinstance(p, int) for p in given):
-        token_ids = [int(t) for t in given]
+    prompts = _prompt_list(req.prompt)
+    if len(prompts) > 1 and idempotency_key is not None:
+        raise invalid_request(
+            "An Idempotency-Key cannot be combined with several prompts; send one prompt per request.",
+            param="Idempotency-Key",
+            code="unsupported_parameter",
+        )
+    jobs = []
+    for i, given in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        prompt = await _completion_prompt(given, target, gw, param)
+        jobs.append(
+            _job(request_id if i == 0 else f"{request_id}-{i}", target, "/v1/completions", req, tenant, gw,
+                 prompt, (req.max_tokens, "max_tokens"), arrival_s, idempotency_key, degraded)
+        )  # fmt: skip
+    return jobs
+
+
+def _prompt_list(given: str | list[str | int | list[int]]) -> list[str | list[int]]:
+    """``prompt`` as its prompts: a text, token ids, or a list of texts or of token-id lists (not mixed)."""
+    if isinstance(given, str):
+        return [given]
+    if given and all(isinstance(p, int) for p in given):
+        return [[int(t) for t in given if isinstance(t, int)]]
+    if not given or not (all(isinstance(p, str) for p in given) or all(isinstance(p, list) for p in given)):
+        raise invalid_request(
+            "prompt must be a string, token ids, or a non-empty list of strings or of token-id lists.",
+            param="prompt",
+        )
+    if len(given) > MAX_PROMPTS:
+        raise invalid_request(f"At most {MAX_PROMPTS} prompts per request, got {len(given)}.", param="prompt")
+    return [p for p in given if isinstance(p, str | list)]
+
+
+async def _completion_prompt(given: str | list[int], target: Target, gw: GatewayState, param: str) -> _Prompt:
+    if isinstance(given, list):
         vocab = target.codec.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise invalid_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
-        _check_prompt_tokens(len(token_ids), gw)  # before decoding them for the screen
-        text = await _prepare(len(token_ids), target.codec.decode, token_ids)
-        prompt = _Prompt(token_ids, text, "prompt")  # screened as the text it stands for
-    else:
-        if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str):
-            given = given[0]
-        if not isinstance(given, str):
-            raise invalid_request(
-                "prompt must be a string, a list of one string, or a list of token ids (one prompt per "
-                "request).",
-                param="prompt",
-            )
-        _check_prompt_chars(len(given), gw, "prompt")
-        prompt = _Prompt(await _prepare(len(given), target.codec.encode, given), given, "prompt")
-    limit = (req.max_tokens, "max_tokens")
-    return _job(request_id, target, "/v1/completions", req, tenant, gw, prompt, limit, arrival_s,
-                idempotency_key, degraded)  # fmt: skip
+        if not given or any(not 0 <= t < vocab for t in given):
+            raise invalid_request(f"Prompt token ids must be in [0, {vocab}).", param=param)
+        _check_prompt_tokens(len(given), gw, param)  # before decoding them for the screen
+        text = await _prepare(len(given), target.codec.decode, given)
+        return _Prompt(given, text, param)  # screened as the text it stands for
+    _check_prompt_chars(len(given), gw, param)
+    return _Prompt(await _prepare(len(given), target.codec.encode, given), given, param)
 
 
 @dataclass(frozen=True)

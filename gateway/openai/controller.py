@@ -33,6 +33,7 @@ from gateway.openai.body import BoundedJSONRequest
 from gateway.openai.generation import generate_text
 from gateway.openai.job import Event, FinishEvent, Job, QuotaTaken, TextEvent, Timing, TokenLogprobs
 from gateway.openai.logprobs import CompletionLogprobsWriter, chat_logprobs
+from gateway.openai.prompts import merged
 from gateway.openai.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -235,10 +236,17 @@ class ChatShape:
 
 
 class CompletionShape:
-    def __init__(self, job: Job) -> None:
-        self.job = job
+    """``jobs``: one per prompt; prompt i's answer j is choice ``i * n + j`` (gateway.openai.prompts)."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        self.job = jobs[0]
+        self._prompts = [job.prompt_text for job in jobs]
+        self.num_choices = len(jobs) * self.job.sampling.n
         self._frame: tuple[bytes, bytes] | None = None
         self._writers: dict[int, CompletionLogprobsWriter] = {}
+
+    def _prompt_of(self, choice: int) -> str:
+        return self._prompts[choice // self.job.sampling.n]
 
     def _chunk(
         self, text: str, finish_reason: str | None = None, index: int = 0, logprobs: Any = None
@@ -260,8 +268,9 @@ class CompletionShape:
 
     def opening(self) -> list[Any]:
         """With ``echo``, the prompt, as each answer's first chunk."""
-        job = self.job
-        return [self._chunk(job.prompt_text, index=i) for i in range(job.sampling.n)] if job.echo else []
+        if not self.job.echo:
+            return []
+        return [self._chunk(self._prompt_of(i), index=i) for i in range(self.num_choices)]
 
     def text(self, event: TextEvent) -> Any:
         return self._chunk(event.text, None, event.index, self._logprobs(event.index, event.logprobs))
@@ -276,7 +285,7 @@ class CompletionShape:
         return self._frame[0] + _ENCODER.encode(event.text) + self._frame[1]
 
     def finish_sse(self, finish: FinishEvent) -> bytes:
-        return b"".join(_sse(self._chunk("", finish.reason_of(i), i)) for i in range(self.job.sampling.n))
+        return b"".join(_sse(self._chunk("", finish.reason_of(i), i)) for i in range(self.num_choices))
 
     def usage(self, finish: FinishEvent) -> Any:
         job = self.job
@@ -292,9 +301,9 @@ class CompletionShape:
     def whole(self, answers: dict[int, Answer], finish: FinishEvent) -> Any:
         job = self.job
         choices = []
-        for i in range(job.sampling.n):
+        for i in range(self.num_choices):
             answer = answers.get(i, Answer())
-            text = job.prompt_text + answer.text if job.echo else answer.text
+            text = self._prompt_of(i) + answer.text if job.echo else answer.text
             choices.append(CompletionChoice(i, text, finish.reason_of(i), self._logprobs(i, answer.logprobs)))
         return Completion(
             job.request_id,
@@ -310,12 +319,17 @@ Shape = ChatShape | CompletionShape
 
 
 async def _respond(
-    request: Request[Any, Any, Any], job: Job, shape: Shape, stream: bool, include_usage: bool
+    request: Request[Any, Any, Any], jobs: list[Job], shape: Shape, stream: bool, include_usage: bool
 ) -> Response[Any] | Stream:
+    """``jobs``: one per prompt (several only for a completions request with a list of prompts); the
+    response's timing and rate-limit headers are the first's."""
     gw: GatewayState = request.app.state.gw
+    job = jobs[0]
     timing = Timing(job.arrival_s)
     quota_taken = QuotaTaken()
-    events = generate_text(job, gw, timing, quota_taken)
+    streams = [generate_text(job, gw, timing, quota_taken)]
+    streams += [generate_text(other, gw, Timing(other.arrival_s)) for other in jobs[1:]]
+    events = merged(streams, job.sampling.n)
     try:
         if stream:
             return await _stream(request, events, shape, include_usage, timing, quota_taken)
@@ -555,7 +569,7 @@ class OpenAIController(Controller):
         data = await _strict_body(request, ChatCompletionRequest)
         job = await admit_chat(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return await _respond(request, job, ChatShape(job), data.stream, include_usage)
+        return await _respond(request, [job], ChatShape(job), data.stream, include_usage)
 
     @post(
         "/completions",
@@ -573,9 +587,11 @@ class OpenAIController(Controller):
         """Text completion; ``stream: true`` streams ``text_completion`` events."""
         gw: GatewayState = request.app.state.gw
         data = await _strict_body(request, CompletionRequest)
-        job = await admit_completion(data, tenant_of(request), gw, request.state.arrival_s, key, conversation)
+        jobs = await admit_completion(
+            data, tenant_of(request), gw, request.state.arrival_s, key, conversation
+        )
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        return await _respond(request, job, CompletionShape(job), data.stream, include_usage)
+        return await _respond(request, jobs, CompletionShape(jobs), data.stream, include_usage)
 
     @get("/models", responses=error_responses(401, 503))
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:

@@ -200,7 +200,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    prompt: str | list[str | int]  # text, [text] or token ids (msgspec allows one array type)
+    # A text, token ids, or a list of texts or of token-id lists (one answer set per prompt).
+    prompt: str | list[str | int | list[int]]
     # Each output token's log-probability and this many most likely alternatives (0: the token's own).
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
     echo: bool = False

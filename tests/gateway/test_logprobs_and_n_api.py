@@ -135,3 +135,45 @@ def test_echo_with_logprobs_is_refused(inprocess_gateway: RunningGateway) -> Non
             model=MODEL, prompt="x", max_tokens=2, echo=True, logprobs=1
         )
     assert refused.value.param == "logprobs"
+
+
+def test_a_list_of_prompts_answers_each_with_its_own_choices(gateway: RunningGateway) -> None:
+    """OpenAI's prompt list: prompt i's answer j is choice i * n + j; usage sums every prompt."""
+    client = gateway.client()
+    prompts = ["Once upon a time", "The weather today", "Hello"]
+    singles = [
+        client.completions.create(
+            model=MODEL, prompt=p, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
+        for p in prompts
+    ]
+    many = client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in many.choices] == list(range(6))
+    for i, single in enumerate(singles):
+        assert many.choices[2 * i].text == many.choices[2 * i + 1].text == single.choices[0].text  # greedy
+    assert many.usage is not None
+    assert many.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+    assert many.usage.completion_tokens == 6 * 4
+    streamed = client.completions.create(
+        model=MODEL, prompt=[[5, 6, 7], [8, 9]], max_tokens=3, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    texts: dict[int, str] = {}
+    usage = None
+    for chunk in streamed:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert sorted(texts) == [0, 1] and usage is not None and usage.prompt_tokens == 5
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [([], "prompt"), (["a", [1, 2]], "prompt"), (["x"] * 33, "prompt"), (["ok", ""], "prompt[1]")],
+)
+def test_bad_prompt_lists_are_400s(inprocess_gateway: RunningGateway, prompt: object, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        inprocess_gateway.client().completions.create(model=MODEL, prompt=prompt, max_tokens=2)  # type: ignore[arg-type]
+    assert refused.value.param == param

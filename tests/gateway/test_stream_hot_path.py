@@ -26,6 +26,8 @@ def job(**fields: Any) -> Any:
         "model": "sluice-tiny",
         "system_fingerprint": "fp_1",
         "sampling": Sampling(16),
+        "prompt_text": "",
+        "tool_plan": None,
     }
     return SimpleNamespace(**(base | fields))
 
@@ -39,8 +41,8 @@ def job(**fields: Any) -> Any:
 def test_a_text_chunk_from_the_streams_framing_is_the_whole_chunk_encoded(
     text: str, fingerprint: str | None, model: str
 ) -> None:
-    for shape_class in (ChatShape, CompletionShape):
-        shape = shape_class(job(system_fingerprint=fingerprint, model=model))
+    made = job(system_fingerprint=fingerprint, model=model)
+    for shape in (ChatShape(made), CompletionShape([made])):
         plain, escaped = TextEvent(text), TextEvent(text + '"\\\n')
         assert shape.text_sse(plain) == _sse(shape.text(plain))
         assert shape.text_sse(escaped) == _sse(shape.text(escaped))  # the framing is reused

@@ -23,6 +23,7 @@ MAX_REQUIRED_CALLS = 8
 MAX_SCHEMA_BYTES = 64 * 1024  # a tool guide's schema text (as gateway.openai.structured bounds one)
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 
+
 @dataclass(frozen=True)
 class ToolPlan:
     """How a request's tools are served (module docstring)."""
