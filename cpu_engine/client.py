@@ -78,6 +78,7 @@ class InProcessEngineClient(EngineClient):
                 logit_bias=asked.logit_bias,
                 guide=asked.guide,
                 logprobs=asked.logprobs,
+                prompt_logprobs=asked.prompt_logprobs,
                 n=asked.n,
             )
         except ValueError as exc:
@@ -108,6 +109,7 @@ class InProcessEngineClient(EngineClient):
                     finished = True
                     raise EngineError(error_kind(delta.error_kind), delta.error)
                 logprobs = tuple(delta.logprobs) if delta.logprobs is not None else None
+                prompt = tuple(delta.prompt_logprobs) if delta.prompt_logprobs is not None else None
                 if delta.answer_finished:
                     yield Delta(
                         delta.token_ids,
@@ -116,9 +118,10 @@ class InProcessEngineClient(EngineClient):
                         delta.num_cached_prompt_tokens,
                         delta.index,
                         logprobs,
+                        prompt,
                     )
                 elif delta.token_ids:
-                    yield Delta(delta.token_ids, index=delta.index, logprobs=logprobs)
+                    yield Delta(delta.token_ids, index=delta.index, logprobs=logprobs, prompt_logprobs=prompt)
                 if delta.finished:
                     finished = True
                     return

@@ -37,6 +37,8 @@ class RequestOutput:
     index: int = 0
     new_logprobs: list[TokenLogprob] | None = None
     request_finished: bool = True
+    # With the answer's first token, when asked: each prompt token's but the first (SamplingParams).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class LLMEngine:
@@ -205,6 +207,9 @@ class LLMEngine:
             index=seq.index,
             new_logprobs=new_logprobs,
             request_finished=request_finished,
+            prompt_logprobs=(
+                seq.prompt_logprobs if seq.params.prompt_logprobs and seq.num_output_tokens == 1 else None
+            ),
         )
 
     def stats(self) -> EngineStats:

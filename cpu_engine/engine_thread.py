@@ -56,6 +56,7 @@ class StreamDelta:
     index: int = 0
     logprobs: list[TokenLogprob] | None = None
     answer_finished: bool = False
+    prompt_logprobs: list[TokenLogprob] | None = None  # with the answer's first tokens, when asked
 
 
 @dataclass
@@ -66,6 +67,7 @@ class _Answer:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     last: RequestOutput | None = None
     end_read: bool = False
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def has_news(self) -> bool:
         return bool(self.tokens) or (self.last is not None and self.last.finished and not self.end_read)
@@ -93,6 +95,8 @@ class RequestStream:
             answer.tokens.extend(out.new_token_ids)
             if out.new_logprobs:
                 answer.logprobs.extend(out.new_logprobs)
+            if out.prompt_logprobs is not None:
+                answer.prompt_logprobs = out.prompt_logprobs
             answer.last = out
             self._request_finished = self._request_finished or out.request_finished
             self._cond.notify_all()
@@ -155,8 +159,9 @@ class RequestStream:
             index=index,
             logprobs=answer.logprobs or None,
             answer_finished=answer_finished,
+            prompt_logprobs=answer.prompt_logprobs,
         )
-        answer.tokens, answer.logprobs = [], []
+        answer.tokens, answer.logprobs, answer.prompt_logprobs = [], [], None
         self._taken_final = finished
         return delta
 

@@ -56,6 +56,18 @@ class ModelRunner:
                 for member in (seq, *seq.siblings):
                     sampling_seqs.append(member)
                     rows.append(len(logits_indices) - 1)
+        # Rows for prompt log-probabilities: each prompt position computed now predicts the next prompt token.
+        num_sampling_rows = len(logits_indices)
+        prompt_rows: list[tuple[Sequence, int]] = []  # (sequence, how many rows it owns, in order)
+        flat = 0
+        for seq, num_new in out.scheduled:
+            if seq.wants_prompt_logprobs:
+                start = seq.num_computed_tokens
+                first = max(start, len(seq.prompt_logprobs))  # position p predicts prompt token p + 1
+                last = min(start + num_new, seq.num_prompt_tokens - 1)
+                logits_indices.extend(flat + p - start for p in range(first, last))
+                prompt_rows.append((seq, max(0, last - first)))
+            flat += num_new
         positions = np.concatenate(positions_parts)
         seq_index = np.concatenate(seq_index_parts)
         slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
@@ -67,6 +79,9 @@ class ModelRunner:
             slot_mapping,
             np.asarray(logits_indices, dtype=np.int64),
         )
+        if prompt_rows:
+            self._prompt_logprobs(logits[num_sampling_rows:], prompt_rows)
+            logits = logits[:num_sampling_rows]
         if not sampling_seqs:
             return StepSamples({}, {})
         if len(rows) != len(logits_indices):
@@ -92,6 +107,18 @@ class ModelRunner:
             ):
                 logprobs[sampling_seqs[i].key] = TokenLogprob(value, top)
         return StepSamples({seq.key: int(t) for seq, t in zip(sampling_seqs, tokens, strict=True)}, logprobs)
+
+    @staticmethod
+    def _prompt_logprobs(logits: np.ndarray, owners: list[tuple[Sequence, int]]) -> None:
+        """Append each prompt position's log-probability of the next prompt token to its sequence."""
+        row = 0
+        for seq, count in owners:
+            start = len(seq.prompt_logprobs)
+            nexts = np.asarray(seq.token_ids[start + 1 : start + 1 + count], dtype=np.int64)
+            k = seq.params.logprobs or 0
+            for value, top in token_logprobs(logits[row : row + count], nexts, [k] * count):
+                seq.prompt_logprobs.append(TokenLogprob(value, top))
+            row += count
 
     def _mask_guided(self, logits: np.ndarray, seqs: list[Sequence], rows: list[int]) -> None:
         """Set to -inf, in place, the logits of every token a guided row's grammar does not allow next."""

@@ -48,6 +48,9 @@ class SamplingParams:
     # Report each token's log-probability (the model's log-softmax, before any of the above) and this many
     # most likely alternatives; None: none.
     logprobs: int | None = None
+    # Also each prompt token's log-probability after the tokens before it (with ``logprobs``
+    # alternatives): the prompt is then computed whole, never served from the prefix cache.
+    prompt_logprobs: bool = False
     n: int = 1  # answers to the prompt, prefilled once (cpu_engine.scheduler forks them)
 
     def __post_init__(self) -> None:
@@ -70,6 +73,8 @@ class SamplingParams:
             raise ValueError("logit_bias values must be in [-100, 100] for token ids >= 0")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        if self.prompt_logprobs and self.logprobs is None:
+            raise ValueError("prompt_logprobs needs logprobs (the number of alternatives)")
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be in [1, {MAX_N}]")
         if self.guide is not None and self.ignore_eos:

@@ -148,6 +148,7 @@ class Scheduler:
         full ones shared, the last partial one copied when either writes to it (copy-on-write)."""
         self.block_pool.share(parent, child)
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.prompt_logprobs = parent.prompt_logprobs
         child.status = SequenceStatus.RUNNING
         child.admitted_order = self._num_admitted
         self._num_admitted += 1
@@ -188,7 +189,8 @@ class Scheduler:
         when its head cannot be admitted at all: later arrivals (of any class) must not overtake it."""
         while queue and budget.available(prefill=True) > 0:
             seq = queue[0]
-            cached = self.block_pool.find_cached_prefix(seq)
+            # NOTE: a prompt whose log-probabilities are asked is computed whole (its cached part has none).
+            cached = [] if seq.wants_prompt_logprobs else self.block_pool.find_cached_prefix(seq)
             remaining_output = seq.params.max_tokens - seq.num_output_tokens
             # NOTE: the siblings waiting on it run from its prompt's blocks: only their output is extra.
             reserved = min(seq.num_tokens + remaining_output, self.max_model_len)

@@ -13,7 +13,7 @@ import llguidance
 import numpy as np
 
 from cpu_engine.sampling import SamplingParams
-from sluice.wire import EnginePriority, FinishReason
+from sluice.wire import EnginePriority, FinishReason, TokenLogprob
 
 
 class SequenceStatus(Enum):
@@ -70,6 +70,8 @@ class Sequence:
         # n > 1: the request's other answers, waiting for this one's prompt: they share its computed
         # blocks and each samples its first token from its last logits (the scheduler forks them).
         self.siblings: list[Sequence] = []
+        # With params.prompt_logprobs: prompt token i + 1's log-probability after tokens 0..i, as computed.
+        self.prompt_logprobs: list[TokenLogprob] = []
         # Structured output: where the guide stands after the output so far (the engine sets it at add).
         self.matcher: llguidance.LLMatcher | None = None
 
@@ -88,6 +90,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt log-probabilities asked and not all computed yet (they need the prompt computed whole)."""
+        return self.params.prompt_logprobs and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def in_prefill(self) -> bool:

@@ -38,6 +38,7 @@ leading batch dimension of 1: ``input_ids`` [1, N], ``output_ids`` [1, 1, T]:
 ``return_log_probs``   BOOL    report each output token's log-probability (``output_log_probs``)
 ``top_logprobs``       INT32   and this many most likely alternatives per token (0-20)
 ``num_return_sequences`` INT32 n answers to one prompt (prefilled once); responses say which
+``return_prompt_log_probs`` BOOL also each prompt token's (needs ``return_log_probs``)
 =====================  ======  ==================================================================
 
 All inputs are optional but the first three and ``cache_scope`` (config.pbtxt declares it optional only so
@@ -130,14 +131,23 @@ OPTIONAL_INPUTS = (
     "stop_token_ids", "priority", "cache_scope", "ignore_eos", "min_p", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias_ids", "logit_bias_values",
     "guided_decoding_guide_type", "guided_decoding_guide", "return_log_probs", "top_logprobs",
-    "num_return_sequences",
+    "num_return_sequences", "return_prompt_log_probs",
 )  # fmt: skip
 INPUT_NAMES = REQUIRED_INPUTS + OPTIONAL_INPUTS
 TOKEN_OUTPUTS = ("output_ids", "sequence_length")
 LOGPROB_OUTPUTS = ("output_log_probs", "top_logprob_ids", "top_logprobs")
+# With return_prompt_log_probs, on an answer's first response: each prompt token's but the first, [1, 1, P-1].
+PROMPT_LOGPROB_OUTPUTS = ("prompt_log_probs", "prompt_top_logprob_ids", "prompt_top_logprobs")
 FINAL_OUTPUTS = ("finish_reason", "num_prompt_tokens", "num_cached_tokens")
 ERROR_OUTPUTS = ("error_kind", "error_message")
-OUTPUT_NAMES = TOKEN_OUTPUTS + LOGPROB_OUTPUTS + ("sequence_index",) + FINAL_OUTPUTS + ERROR_OUTPUTS
+OUTPUT_NAMES = (
+    TOKEN_OUTPUTS
+    + LOGPROB_OUTPUTS
+    + PROMPT_LOGPROB_OUTPUTS
+    + ("sequence_index",)
+    + FINAL_OUTPUTS
+    + ERROR_OUTPUTS
+)
 
 
 @dataclass(frozen=True)

@@ -263,12 +263,6 @@ def _check_common(
         raise invalid_request("seed must be in [0, 2**63).", param="seed")
     if req.n is not None and req.n > gw.settings.max_n:
         raise invalid_request(f"n must be at most {gw.settings.max_n}.", param="n")
-    if isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None:
-        raise invalid_request(
-            "logprobs with echo (the prompt's own log-probabilities) are not supported; ask without echo.",
-            param="logprobs",
-            code="unsupported_parameter",
-        )
     stops = req.stop_strings()
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
@@ -321,6 +315,8 @@ def _sampling(
         guide=guide,
         logprobs=_logprobs(req),
         n=req.n or 1,
+        # echo with logprobs: the prompt's tokens' too (OpenAI's legacy completions)
+        prompt_logprobs=isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None,
     )
 
 

@@ -56,7 +56,7 @@ from gateway.openai.schemas import (
 from gateway.openai.tools import Part, ToolCallReader, delta_tool_call, read_whole
 from gateway.scheduling.quota_gate import rate_limit_headers
 from gateway.state import GatewayState
-from sluice.engine_client import EngineError, EngineErrorKind
+from sluice.engine_client import EngineError, EngineErrorKind, TokenLogprob
 
 _ENCODER = msgspec.json.Encoder()
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -105,6 +105,7 @@ class Answer:
 
     parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def text(self) -> str:
@@ -115,6 +116,7 @@ def collect(answers: dict[int, Answer], event: TextEvent) -> None:
     answer = answers.setdefault(event.index, Answer())
     answer.parts.append(event.text)
     answer.logprobs.extend(event.logprobs)
+    answer.prompt_logprobs = event.prompt_logprobs or answer.prompt_logprobs
 
 
 # ----- per-endpoint chunk shapes -----
@@ -241,6 +243,7 @@ class CompletionShape:
     def __init__(self, jobs: list[Job]) -> None:
         self.job = jobs[0]
         self._prompts = [job.prompt_text for job in jobs]
+        self._prompt_ids = [job.prompt_token_ids for job in jobs]
         self.num_choices = len(jobs) * self.job.sampling.n
         self._frame: tuple[bytes, bytes] | None = None
         self._writers: dict[int, CompletionLogprobsWriter] = {}
@@ -260,10 +263,16 @@ class CompletionShape:
             system_fingerprint=job.system_fingerprint,
         )
 
-    def _logprobs(self, index: int, entries: Sequence[TokenLogprobs]) -> CompletionLogprobs | None:
+    def _logprobs(
+        self, index: int, entries: Sequence[TokenLogprobs], prompt: Sequence[TokenLogprob] = ()
+    ) -> CompletionLogprobs | None:
+        """The chunk's log-probabilities; with echo, the prompt's first (its first token has none)."""
         if self.job.sampling.logprobs is None:
             return None
         writer = self._writers.setdefault(index, CompletionLogprobsWriter(self.job.target.codec))
+        if prompt:
+            ids = self._prompt_ids[index // self.job.sampling.n]
+            return writer([(ids[0], None), *zip(ids[1:], prompt, strict=True), *entries])
         return writer(entries)
 
     def opening(self) -> list[Any]:
@@ -273,7 +282,8 @@ class CompletionShape:
         return [self._chunk(self._prompt_of(i), index=i) for i in range(self.num_choices)]
 
     def text(self, event: TextEvent) -> Any:
-        return self._chunk(event.text, None, event.index, self._logprobs(event.index, event.logprobs))
+        logprobs = self._logprobs(event.index, event.logprobs, event.prompt_logprobs)
+        return self._chunk(event.text, None, event.index, logprobs)
 
     def text_sse(self, event: TextEvent) -> bytes:
         """``_sse(self.text(event))``, byte for byte; the first answer's plain text from this stream's
@@ -304,7 +314,8 @@ class CompletionShape:
         for i in range(self.num_choices):
             answer = answers.get(i, Answer())
             text = self._prompt_of(i) + answer.text if job.echo else answer.text
-            choices.append(CompletionChoice(i, text, finish.reason_of(i), self._logprobs(i, answer.logprobs)))
+            logprobs = self._logprobs(i, answer.logprobs, answer.prompt_logprobs)
+            choices.append(CompletionChoice(i, text, finish.reason_of(i), logprobs))
         return Completion(
             job.request_id,
             job.created,

@@ -59,6 +59,7 @@ from sluice.safety.policy import SafetyPolicy
 from sluice.safety.stream import StreamScreen
 from sluice.stores.quota.base import QuotaGrant
 from sluice.text import IncrementalDetokenizer
+from sluice.wire import TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,15 @@ class _Answer:
     eos_token_ids: tuple[int, ...]
     finish_reason: str | None = None
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # not sent yet (echo with logprobs)
 
     def take(self, delta: Delta) -> str:
         """The text ``delta`` releases past the stop strings (ending the answer at a stop string or at the
         engine's finish)."""
         if delta.logprobs is not None:
             self.pending_logprobs.extend(zip(delta.token_ids, delta.logprobs, strict=True))
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         text = self.detok.push(delta.token_ids)
         if delta.finish_reason is not None:
             text += self.detok.finish()
@@ -206,10 +210,11 @@ async def generate_text(
                         for other in answers:
                             other.finish_reason = other.finish_reason or "content_filter"
                         answer.finish_reason = "content_filter"
-                if emit or (ended and answer.pending_logprobs):
+                if emit or (ended and answer.pending_logprobs) or answer.prompt_logprobs:
                     if end.attempt is not None:
                         end.texts.append(emit)
-                    yield TextEvent(emit, answer.index, answer.take_logprobs())
+                    prompt, answer.prompt_logprobs = answer.prompt_logprobs, ()
+                    yield TextEvent(emit, answer.index, answer.take_logprobs(), prompt)
                 if end.verdict is not None:
                     break
             if end.finish_reason is None and all(a.finish_reason is not None for a in answers):

@@ -108,6 +108,8 @@ class TextEvent:
     text: str
     index: int = 0
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # With the answer's first text, when asked (echo with logprobs): each prompt token's but the first.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

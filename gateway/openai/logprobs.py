@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from gateway.openai.job import TokenLogprobs
 from gateway.openai.schemas import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from sluice.text import TextCodec
+from sluice.wire import TokenLogprob
 
 
 def _text(codec: TextCodec, token_id: int) -> tuple[str, list[int]]:
@@ -37,7 +38,8 @@ class CompletionLogprobsWriter:
         self._codec = codec
         self.offset = 0
 
-    def __call__(self, entries: Sequence[TokenLogprobs]) -> CompletionLogprobs:
+    def __call__(self, entries: Sequence[tuple[int, TokenLogprob | None]]) -> CompletionLogprobs:
+        """The entries' form; an entry without a log-probability (a prompt's first token) reports null."""
         tokens: list[str] = []
         values: list[float | None] = []
         tops: list[dict[str, float] | None] = []
@@ -45,8 +47,9 @@ class CompletionLogprobsWriter:
         for token_id, lp in entries:
             text = _text(self._codec, token_id)[0]
             tokens.append(text)
-            values.append(lp.logprob)
-            tops.append({_text(self._codec, alt)[0]: value for alt, value in lp.top} if lp.top else None)
+            values.append(None if lp is None else lp.logprob)
+            top = {} if lp is None else {_text(self._codec, alt)[0]: value for alt, value in lp.top}
+            tops.append(top or None)
             offsets.append(self.offset)
             self.offset += len(text)
         return CompletionLogprobs(tokens, values, tops, offsets)

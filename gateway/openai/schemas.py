@@ -2,24 +2,24 @@
 
 Every field OpenAI defines for these requests is declared, so none is dropped without a word:
 
-- honoured: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
-  ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``,
-  ``service_tier`` (``auto``/``default``: interactive, ``flex``: batch), ``presence_penalty``,
-  ``frequency_penalty``, ``logit_bias``, and the extensions ``ignore_eos``, ``top_k``, ``min_p`` and
-  ``repetition_penalty`` (vLLM's names); ``tools``, ``tool_choice`` (``none``/``auto``/``required``/a named
-  function), ``parallel_tool_calls``, assistant ``tool_calls`` and a tool message's ``tool_call_id``
-  (``gateway.openai.tools``);
+- honoured: ``model``, ``messages`` / ``prompt`` (completions: a list of prompts too), ``max_tokens`` /
+  ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
+  ``stream_options.include_usage``, ``service_tier`` (``auto``/``default``: interactive, ``flex``:
+  batch), ``n``, ``logprobs`` / ``top_logprobs`` (``gateway.openai.logprobs``), ``response_format``
+  (``gateway.openai.structured``), ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, the
+  extensions ``ignore_eos``, ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's names); ``tools``,
+  ``tool_choice`` (``none``/``auto``/``required``/a named function), ``parallel_tool_calls``, assistant
+  ``tool_calls`` and a tool message's ``tool_call_id`` (``gateway.openai.tools``); for completions
+  ``echo`` (with ``logprobs``, the prompt's tokens' log-probabilities come first);
 - accepted and ignored, because they do not change the output: ``user``, ``metadata``, ``store`` (Sluice
   stores no completions), ``safety_identifier``, ``prompt_cache_key`` (the prefix cache is per tenant
   anyway), ``stream_options.include_obfuscation``, and the values of refused parameters that mean "off"
-  (``n: 1``, ``logprobs: false``, ``response_format: {"type": "text"}``, ...);
+  (``modalities: ["text"]``, ``best_of: 1``);
 - refused with 400 ``unsupported_parameter`` and ``param`` naming it (``UNSUPPORTED``), because dropping
   them would change the result: ``functions`` / ``function_call`` (the deprecated form of tools),
-  ``logprobs`` / ``top_logprobs``,
-  ``n`` > 1, ``response_format`` other than text, ``prediction``, ``audio`` and
-  ``modalities`` other than text, ``web_search_options``, ``reasoning_effort``, ``verbosity``; content
-  parts other than text (images, audio, files); assistant ``function_call`` / ``audio`` / ``refusal``;
-  for completions ``suffix`` and ``best_of`` > 1 (``echo`` is served: the text begins with the prompt).
+  ``prediction``, ``audio`` and ``modalities`` other than text, ``web_search_options``,
+  ``reasoning_effort``, ``verbosity``; content parts other than text (images, audio, files); assistant
+  ``function_call`` / ``audio`` / ``refusal``; for completions ``suffix`` and ``best_of`` > 1.
 
 Any other field is refused with 400 ``unknown_parameter`` (as OpenAI answers "Unrecognized request
 argument"): a misspelt or vendor-specific parameter would otherwise be silently ignored.
@@ -263,7 +263,7 @@ def parameters_doc(chat: bool) -> str:
     logprobs = (
         "`logprobs` (true) with `top_logprobs` (0-20)"
         if chat
-        else "`logprobs` (0-5 alternatives; not with `echo`)"
+        else "`logprobs` (0-5 alternatives; with `echo`, the prompt's tokens' too)"
     )
     text = (
         "Parameters honoured besides OpenAI's basics: `n` (up to `SLUICE_MAX_N`, 8 by default; the prompt is "

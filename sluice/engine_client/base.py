@@ -42,6 +42,7 @@ class Sampling:
     guide: Guide | None = None  # structured output: every answer matches it
     logprobs: int | None = None  # None: none; K >= 0: each token's log-probability and K alternatives
     n: int = 1  # answers to the one prompt (prefilled once), each its own Delta.index
+    prompt_logprobs: bool = False  # also the prompt's tokens' (echo with logprobs; needs logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +90,8 @@ class Delta:
     num_cached_tokens: int | None = None
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # With an answer's first tokens, when asked: each prompt token's but the first.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class EngineClient(ABC):

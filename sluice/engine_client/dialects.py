@@ -110,4 +110,5 @@ def cpu_engine_tensors(request: GenerateRequest) -> dict[str, np.ndarray]:
         guide=asked.guide,
         logprobs=asked.logprobs,
         n=asked.n,
+        prompt_logprobs=asked.prompt_logprobs,
     )

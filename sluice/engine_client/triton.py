@@ -140,7 +140,12 @@ class TritonEngineClient(EngineClient):
                     async for response in raw_responses:
                         chunk = chunk_from_response(response)
                         if chunk.finish_reason is None:
-                            yield Delta(chunk.token_ids, index=chunk.index, logprobs=chunk.logprobs)
+                            yield Delta(
+                                chunk.token_ids,
+                                index=chunk.index,
+                                logprobs=chunk.logprobs,
+                                prompt_logprobs=chunk.prompt_logprobs,
+                            )
                             continue
                         reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
                         num_open -= reason is not None
@@ -164,6 +169,7 @@ def _delta(chunk: TokenChunk, reason: FinishReason | None) -> Delta:
         chunk.num_cached_tokens,
         chunk.index,
         chunk.logprobs,
+        chunk.prompt_logprobs,
     )
 
 

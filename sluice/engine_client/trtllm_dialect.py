@@ -118,6 +118,8 @@ def stop_words_list(token_ids: tuple[int, ...]) -> np.ndarray:
 def _not_carried_by_trtllm(request: GenerateRequest) -> EngineError | None:
     """Why the backend cannot carry this request as asked (module docstring), or None."""
     asked = request.sampling
+    if asked.prompt_logprobs:
+        return _refusal("logprobs", "with echo: its Triton backend returns no prompt log-probabilities")
     if asked.min_p and not asked.greedy:  # greedy takes the argmax: no cut applies (nor is sent)
         return _refusal("min_p", "its Triton backend has no min-p input")
     for name in ("presence_penalty", "frequency_penalty"):

@@ -72,6 +72,7 @@ class TokenChunk:
     num_cached_tokens: int | None = None
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 def request_tensors(
@@ -96,6 +97,7 @@ def request_tensors(
     guide: Guide | None = None,
     logprobs: int | None = None,
     n: int = 1,
+    prompt_logprobs: bool = False,
 ) -> dict[str, np.ndarray]:
     """A request's input tensors (``sluice.wire``), each with its batch dimension of 1.
 
@@ -134,6 +136,8 @@ def request_tensors(
         out["return_log_probs"] = np.array([[True]], dtype=np.bool_)
         if logprobs:
             out["top_logprobs"] = np.array([[logprobs]], dtype=np.int32)
+        if prompt_logprobs:
+            out["return_prompt_log_probs"] = np.array([[True]], dtype=np.bool_)
     if n != 1:
         out["num_return_sequences"] = np.array([[n]], dtype=np.int32)
     if guide is not None:
@@ -164,8 +168,11 @@ def chunk_from_result(result: Any) -> TokenChunk:
     index = result.as_numpy("sequence_index")
     answer = int(index.reshape(-1)[0]) if index is not None else 0
     logprobs = _logprobs_of(result)
+    prompt = _logprobs_of(result, "prompt_log_probs", "prompt_top_logprob_ids", "prompt_top_logprobs")
     if reason is None:
-        return TokenChunk(output_ids.reshape(-1).tolist(), index=answer, logprobs=logprobs)
+        return TokenChunk(
+            output_ids.reshape(-1).tolist(), index=answer, logprobs=logprobs, prompt_logprobs=prompt
+        )
     return TokenChunk(
         token_ids=output_ids.reshape(-1).tolist(),
         finish_reason=reason.reshape(-1)[0].decode(),
@@ -173,15 +180,22 @@ def chunk_from_result(result: Any) -> TokenChunk:
         num_cached_tokens=int(result.as_numpy("num_cached_tokens").reshape(-1)[0]),
         index=answer,
         logprobs=logprobs,
+        prompt_logprobs=prompt,
     )
 
 
-def _logprobs_of(result: Any) -> tuple[TokenLogprob, ...] | None:
-    """``output_log_probs`` (and the alternatives, when sent) as one ``TokenLogprob`` per token."""
-    values = result.as_numpy("output_log_probs")
+def _logprobs_of(
+    result: Any,
+    name: str = "output_log_probs",
+    ids_name: str = "top_logprob_ids",
+    top_name: str = "top_logprobs",
+) -> tuple[TokenLogprob, ...] | None:
+    """``output_log_probs`` (and the alternatives, when sent) as one ``TokenLogprob`` per token (or the
+    prompt's, by their names)."""
+    values = result.as_numpy(name)
     if values is None:
         return None
-    top_ids, top_values = result.as_numpy("top_logprob_ids"), result.as_numpy("top_logprobs")
+    top_ids, top_values = result.as_numpy(ids_name), result.as_numpy(top_name)
     chosen = values.reshape(-1).tolist()
     if top_ids is None or top_values is None:
         return tuple(TokenLogprob(v) for v in chosen)
@@ -204,7 +218,9 @@ _FAST_DATATYPES = {
 
 
 # Outputs only requests that asked for more carry (logprobs, n > 1): decoded by ``chunk_from_result``.
-_DETAIL_OUTPUTS = frozenset({"output_log_probs", "top_logprob_ids", "top_logprobs", "sequence_index"})
+_DETAIL_OUTPUTS = frozenset(
+    {"output_log_probs", "top_logprob_ids", "top_logprobs", "sequence_index", "prompt_log_probs"}
+)
 
 
 def chunk_from_response(response: Any) -> TokenChunk:

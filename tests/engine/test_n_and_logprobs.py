@@ -141,3 +141,28 @@ def test_logprobs_match_transformers(engine: LLMEngine, dev_checkpoint: Path) ->
         ranked = np.sort(expected[step])[::-1]
         if ranked[4] - ranked[5] > 1e-2:  # no near-tie at the cut: the same five tokens
             assert {t for t, _ in lp.top} == set(np.argsort(-expected[step])[:5].tolist())
+
+
+def test_prompt_logprobs_match_transformers_and_skip_the_prefix_cache(dev_checkpoint: Path) -> None:
+    """Each prompt token's log-probability after the ones before it (echo with logprobs), computed whole
+    even when the prompt's blocks are cached, and across chunks of a long prompt."""
+    config = EngineConfig(num_kv_blocks=256, block_size_tokens=16, dtype="float32", step_token_budget=64)
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, config)
+    prompt = list(range(100, 100 + 150))  # three prefill chunks of at most 64
+    run(engine, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), prompt)  # caches its blocks
+    outputs = run(
+        engine,
+        SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=True),
+        prompt,
+    )[0]
+    first = outputs[0]
+    assert first.num_cached_prompt_tokens == 0  # not served from the cache
+    assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(prompt) - 1
+    assert all(out.prompt_logprobs is None for out in outputs[1:])
+    model = transformers.LlamaForCausalLM.from_pretrained(dev_checkpoint, torch_dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt])).logits[0, :-1]
+    expected = torch.log_softmax(logits.double(), dim=-1).numpy()
+    for position, lp in enumerate(first.prompt_logprobs):
+        assert lp.logprob == pytest.approx(expected[position, prompt[position + 1]], abs=1e-2)
+        assert len(lp.top) == 2 and lp.top[0][1] >= lp.top[1][1]

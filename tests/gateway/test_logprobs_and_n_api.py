@@ -129,12 +129,30 @@ def test_an_idempotency_key_with_n_is_refused(inprocess_gateway: RunningGateway)
     assert refused.value.param == "Idempotency-Key"
 
 
-def test_echo_with_logprobs_is_refused(inprocess_gateway: RunningGateway) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        inprocess_gateway.client().completions.create(
-            model=MODEL, prompt="x", max_tokens=2, echo=True, logprobs=1
-        )
-    assert refused.value.param == "logprobs"
+def test_echo_with_logprobs_reports_the_prompt_too(gateway: RunningGateway) -> None:
+    """OpenAI's legacy form: the prompt's tokens first (the very first without a log-probability), then
+    the completion's, with offsets into the echoed text."""
+    client = gateway.client()
+    prompt = "Once upon a time there was"
+    for stream in (False, True):
+        created = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=4, echo=True, logprobs=2, temperature=0, stream=stream,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chunks = list(created) if stream else [created]  # type: ignore[call-overload]
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        tokens, values, offsets = [], [], []
+        for chunk in chunks:
+            lp = chunk.choices[0].logprobs if chunk.choices else None
+            if lp is not None and lp.tokens:
+                tokens += lp.tokens
+                values += lp.token_logprobs or []
+                offsets += lp.text_offset or []
+        assert text.startswith(prompt)
+        assert values[0] is None and all(v is not None and v <= 0 for v in values[1:])
+        assert "".join(tokens).startswith(prompt) and len(tokens) == len(offsets)
+        assert offsets == sorted(offsets) and offsets[0] == 0
+        assert sum(1 for o in offsets if o >= len(prompt)) == 4  # the completion's four tokens
 
 
 def test_a_list_of_prompts_answers_each_with_its_own_choices(gateway: RunningGateway) -> None:

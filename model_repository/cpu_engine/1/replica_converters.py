@@ -111,6 +111,7 @@ def request_from_tensors(
         logit_bias=_logit_bias(tensors, vocab_size),
         guide=_guide(tensors),
         logprobs=_logprobs(tensors),
+        prompt_logprobs=_bool_scalar(tensors, "return_prompt_log_probs", False),
         n=_int_scalar(tensors, "num_return_sequences") if "num_return_sequences" in tensors else 1,
     )
     return EngineRequest(
@@ -134,6 +135,11 @@ def response_tensors(
     }
     if logprobs is not None:
         out |= logprob_tensors(logprobs)
+    if delta.prompt_logprobs is not None:
+        out |= {
+            f"prompt_{k.removeprefix('output_')}": v
+            for k, v in logprob_tensors(delta.prompt_logprobs).items()
+        }
     if delta.index:  # absent: the first answer (n = 1, or the first of n)
         out["sequence_index"] = np.array([[delta.index]], dtype=np.int32)
     if delta.answer_finished:
