@@ -258,6 +258,10 @@ async def open_pg_pool(
         name=name,
         timeout=acquire_timeout_s,
         kwargs={"autocommit": True},
+        # NOTE: every connection is checked (a round trip) before it is handed out: one that died while
+        # it sat idle (an outage that has since ended) is replaced by a fresh one instead of failing the
+        # caller, which would declare an outage of its own while the server is up (issue 26).
+        check=AsyncConnectionPool.check_connection,
     )
     try:
         await pool.open(wait=True, timeout=open_timeout_s)

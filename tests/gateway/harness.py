@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +21,11 @@ import uvicorn
 from litestar import Litestar
 from ports import free_port
 
+from cpu_engine.client import InProcessEngineClient
 from gateway.app import create_app
 from gateway.serving import uvicorn_config
 from gateway.state import GatewayState
-from sluice.engine_client import EngineClient
+from sluice.engine_client import Delta, EngineClient, GenerateRequest
 from sluice.settings import Settings
 
 ACME_KEY = "sk-acme-dev"
@@ -81,6 +82,18 @@ class RunningGateway:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(15)
+
+
+class RecordingEngine(InProcessEngineClient):
+    """The in-process engine, keeping the requests it was given (to see what reached the engine)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[GenerateRequest] = []
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
+        self.requests.append(request)
+        return super().generate(request)
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import pytest
-from harness import ACME_KEY, MODEL, RunningGateway, start_gateway
+from harness import ACME_KEY, MODEL, RecordingEngine, RunningGateway, start_gateway
 
-from cpu_engine.client import InProcessEngineClient
-from sluice.engine_client import Delta, GenerateRequest
 from sluice.wire import Guide, GuideKind
 
 HEADERS = {"Authorization": f"Bearer {ACME_KEY}", "Content-Type": "application/json"}
@@ -41,18 +39,6 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
 ]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-
-
-class RecordingEngine(InProcessEngineClient):
-    """The in-process engine, keeping the requests it was given."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.requests: list[GenerateRequest] = []
-
-    def generate(self, request: GenerateRequest) -> AsyncGenerator[Delta, None]:
-        self.requests.append(request)
-        return super().generate(request)
 
 
 @pytest.fixture(scope="module")
