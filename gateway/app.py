@@ -38,7 +38,6 @@ from gateway.routing.follower import RegistryFollower
 from gateway.routing.pools import ReplicaPools
 from gateway.routing.router import Router
 from gateway.routing.table import ReplicaTarget
-from gateway.serving import LOG_FORMAT
 from gateway.state import GatewayState
 from gateway.system import SYSTEM_HANDLERS
 from gateway.telemetry import TelemetryWriter, open_telemetry
@@ -48,6 +47,7 @@ from sluice.engine_client import EngineClient
 from sluice.engine_client.dialects import Dialect
 from sluice.engine_client.triton import TritonEngineClient
 from sluice.engine_limits import limits_of
+from sluice.logs import LOG_FORMAT, quiet_noisy_libraries
 from sluice.safety.config import load_safety_config
 from sluice.safety.policy import SafetyPolicy, build_policies
 from sluice.safety.triton import TritonClassifier
@@ -160,6 +160,7 @@ def create_app(
         ),
     )
     add_links(app.openapi_schema)
+    quiet_noisy_libraries()  # whoever set the log up: the pool's retries are counted, not logged
     return app
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sluice.logs import QuietedLines
+
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
 # Cancel-to-free is the gateway closing a stream and releasing a slot: sub-millisecond to tens of ms.
 _CANCEL_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -190,6 +192,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         for spec in _SPECS:
             setattr(self, spec.attr, spec.make(self.registry))
+        self.registry.register(QuietedLines())  # the pool's retries and uvicorn's refusals, not logged
 
     def count_refused(self, model: str, reason: str) -> None:
         self.refused.labels(model, reason).inc()

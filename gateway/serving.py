@@ -12,25 +12,15 @@ metrics, and a line per request would bury what the log is for.
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 from litestar import Litestar
 
 from gateway.slow_clients import ClientLimits, guarded_protocol
+from sluice import logs
 from sluice.settings import Settings
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# Libraries that log each call at INFO: httpx logs every replica metrics read (4 a second) and every
-# classifier call. Their warnings and errors still show.
-_CHATTY_LOGGERS = ("httpx", "httpcore")
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """The process's log: ``level`` for Sluice, start-up, state changes and errors; not each poll."""
-    logging.basicConfig(level=level, format=LOG_FORMAT)
-    for name in _CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+# The process's log (sluice.logs): one format, the noisy libraries quieted and counted.
+configure_logging = logs.configure_logging
 
 
 def client_limits(settings: Settings) -> ClientLimits:
@@ -56,6 +46,7 @@ def uvicorn_config(app: Litestar, settings: Settings, *, uvicorn_log_level: str 
         lifespan="on",
         access_log=False,
         log_level=uvicorn_log_level,
+        log_config=None,  # uvicorn's lines go through the process's log (sluice.logs), not its own format
     )
 
 

@@ -31,11 +31,11 @@ from control_plane.service.releases import RELEASE_HANDLERS
 from control_plane.service.replicas import ReplicasController, open_replica_services
 from control_plane.service.rollout_guard import open_rollout_services
 from control_plane.service.rollouts import RolloutController
-from control_plane.service.serving import LOG_FORMAT
 from control_plane.service.state import ControlPlaneState
 from control_plane.service.system import SYSTEM_HANDLERS
 from control_plane.service.tokens import AdminController
 from control_plane.service.usage import UsageReportController
+from sluice.logs import LOG_FORMAT, quiet_noisy_libraries
 from sluice.settings import Settings, redact_secrets
 from sluice.stores.admin_tokens.base import AdminTokenStore
 from sluice.stores.admin_tokens.dev import DEV_ADMIN_TOKEN_NAME, ensure_dev_admin_token
@@ -122,6 +122,7 @@ def create_app(
     )
     check_roles_declared(app)
     keep_encoded_slashes(app)
+    quiet_noisy_libraries()  # whoever set the log up: the pool's retries are counted, not logged
     return app
 
 

@@ -17,6 +17,8 @@ from typing import Any
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from sluice.logs import QuietedLines
+
 log = logging.getLogger("sluice.control_plane")
 
 UNMATCHED_ROUTE = "unmatched"
@@ -28,6 +30,7 @@ class ControlPlaneMetrics:
         """``replica_hour_price_usd``: ``Settings.replica_hour_price_usd``, exported when set (the cost
         recording rule in deploy/prometheus multiplies replicas by it)."""
         self.registry = CollectorRegistry()
+        self.registry.register(QuietedLines())  # the pool's retries, not logged
         if replica_hour_price_usd is not None:
             price = Gauge(
                 "sluice_control_plane_replica_hour_price_usd",

@@ -8,21 +8,14 @@ middleware logs each admin request once, with who made it.
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 from litestar import Litestar
 
+from sluice import logs
 from sluice.settings import Settings
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SHUTDOWN_GRACE_S = 5  # admin requests are short: a restart does not wait long for them
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format=LOG_FORMAT)
-    for name in ("httpx", "httpcore"):  # a line per call at INFO
-        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+configure_logging = logs.configure_logging  # the gateway's log too (sluice.logs)
 
 
 def uvicorn_config(app: Litestar, settings: Settings, *, uvicorn_log_level: str = "info") -> uvicorn.Config:
@@ -34,6 +27,7 @@ def uvicorn_config(app: Litestar, settings: Settings, *, uvicorn_log_level: str 
         lifespan="on",
         access_log=False,
         log_level=uvicorn_log_level,
+        log_config=None,  # uvicorn's lines go through the process's log (sluice.logs)
     )
 
 

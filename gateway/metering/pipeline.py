@@ -63,7 +63,9 @@ class UsageMeter:
         *,
         write_timeout_s: float = 2.0,
         retry_initial_s: float = 0.5,
-        retry_max_s: float = 5.0,
+        # NOTE: while the ledger is down one record probes it this often at most: the outage is seen to end
+        # within a second of the database's return (one small write a second is nothing to a server).
+        retry_max_s: float = 1.0,
         max_concurrent_writes: int = 8,
         checkpoint_every_s: float = 1.0,
         checkpoint_every_tokens: int = 64,
@@ -86,6 +88,7 @@ class UsageMeter:
         self._inline: set[int] = set()  # seqs a record() call is writing itself
         self._writes: set[asyncio.Task[bool]] = set()  # ledger writes in flight
         self._ledger_down = False
+        self._down_since_s = 0.0  # the meter's clock, while the ledger is down
         self._wake = asyncio.Event()
         self._retrier: asyncio.Task[None] | None = None
         self.num_written = 0
@@ -232,6 +235,7 @@ class UsageMeter:
         self._on_ledger_failure()
         if not self._ledger_down:
             self._ledger_down = True
+            self._down_since_s = self._clock()
             self.num_outages += 1
             log.warning(
                 "usage ledger unavailable (%s: %s): records are kept in the outbox %s and retried",
@@ -244,7 +248,11 @@ class UsageMeter:
     def _recovered(self) -> None:
         if self._ledger_down:
             self._ledger_down = False
-            log.warning("usage ledger available again: writing %d pending records", len(self._pending))
+            log.info(
+                "usage ledger available again after %.1f s: %d records pending, being written",
+                self._clock() - self._down_since_s,
+                len(self._pending),
+            )
             self._wake.set()
 
     async def _retry_loop(self) -> None:

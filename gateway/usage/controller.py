@@ -174,6 +174,8 @@ class UsageController(Controller):
         request_class_filter = parse_request_class(request_class)
         gw: GatewayState = request.app.state.gw
         tenant = tenant_of(request)
+        if gw.meter.ledger_down:  # known down (the meter probes it every second): refused at once
+            raise _ledger_unavailable(retry_after_s=1.0)
         try:
             report = await gw.ledger.query(
                 tenant.tenant_id,
@@ -185,17 +187,21 @@ class UsageController(Controller):
                 limit=limit,
             )
         except LedgerUnavailable as exc:
-            log.warning("GET /v1/usage: %s", exc)
-            raise OpenAIError(
-                503,
-                "Usage cannot be read now: the usage ledger is unavailable. Retry later.",
-                type="server_error",
-                code="usage_ledger_unavailable",
-                retry_after_s=5.0,
-            ) from None
+            log.debug("GET /v1/usage: %s", exc)  # the outage itself is logged once, by the meter
+            raise _ledger_unavailable(retry_after_s=5.0) from None
         prices = gw.settings.pricing
         return UsageResponse(
             tenant_id=tenant.tenant_id,
             totals=totals_out(report.totals, prices),
             data=[row_out(r, prices) for r in report.rows],
         )
+
+
+def _ledger_unavailable(retry_after_s: float) -> OpenAIError:
+    return OpenAIError(
+        503,
+        "Usage cannot be read now: the usage ledger is unavailable. Retry later.",
+        type="server_error",
+        code="usage_ledger_unavailable",
+        retry_after_s=retry_after_s,
+    )

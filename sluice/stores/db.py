@@ -311,6 +311,13 @@ class MigratedPgPool:
     start, it returns anyway and keeps trying in the background (``retry_initial_s`` doubling to
     ``retry_max_s``); until it succeeds, ``pool`` raises ``psycopg.OperationalError``, which the stores
     already treat as an outage. A tool (the CLI) opens without it and fails at once.
+
+    An outage while open: a connection that fails as unreachable (``PG_UNREACHABLE``) is evidence only
+    once a fresh connection to the server fails too; then the store is down: ``connection_or`` refuses
+    at once (never after the pool's acquire timeout), and a fresh connection is tried every
+    ``probe_interval_s``. The first that succeeds ends the outage with a new pool, so the store is back
+    within a probe of the server's return (psycopg_pool's own reconnect backs off without bound, which
+    kept stores down for tens of seconds after their database was back).
     """
 
     def __init__(
@@ -324,6 +331,7 @@ class MigratedPgPool:
         acquire_timeout_s: float = 30.0,
         retry_initial_s: float = 0.5,
         retry_max_s: float = 30.0,
+        probe_interval_s: float = 0.5,
     ) -> None:
         self._url = url
         self._acquire_timeout_s = acquire_timeout_s
@@ -336,6 +344,9 @@ class MigratedPgPool:
         self._pool: AsyncConnectionPool | None = None
         self._opener: asyncio.Task[None] | None = None  # set while opening in the background
         self._last_error = ""
+        self._probe_interval_s = probe_interval_s
+        self._down_since_s: float | None = None  # time.monotonic() since the server was found unreachable
+        self._watcher: asyncio.Task[None] | None = None  # probing, from a suspect failure to the recovery
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -389,15 +400,85 @@ class MigratedPgPool:
         except (psycopg.Error, *PG_UNREACHABLE) as exc:
             raise unavailable(exc) from exc
 
+    @property
+    def is_down(self) -> bool:
+        """A fresh connection to the server failed and none has succeeded since (see the class)."""
+        return self._down_since_s is not None
+
     @asynccontextmanager
     async def connection_or(self, unavailable: UnavailableError) -> AsyncIterator[psycopg.AsyncConnection]:
         """A pooled connection; the server or network failing (``PG_UNREACHABLE``), here (including not
-        reached since start) or in the caller's block, raises ``unavailable(exc)``."""
+        reached since start, or known down) or in the caller's block, raises ``unavailable(exc)``."""
+        if self._down_since_s is not None:
+            down_s = time.monotonic() - self._down_since_s
+            raise unavailable(
+                psycopg.OperationalError(f"PostgreSQL unreachable for {down_s:.1f} s ({self._last_error})")
+            )
         try:
-            async with self.pool.connection() as conn:
-                yield conn
+            pool = self.pool  # raises OperationalError while not reached since start
         except PG_UNREACHABLE as exc:
             raise unavailable(exc) from exc
+        # NOTE: a connection slow to come (the pool may be waiting on a dead server, up to its acquire
+        # timeout) is a reason to look too, while the caller goes on waiting.
+        slow = asyncio.get_running_loop().call_later(self._probe_interval_s, self._suspect, pool, None)
+        try:
+            async with pool.connection() as conn:
+                slow.cancel()
+                yield conn
+        except PG_UNREACHABLE as exc:
+            self._suspect(pool, exc)
+            raise unavailable(exc) from exc
+        finally:
+            slow.cancel()
+
+    def _suspect(self, pool: AsyncConnectionPool, exc: BaseException | None) -> None:
+        """A connection failed as unreachable (or was slow to come): find out whether the server is, in
+        the background."""
+        if self._watcher is None and pool is self._pool:
+            if exc is not None:
+                self._last_error = _one_line(exc)
+            self._watcher = asyncio.create_task(self._watch(), name=f"{self._name}-probe")
+
+    async def _reachable(self) -> bool:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._url, connect_timeout=1)
+        except PG_UNREACHABLE as exc:
+            self._last_error = _one_line(exc)
+            return False
+        await conn.close()
+        return True
+
+    async def _watch(self) -> None:
+        """Probe until a fresh connection succeeds; if the first fails, the store is down until then, and
+        the pool is replaced (its connections and its own reconnect schedule are the outage's)."""
+        try:
+            if await self._reachable():
+                return  # one connection's failure (or a busy pool), not the server's
+            self._down_since_s = time.monotonic()
+            log.warning(
+                "%s store: PostgreSQL at %s unreachable (%s): refusing at once, probing every %.1f s",
+                self._name, describe_pg_url(self._url), self._last_error, self._probe_interval_s,
+            )  # fmt: skip
+            if self._pool is not None:  # its waiters are refused now, not at their acquire timeout
+                await self._pool.close(timeout=0)
+            while True:
+                await asyncio.sleep(self._probe_interval_s)
+                if await self._reachable():
+                    try:
+                        fresh = await open_pg_pool(
+                            self._url, max_size=self._max_size, name=self._name,
+                            acquire_timeout_s=self._acquire_timeout_s, open_timeout_s=2.0,
+                        )  # fmt: skip
+                    except PG_UNREACHABLE as exc:
+                        self._last_error = _one_line(exc)
+                        continue
+                    break
+            self._pool = fresh
+            down_s = time.monotonic() - self._down_since_s
+            self._down_since_s = None
+            log.info("%s store: PostgreSQL is back after %.1f s", self._name, down_s)
+        finally:
+            self._watcher = None
 
     async def _open_once(
         self, after_open: Callable[[], Awaitable[None]] | None, *, open_timeout_s: float
@@ -440,10 +521,11 @@ class MigratedPgPool:
             return
 
     async def close(self) -> None:
-        if self._opener is not None:
-            self._opener.cancel()
-            await asyncio.gather(self._opener, return_exceptions=True)
-            self._opener = None
+        for task in (self._opener, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._opener = self._watcher = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
