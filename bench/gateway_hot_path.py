@@ -136,6 +136,7 @@ def measure(checkpoint_dir: Path, repeat: int) -> list[tuple[str, float, float]]
                 system_fingerprint="fp",
                 sampling=Sampling(16),
                 prompt_text="",
+                prompt_token_ids=[1],
             )
         ]
     )

@@ -27,6 +27,7 @@ def job(**fields: Any) -> Any:
         "system_fingerprint": "fp_1",
         "sampling": Sampling(16),
         "prompt_text": "",
+        "prompt_token_ids": [1],
         "tool_plan": None,
     }
     return SimpleNamespace(**(base | fields))
