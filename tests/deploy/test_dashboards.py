@@ -78,6 +78,10 @@ def _registry_series(registry: CollectorRegistry) -> dict[str, Labels]:
     registry's collectors, and a metric's label names before it has a child, only in private fields."""
     series: dict[str, Labels] = {}
     for collector in registry._collector_to_names:
+        if not hasattr(collector, "_labelnames"):  # a collector of our own (sluice.logs): what it collects
+            for family in collector.collect():
+                series |= {s.name: frozenset(s.labels) | TARGET_LABELS for s in family.samples}
+            continue
         labels = frozenset(collector._labelnames) | TARGET_LABELS  # type: ignore[attr-defined]
         for suffix, extra in _SAMPLES[collector._type]:  # type: ignore[attr-defined]
             series[collector._name + suffix] = labels | extra  # type: ignore[attr-defined]
