@@ -38,3 +38,9 @@ def created_database(prefix: str = "sluice_test") -> Iterator[str]:
             yield f"{ADMIN_URL.rpartition('/')[0]}/{dbname}"
         finally:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+
+
+def through_proxy(url: str, port: int) -> str:
+    """``url`` (a database's, on the server) reached through a proxy on 127.0.0.1:``port`` instead."""
+    server, _, dbname = url.rpartition("/")
+    return f"{server.rpartition('@')[0]}@127.0.0.1:{port}/{dbname}"

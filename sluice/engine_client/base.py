@@ -18,7 +18,6 @@ from sluice.wire import EnginePriority, FinishReason, Guide, ReplicaStats, Token
 # A temperature below this samples as greedy on every engine (cpu_engine.sampling's threshold, vLLM's):
 # dividing logits by 1e-310 overflows, and anything this small puts all the mass on the argmax anyway.
 MIN_SAMPLED_TEMPERATURE = 1e-5
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat); completions' logprobs is at most 5
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 from harness import MODEL, RunningGateway, start_gateway, wait_until
-from pg import ADMIN_URL
+from pg import through_proxy
 from s3_server import MotoS3, moto_s3  # noqa: F401  (pytest finds fixtures by name)
 from tcp_proxy import ProxyThread
 
@@ -189,7 +189,7 @@ def test_the_batch_api_is_503_while_the_batch_store_is_down(
     """PostgreSQL (the batch store) cut: creating, listing, reading and cancelling batches are 503
     ``batch_store_unavailable`` with ``Retry-After`` within seconds, never a 500 nor a client held for
     half a minute; a create refused so queued nothing."""
-    via_proxy = f"{ADMIN_URL.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{database.rpartition('/')[2]}"
+    via_proxy = through_proxy(database, pg_proxy.port)
     # The tenant cache outlives the outage: this test is about the batch store, not about auth.
     running = start_gateway(tmp_path, dev_checkpoint, database_url=via_proxy, tenant_cache_ttl_s=3600.0,
                             batch_runner=False)  # fmt: skip

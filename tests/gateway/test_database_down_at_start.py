@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from pg import through_proxy
 from tcp_proxy import ProxyThread
 
 from sluice.text import TextCodec
@@ -52,8 +53,7 @@ def test_a_gateway_starts_without_its_database_and_opens_it_when_it_answers(
     dev_checkpoint: Path, tmp_path: Path, database: str, pg_proxy: ProxyThread
 ) -> None:
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
-    server, _, dbname = database.rpartition("/")
-    via_proxy = f"{server.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{dbname}"
+    via_proxy = through_proxy(database, pg_proxy.port)
     pg_proxy.cut()
     started_s = time.monotonic()
     gateway = start_gateway(

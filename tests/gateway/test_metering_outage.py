@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
-from pg import ADMIN_URL
+from pg import through_proxy
 from tcp_proxy import ProxyThread
 
 from gateway.metering.outbox import FILE_NAME, Outbox, rec_line
@@ -84,7 +84,7 @@ def test_a_ledger_outage_loses_and_doubles_nothing_across_a_restart(
     dev_checkpoint: Path, tmp_path: Path, database: str, pg_proxy: ProxyThread
 ) -> None:
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
-    via_proxy = f"{ADMIN_URL.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{database.rpartition('/')[2]}"
+    via_proxy = through_proxy(database, pg_proxy.port)
 
     def start() -> RunningGateway:
         engine = ScriptedFakeEngine(token_id, interval_s=0.01)

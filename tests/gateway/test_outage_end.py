@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from pg import through_proxy
 from tcp_proxy import ProxyThread
 
 from sluice.domain import Tenant
@@ -45,8 +46,7 @@ def test_no_false_outage_from_connections_that_died_during_one(
     restored; a tenant created after the restore is served at once (today's pool handed out each dead
     connection once more, and the first lookup to draw one declared a new outage: 503 for seconds)."""
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
-    server, _, dbname = database.rpartition("/")
-    via_proxy = f"{server.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{dbname}"
+    via_proxy = through_proxy(database, pg_proxy.port)
     gateway = start_gateway(
         tmp_path,
         dev_checkpoint,
@@ -91,8 +91,7 @@ def test_the_ledger_outage_ends_within_a_second_or_two_and_is_said_once_each_way
     the outage once when it starts (WARNING) and once when it ends (INFO, with its length and what is
     pending), and the pool's own per-attempt lines are counted, not logged."""
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
-    server, _, dbname = database.rpartition("/")
-    via_proxy = f"{server.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{dbname}"
+    via_proxy = through_proxy(database, pg_proxy.port)
     lines = _Lines()
     watched = [logging.getLogger(name) for name in ("gateway.metering.pipeline", "psycopg.pool")]
     levels = [logger.level for logger in watched]

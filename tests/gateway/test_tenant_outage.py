@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from pg import through_proxy
 from tcp_proxy import ProxyThread
 
 from sluice.text import TextCodec
@@ -98,8 +99,7 @@ def test_a_tenant_store_outage_degrades_and_recovers(
     outage_log: RecordingHandler,
 ) -> None:
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
-    server, _, dbname = database.rpartition("/")
-    via_proxy = f"{server.rpartition('@')[0]}@127.0.0.1:{pg_proxy.port}/{dbname}"
+    via_proxy = through_proxy(database, pg_proxy.port)
     gateway = start_gateway(
         tmp_path,
         dev_checkpoint,
