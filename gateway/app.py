@@ -338,14 +338,14 @@ def _log_start(settings: Settings, engine: EngineClient | None) -> None:
 
 async def _open_ledger(settings: Settings, ledger: UsageLedger | None) -> UsageLedger:
     if ledger is None:  # a PostgreSQL down at start: start anyway, usage waits in the outbox
-        return await open_ledger(settings, keep_trying=True)
+        return await open_ledger(settings, keep_trying=True, report_outages=False)  # the meter reports
     await ledger.open()
     return ledger
 
 
 async def _open_tenant_store(settings: Settings, store: TenantStore | None) -> TenantStore:
     if store is None:  # a PostgreSQL down at start: start anyway, requests get 503 until it answers
-        return await open_tenant_store(settings, keep_trying=True)
+        return await open_tenant_store(settings, keep_trying=True, report_outages=False)  # the cache does
     await store.open()
     if settings.dev_tenants:
         await seed_dev_tenants(store)

@@ -49,7 +49,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from replicas.probe import DEFAULT_PROBE_TIMEOUT_S, ProbeResult, probe_replica
 from replicas.verify import Verification, verify_replica
-from sluice.stores.registry.base import NotFound, Registry, RegistryError, Replica, ReplicaState
+from sluice.stores.registry.base import (
+    NotFound,
+    Registry,
+    RegistryError,
+    RegistryUnavailable,
+    Replica,
+    ReplicaState,
+)
 
 log = logging.getLogger("sluice.control_plane.health")
 
@@ -247,11 +254,14 @@ class HealthChecker:
             try:
                 await self.check_round()
                 if registry_down:
-                    log.info("replica health checks: the registry answers again")
+                    log.debug("replica health checks: the registry answers again")
                 registry_down = False
             except (RegistryError, OSError) as exc:
                 if not registry_down:  # once per outage, not once per round
-                    log.warning("replica health checks paused: the registry does not answer: %s", exc)
+                    # NOTE: the registry's store says its outage once each way (sluice.outages); any
+                    # other failure to read it is this loop's to say
+                    level = logging.DEBUG if isinstance(exc, RegistryUnavailable) else logging.WARNING
+                    log.log(level, "replica health checks paused: the registry does not answer: %s", exc)
                 registry_down = True
             except Exception:
                 log.exception("replica health check round failed")  # a bug: keep checking the others

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     # other keys get 503 tenant_store_unavailable.
     tenant_stale_max_s: float = Field(600.0, ge=0, le=24 * 3600)
     # Tenant store down: at most one query per this interval checks whether it is back (Retry-After).
-    tenant_store_probe_interval_s: float = Field(2.0, gt=0, le=300)
+    tenant_store_probe_interval_s: float = Field(1.0, gt=0, le=300)
     # A tenant lookup slower than this counts as the store being down.
     tenant_lookup_timeout_s: float = Field(2.0, gt=0, le=60)
     # Tenant lookups in flight at once per gateway; more wait, so random keys cannot exhaust the pool.

@@ -1,5 +1,6 @@
 """Fixtures shared by every test folder: the dev checkpoint, and real tritonservers serving the CPU
-engine on free ports (used by tests/replica and tests/gateway)."""
+engine on free ports (used by tests/replica and tests/gateway), and a PostgreSQL database of a test's own
+with a TCP proxy in front of it to cut and restore."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
+from pg import PostgresUnreachable, created_database
 from ports import free_ports
+from tcp_proxy import ProxyThread
 
 from cpu_engine.devckpt import write_checkpoint
 from replicas.launcher import TritonServer, TritonServerConfig
@@ -85,3 +89,22 @@ def aio() -> Iterator[Callable[[Coroutine[Any, Any, T]], T]]:
     """``aio(coro)`` runs a coroutine on one loop kept for the session (grpc.aio's poller outlives a loop)."""
     with asyncio.Runner() as runner:
         yield runner.run
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A PostgreSQL database created for one test (its URL, straight to the server), dropped after it."""
+    try:
+        with created_database() as url:
+            yield url
+    except PostgresUnreachable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def pg_proxy(database: str) -> Iterator[ProxyThread]:
+    """A TCP proxy in front of ``database``'s server, to cut and restore while a gateway runs."""
+    info = psycopg.conninfo.conninfo_to_dict(database)
+    proxy = ProxyThread(str(info.get("host") or "127.0.0.1"), int(str(info.get("port") or 5432)))
+    yield proxy
+    proxy.close()

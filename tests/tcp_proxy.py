@@ -53,6 +53,10 @@ class TcpProxy:
             await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
         except OSError:
             pass  # a reset from either side ends the connection
+        except asyncio.CancelledError:
+            # NOTE: cut() ends it; ending normally keeps asyncio's stream callback from logging the
+            # cancellation as an error (which would read as a line of the service under test)
+            pass
         finally:
             client_w.close()
             self._tasks.discard(task)

@@ -56,7 +56,7 @@ def registry_errors() -> Iterator[None]:
     except InvalidChange as exc:
         raise AdminError(400, str(exc), code="invalid_change") from exc
     except RegistryUnavailable as exc:
-        log.warning("model registry unavailable: %s", exc)
+        log.debug("model registry unavailable: %s", exc)  # the store reports its outage (sluice.outages)
         raise unavailable("model registry", "registry_unavailable") from exc
 
 

@@ -101,7 +101,8 @@ class RolloutGuardTask:
             try:
                 await self.check_once()
             except RegistryUnavailable as exc:
-                log.warning("rollout guard: the registry is unavailable, retrying: %s", exc)
+                # NOTE: the registry's store reports its outage once each way (sluice.outages).
+                log.debug("rollout guard: the registry is unavailable, retrying: %s", exc)
             except Exception:  # NOTE: the guard must outlive a bug in one pass; it is logged loudly
                 log.exception("rollout guard: a pass failed")
             await asyncio.sleep(self.tick_s)

@@ -202,7 +202,8 @@ class RolloutController(Controller):
             traffic = await cp.rollouts.ledger.version_traffic(name, rollout.step_started_at)
             status.traffic = traffic_views(rollout, traffic)
         except LedgerUnavailable as exc:
-            log.warning("rollout status of %s: the usage ledger is unavailable: %s", name, exc)
+            # NOTE: the ledger's store reports its outage once each way (sluice.outages).
+            log.debug("rollout status of %s: the usage ledger is unavailable: %s", name, exc)
             status.traffic_unavailable = "The usage ledger is unavailable: no traffic to compare now."
         return status
 

@@ -73,7 +73,7 @@ def token_view(token: AdminToken) -> TokenView:
 
 
 def _store_down(exc: AdminTokenStoreUnavailable) -> AdminError:
-    log.warning("admin token store unavailable: %s", exc)
+    log.debug("admin token store unavailable: %s", exc)  # the store reports its outage (sluice.outages)
     return unavailable("admin token store", "admin_token_store_unavailable")
 
 

@@ -110,7 +110,8 @@ class BatchRunner:
                         self.owner, self._limits.lease_s, datetime.now(UTC)
                     )
                 except BatchStoreUnavailable as exc:
-                    log.warning("batch runner: the batch store is unavailable (%s); retrying", exc)
+                    # NOTE: the store reports its outage once each way (sluice.outages); not each retry.
+                    log.debug("batch runner: the batch store is unavailable (%s); retrying", exc)
                     break
                 if batch is None:
                     break

@@ -248,7 +248,7 @@ class BatchWork:
             try:
                 await self._flush()
             except (BatchStoreUnavailable, ObjectStoreUnavailable) as exc:
-                log.warning("batch %s: results not committed yet (%s); retrying", self.batch.batch_id, exc)
+                _log_retry(exc, "batch %s: results not committed yet (%s); retrying", self.batch.batch_id)
             except LeaseLost as exc:
                 self._lease_lost(exc)
                 return
@@ -279,7 +279,7 @@ class BatchWork:
                 await self._flush()
                 return
             except (BatchStoreUnavailable, ObjectStoreUnavailable) as exc:
-                log.warning("batch %s: results not committed yet (%s); retrying", self.batch.batch_id, exc)
+                _log_retry(exc, "batch %s: results not committed yet (%s); retrying", self.batch.batch_id)
             if self._lost is not None:
                 raise self._lost
             await asyncio.sleep(wait_s)
@@ -383,7 +383,7 @@ class BatchWork:
             try:
                 batch = await batches.renew(self.batch.batch_id, self._owner, self._limits.lease_s, _now())
             except BatchStoreUnavailable as exc:
-                log.warning("batch %s: lease not renewed (%s); retrying", self.batch.batch_id, exc)
+                _log_retry(exc, "batch %s: lease not renewed (%s); retrying", self.batch.batch_id)
                 continue
             except LeaseLost as exc:
                 self._lease_lost(exc)
@@ -433,3 +433,10 @@ class BatchWork:
                 counts.total,
                 counts.failed,
             )
+
+
+def _log_retry(exc: Exception, message: str, batch_id: str) -> None:
+    """A retry after a store failed: a debug line when it is the batch store's outage, which the store
+    reports once each way itself (``sluice.outages``); a warning for the object store, which does not."""
+    level = logging.DEBUG if isinstance(exc, BatchStoreUnavailable) else logging.WARNING
+    log.log(level, message, batch_id, exc)

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 
 from gateway.metering.outbox import Outbox
 from sluice.domain import UsageRecord
+from sluice.outages import OutageLog
 from sluice.stores.ledger.base import UsageLedger, check_record
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,7 @@ class UsageMeter:
         self._pending: dict[int, UsageRecord] = {}  # outbox seq -> record, not yet in the ledger
         self._inline: set[int] = set()  # seqs a record() call is writing itself
         self._writes: set[asyncio.Task[bool]] = set()  # ledger writes in flight
-        self._ledger_down = False
-        self._down_since_s = 0.0  # the meter's clock, while the ledger is down
+        self._outage = OutageLog(log, "usage ledger", clock=clock)
         self._wake = asyncio.Event()
         self._retrier: asyncio.Task[None] | None = None
         self.num_written = 0
@@ -101,7 +101,7 @@ class UsageMeter:
 
     @property
     def ledger_down(self) -> bool:
-        return self._ledger_down
+        return self._outage.is_down
 
     async def open(self) -> None:
         """Open the outbox and start writing what a previous process left pending."""
@@ -177,7 +177,7 @@ class UsageMeter:
             self._count_written()
             return
         self._pending[seq] = rec
-        if self._ledger_down:
+        if self._outage.is_down:
             return  # the retry task writes it once the ledger is back
         self._inline.add(seq)
         try:
@@ -233,26 +233,13 @@ class UsageMeter:
     def _failed(self, exc: BaseException) -> None:
         self.num_failed_attempts += 1
         self._on_ledger_failure()
-        if not self._ledger_down:
-            self._ledger_down = True
-            self._down_since_s = self._clock()
+        meanwhile = f"records are kept in the outbox {self._outbox.path} and retried"
+        if self._outage.down(f"{type(exc).__name__}: {exc}", meanwhile):
             self.num_outages += 1
-            log.warning(
-                "usage ledger unavailable (%s: %s): records are kept in the outbox %s and retried",
-                type(exc).__name__,
-                exc,
-                self._outbox.path,
-            )
         self._wake.set()
 
     def _recovered(self) -> None:
-        if self._ledger_down:
-            self._ledger_down = False
-            log.info(
-                "usage ledger available again after %.1f s: %d records pending, being written",
-                self._clock() - self._down_since_s,
-                len(self._pending),
-            )
+        if self._outage.up(f"{len(self._pending)} records pending, being written") is not None:
             self._wake.set()
 
     async def _retry_loop(self) -> None:
@@ -275,7 +262,7 @@ class UsageMeter:
     async def _write_all(self, todo: list[tuple[int, UsageRecord]]) -> bool:
         """Write ``todo`` a few at a time; False at the first failure. While the ledger is down, one
         record goes first as a probe, so a dead ledger sees one attempt per backoff step, not many."""
-        if self._ledger_down:
+        if self._outage.is_down:
             (seq, rec), todo = todo[0], todo[1:]
             if not await self._write(seq, rec):
                 return False

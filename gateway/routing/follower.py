@@ -4,7 +4,8 @@ while the listening connection is lost), so a change reaches it within about a s
 ``poll_interval_s`` without a change it re-reads anyway and retries the replicas it could not verify.
 
 The registry down: the gateway keeps routing by the last snapshot it read (stale, not stopped), counts
-the failures, and tries again with a backoff; /readyz says how old its view is. Before the first
+the failures, and tries again with a backoff; /readyz says how old its view is. The outage is logged by
+the registry's store (once when it starts, once when it ends), not by each retry here. Before the first
 snapshot it routes nothing (503 ``model_unavailable``) and is not ready.
 
 Exported: ``sluice_gateway_registry_generation`` (the generation it routes by) and
@@ -21,11 +22,13 @@ import time
 from gateway.metrics import GatewayMetrics
 from gateway.routing.router import Router
 from gateway.routing.table import RoutingTable
-from sluice.stores.registry.base import Registry, RegistryError
+from sluice.stores.registry.base import Registry, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
-_MAX_BACKOFF_S = 10.0
+# NOTE: while the registry's store is known down it refuses at once, so a read a second costs nothing, and
+# the gateway follows again within a second of the database's return (issue 26).
+_MAX_BACKOFF_S = 1.0
 
 
 class RegistryFollower:
@@ -77,7 +80,10 @@ class RegistryFollower:
                 backoff_s = 0.5
             except (RegistryError, OSError) as exc:
                 self._metrics.registry_read_failures.inc()
-                log.warning(
+                # NOTE: an outage is the registry store's to report, once each way (sluice.outages); the
+                # retries are debug lines. Any other failure to read it is said each time.
+                log.log(
+                    logging.DEBUG if isinstance(exc, RegistryUnavailable) else logging.WARNING,
                     "registry unreadable (%s); routing by generation %d, retrying in %.1f s",
                     exc,
                     self.generation,

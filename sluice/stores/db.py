@@ -35,6 +35,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
+from sluice.outages import OutageLog
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -240,11 +242,27 @@ def apply_sqlite_migrations(
 
 
 async def open_pg_pool(
-    url: str, *, max_size: int, name: str, acquire_timeout_s: float = 30.0, open_timeout_s: float = 10.0
+    url: str,
+    *,
+    max_size: int,
+    name: str,
+    acquire_timeout_s: float = 30.0,
+    open_timeout_s: float = 10.0,
+    on_check_failure: Callable[[Exception], None] | None = None,
 ) -> AsyncConnectionPool:
     """An opened pool of autocommit connections; fails here (not on first use) if the server is not there
     within ``open_timeout_s``. Waiting for a connection longer than ``acquire_timeout_s`` raises
-    ``PoolTimeout``."""
+    ``PoolTimeout``. ``on_check_failure`` hears of each connection that fails its check before use (the
+    pool replaces it without telling the caller)."""
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception as exc:
+            if on_check_failure is not None:
+                on_check_failure(exc)
+            raise
+
     # NOTE: one direct connection first. A server that refuses, a wrong database or password fails here at
     # once with the driver's reason; the pool would retry quietly until open_timeout_s ran out and say only
     # that it timed out.
@@ -261,7 +279,7 @@ async def open_pg_pool(
         # NOTE: every connection is checked (a round trip) before it is handed out: one that died while
         # it sat idle (an outage that has since ended) is replaced by a fresh one instead of failing the
         # caller, which would declare an outage of its own while the server is up (issue 26).
-        check=AsyncConnectionPool.check_connection,
+        check=check,
     )
     try:
         await pool.open(wait=True, timeout=open_timeout_s)
@@ -317,7 +335,8 @@ class MigratedPgPool:
     at once (never after the pool's acquire timeout), and a fresh connection is tried every
     ``probe_interval_s``. The first that succeeds ends the outage with a new pool, so the store is back
     within a probe of the server's return (psycopg_pool's own reconnect backs off without bound, which
-    kept stores down for tens of seconds after their database was back).
+    kept stores down for tens of seconds after their database was back). The outage is logged once each
+    way (``sluice.outages.OutageLog``), at DEBUG with ``report_outages=False``.
     """
 
     def __init__(
@@ -332,6 +351,8 @@ class MigratedPgPool:
         retry_initial_s: float = 0.5,
         retry_max_s: float = 30.0,
         probe_interval_s: float = 0.5,
+        report_outages: bool = True,
+        what: str = "",
     ) -> None:
         self._url = url
         self._acquire_timeout_s = acquire_timeout_s
@@ -345,8 +366,12 @@ class MigratedPgPool:
         self._opener: asyncio.Task[None] | None = None  # set while opening in the background
         self._last_error = ""
         self._probe_interval_s = probe_interval_s
-        self._down_since_s: float | None = None  # time.monotonic() since the server was found unreachable
+        # NOTE: the outage's one report (sluice.outages); quiet where a component above reports it.
+        self._outage = OutageLog(
+            log, f"{what or name + ' store'}: PostgreSQL at {describe_pg_url(url)}", enabled=report_outages
+        )
         self._watcher: asyncio.Task[None] | None = None  # probing, from a suspect failure to the recovery
+        self._waits: set[asyncio.Timeout] = set()  # callers waiting for a connection now
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -403,33 +428,67 @@ class MigratedPgPool:
     @property
     def is_down(self) -> bool:
         """A fresh connection to the server failed and none has succeeded since (see the class)."""
-        return self._down_since_s is not None
+        return self._outage.is_down
 
     @asynccontextmanager
     async def connection_or(self, unavailable: UnavailableError) -> AsyncIterator[psycopg.AsyncConnection]:
         """A pooled connection; the server or network failing (``PG_UNREACHABLE``), here (including not
         reached since start, or known down) or in the caller's block, raises ``unavailable(exc)``."""
-        if self._down_since_s is not None:
-            down_s = time.monotonic() - self._down_since_s
-            raise unavailable(
-                psycopg.OperationalError(f"PostgreSQL unreachable for {down_s:.1f} s ({self._last_error})")
-            )
+        if self._outage.is_down:
+            raise unavailable(self._down_error())
         try:
             pool = self.pool  # raises OperationalError while not reached since start
         except PG_UNREACHABLE as exc:
             raise unavailable(exc) from exc
-        # NOTE: a connection slow to come (the pool may be waiting on a dead server, up to its acquire
-        # timeout) is a reason to look too, while the caller goes on waiting.
-        slow = asyncio.get_running_loop().call_later(self._probe_interval_s, self._suspect, pool, None)
+        conn = await self._acquire_or(pool, unavailable)
         try:
-            async with pool.connection() as conn:
-                slow.cancel()
-                yield conn
+            yield conn
         except PG_UNREACHABLE as exc:
             self._suspect(pool, exc)
-            raise unavailable(exc) from exc
+            raise unavailable(self._down_error() if self._outage.is_down else exc) from exc
+        finally:
+            await pool.putconn(conn)
+
+    async def _acquire_or(
+        self, pool: AsyncConnectionPool, unavailable: UnavailableError
+    ) -> psycopg.AsyncConnection:
+        """A connection from ``pool``, or ``unavailable`` as soon as the store is found down.
+
+        NOTE: psycopg_pool fails the callers waiting when the pool closes, but not one between two checks
+        of a dead connection (it queues again on the closed pool and waits out its acquire timeout): so
+        each wait is a deadline the outage's start moves to now (``_cut_waits``)."""
+        loop = asyncio.get_running_loop()
+        # a connection slow to come (the pool may be waiting on a dead server) is a reason to look too
+        slow = loop.call_later(self._probe_interval_s, self._suspect, pool, None)
+        try:
+            async with asyncio.timeout(None) as waiting:
+                self._waits.add(waiting)
+                try:
+                    return await pool.getconn()
+                finally:
+                    self._waits.discard(waiting)
+        except TimeoutError as exc:  # cut by the outage's start
+            raise unavailable(self._down_error()) from exc
+        except PG_UNREACHABLE as exc:
+            self._suspect(pool, exc)
+            raise unavailable(self._down_error() if self._outage.is_down else exc) from exc
         finally:
             slow.cancel()
+
+    def _down_error(self) -> psycopg.OperationalError:
+        down_s = self._outage.down_for_s
+        return psycopg.OperationalError(f"PostgreSQL unreachable for {down_s:.1f} s ({self._last_error})")
+
+    def _cut_waits(self) -> None:
+        """The store is down: every caller waiting for a connection is refused now."""
+        now = asyncio.get_running_loop().time()
+        for waiting in self._waits:
+            waiting.reschedule(now)
+
+    def _check_failed(self, exc: Exception) -> None:
+        """A pooled connection failed its check before use (the pool takes another, the caller waits)."""
+        if self._pool is not None:
+            self._suspect(self._pool, exc)
 
     def _suspect(self, pool: AsyncConnectionPool, exc: BaseException | None) -> None:
         """A connection failed as unreachable (or was slow to come): find out whether the server is, in
@@ -454,11 +513,10 @@ class MigratedPgPool:
         try:
             if await self._reachable():
                 return  # one connection's failure (or a busy pool), not the server's
-            self._down_since_s = time.monotonic()
-            log.warning(
-                "%s store: PostgreSQL at %s unreachable (%s): refusing at once, probing every %.1f s",
-                self._name, describe_pg_url(self._url), self._last_error, self._probe_interval_s,
-            )  # fmt: skip
+            self._outage.down(
+                self._last_error, f"refusing at once, probing every {self._probe_interval_s:.1f} s"
+            )
+            self._cut_waits()
             if self._pool is not None:  # its waiters are refused now, not at their acquire timeout
                 await self._pool.close(timeout=0)
             while True:
@@ -468,15 +526,14 @@ class MigratedPgPool:
                         fresh = await open_pg_pool(
                             self._url, max_size=self._max_size, name=self._name,
                             acquire_timeout_s=self._acquire_timeout_s, open_timeout_s=2.0,
+                            on_check_failure=self._check_failed,
                         )  # fmt: skip
                     except PG_UNREACHABLE as exc:
                         self._last_error = _one_line(exc)
                         continue
                     break
             self._pool = fresh
-            down_s = time.monotonic() - self._down_since_s
-            self._down_since_s = None
-            log.info("%s store: PostgreSQL is back after %.1f s", self._name, down_s)
+            self._outage.up()
         finally:
             self._watcher = None
 
@@ -489,6 +546,7 @@ class MigratedPgPool:
             name=self._name,
             acquire_timeout_s=self._acquire_timeout_s,
             open_timeout_s=open_timeout_s,
+            on_check_failure=self._check_failed,
         )
         try:
             await apply_pg_migrations(pool, self._component, self._migrations)
@@ -516,7 +574,7 @@ class MigratedPgPool:
                 delay_s = self._retry_max_s
                 continue
             where = describe_pg_url(self._url)
-            log.warning("%s store: PostgreSQL at %s reached; the store is open", self._name, where)
+            log.info("%s store: PostgreSQL at %s reached; the store is open", self._name, where)
             self._opener = None
             return
 

@@ -106,36 +106,46 @@ async def open_backend(
     return store
 
 
-async def open_ledger(settings: Settings, *, keep_trying: bool = False) -> UsageLedger:
+async def open_ledger(
+    settings: Settings, *, keep_trying: bool = False, report_outages: bool = True
+) -> UsageLedger:
     """An opened (migrated) ledger, or with ``keep_trying`` one opening in the background; the caller
-    closes it."""
+    closes it. ``report_outages=False``: its outages are logged by its caller (the gateway's usage meter),
+    so the store's own report is a debug line (``sluice.outages``)."""
 
     def postgres(url: str) -> UsageLedger:
         from sluice.stores.ledger.store import PostgresLedger
 
-        return PostgresLedger(url, pool_max_size=settings.database_pool_max_size)
+        return PostgresLedger(
+            url, pool_max_size=settings.database_pool_max_size, report_outages=report_outages
+        )
 
     def sqlite(path: Path) -> UsageLedger:
         from sluice.stores.ledger.store import SqliteLedger
 
-        return SqliteLedger(path)
+        return SqliteLedger(path, report_outages=report_outages)
 
     return await open_backend(settings, "usage ledger", postgres, sqlite, keep_trying=keep_trying)
 
 
-async def open_tenant_store(settings: Settings, *, keep_trying: bool = False) -> TenantStore:
+async def open_tenant_store(
+    settings: Settings, *, keep_trying: bool = False, report_outages: bool = True
+) -> TenantStore:
     """An opened (migrated) tenant store, with the dev tenants seeded if ``settings.dev_tenants``, or with
-    ``keep_trying`` one opening (and seeding) in the background; the caller closes it."""
+    ``keep_trying`` one opening (and seeding) in the background; the caller closes it.
+    ``report_outages=False``: its outages are logged by its caller (the gateway's tenant cache)."""
 
     def postgres(url: str) -> TenantStore:
         from sluice.stores.tenants.store import PostgresTenantStore
 
-        return PostgresTenantStore(url, pool_max_size=settings.database_pool_max_size)
+        return PostgresTenantStore(
+            url, pool_max_size=settings.database_pool_max_size, report_outages=report_outages
+        )
 
     def sqlite(path: Path) -> TenantStore:
         from sluice.stores.tenants.store import SqliteTenantStore
 
-        return SqliteTenantStore(path)
+        return SqliteTenantStore(path, report_outages=report_outages)
 
     async def seed(store: TenantStore) -> None:
         if settings.dev_tenants:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import psycopg
 from psycopg.types.json import Jsonb
 
+from sluice.outages import OutageLog
 from sluice.stores.db import (
     MigratedPgPool,
     Migration,
@@ -46,6 +48,8 @@ from sluice.stores.db import (
     apply_sqlite_migrations,
     transaction,
 )
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -134,15 +138,18 @@ class StoreSchema:
     migrations: Sequence[Migration]
     unavailable: Callable[[str], Exception]
 
-    def sqlite(self, path: Path) -> SqliteRunner:
+    def sqlite(self, path: Path, *, report_outages: bool = True) -> SqliteRunner:
         return SqliteRunner(
             path,
             component=self.component,
             migrations=self.migrations,
             unavailable=lambda exc: self.unavailable(f"{self.what} (SQLite) unavailable: {exc}"),
+            outage=OutageLog(log, f"{self.what}: SQLite at {path}", enabled=report_outages),
         )
 
-    def postgres(self, url: str, *, pool_max_size: int, acquire_timeout_s: float) -> PostgresRunner:
+    def postgres(
+        self, url: str, *, pool_max_size: int, acquire_timeout_s: float, report_outages: bool = True
+    ) -> PostgresRunner:
         return PostgresRunner(
             url,
             name=self.pool_name,
@@ -151,6 +158,8 @@ class StoreSchema:
             unavailable=lambda exc: self.unavailable(f"{self.what} (PostgreSQL) unavailable: {exc}"),
             pool_max_size=pool_max_size,
             acquire_timeout_s=acquire_timeout_s,
+            report_outages=report_outages,
+            what=self.what,
         )
 
 
@@ -203,12 +212,19 @@ class SqliteRunner:
     dialect: Dialect = "sqlite"
 
     def __init__(
-        self, path: Path, *, component: str, migrations: Sequence[Migration], unavailable: UnavailableError
+        self,
+        path: Path,
+        *,
+        component: str,
+        migrations: Sequence[Migration],
+        unavailable: UnavailableError,
+        outage: OutageLog,
     ) -> None:
         self._db = SqliteDb(path)
         self._component = component
         self._migrations = migrations
-        self._unavailable = unavailable
+        self._unavailable_error = unavailable
+        self._outage = outage  # a file that cannot be used now (locked, full, gone): said once each way
 
     async def open(
         self, *, keep_trying: bool = False, after_open: Callable[[], Awaitable[None]] | None = None
@@ -225,20 +241,27 @@ class SqliteRunner:
         await self._db.close()
 
     async def run(self, body: Body[T]) -> T:
-        return await self._db.run_or(self._unavailable, lambda conn: _drive(body, conn))
+        return await self._run_or(lambda conn: _drive(body, conn))
 
     async def read(self, body: Body[T]) -> T:
-        return await self._db.run_or(self._unavailable, lambda conn: _read_snapshot(conn, body))
+        return await self._run_or(lambda conn: _read_snapshot(conn, body))
 
     async def write(self, body: Body[T]) -> T:
-        return await self._db.run_or(
-            self._unavailable, lambda conn: transaction(conn, lambda c: _drive(body, c))
-        )
+        return await self._run_or(lambda conn: transaction(conn, lambda c: _drive(body, c)))
 
     async def write_one(self, body: Body[T]) -> T:
         # NOTE: a job handed to the connection's thread always runs to its end (SqliteDb.run): what
         # ``write_one`` promises, and why ``run`` on SQLite lets go of the caller but not of the job.
         return await self.run(body)
+
+    def _unavailable(self, exc: Exception) -> Exception:
+        self._outage.down(exc)
+        return self._unavailable_error(exc)
+
+    async def _run_or(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        result = await self._db.run_or(self._unavailable, fn)
+        self._outage.up()
+        return result
 
 
 # ------------------------------------------------------------------------------------------ PostgreSQL
@@ -287,6 +310,8 @@ class PostgresRunner:
         unavailable: UnavailableError,
         pool_max_size: int = 10,
         acquire_timeout_s: float = 30.0,
+        report_outages: bool = True,
+        what: str = "",
     ) -> None:
         self.db = MigratedPgPool(
             url,
@@ -295,6 +320,8 @@ class PostgresRunner:
             component=component,
             migrations=migrations,
             acquire_timeout_s=acquire_timeout_s,
+            report_outages=report_outages,
+            what=what,
         )
         self._unavailable = unavailable
         self._in_flight: set[asyncio.Task[Any]] = set()

@@ -6,11 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from harness import RunningGateway, start_gateway
-from pg import PostgresUnreachable, created_database
-from tcp_proxy import ProxyThread
 
 from replicas.launcher import TritonServer
 
@@ -45,22 +42,3 @@ def triton_gateway(
     )
     yield gateway
     gateway.stop()
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    """A PostgreSQL database created for one test (its URL, straight to the server), dropped after it."""
-    try:
-        with created_database() as url:
-            yield url
-    except PostgresUnreachable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-def pg_proxy(database: str) -> Iterator[ProxyThread]:
-    """A TCP proxy in front of ``database``'s server, to cut and restore while a gateway runs."""
-    info = psycopg.conninfo.conninfo_to_dict(database)
-    proxy = ProxyThread(str(info.get("host") or "127.0.0.1"), int(str(info.get("port") or 5432)))
-    yield proxy
-    proxy.close()

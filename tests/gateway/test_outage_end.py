@@ -5,17 +5,26 @@ the test cuts and restores (PostgreSQL itself is never stopped)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from log_lines import ShownLines, shown_log_lines
 from pg import through_proxy
 from tcp_proxy import ProxyThread
 
+from gateway.metrics import GatewayMetrics
+from gateway.routing.follower import RegistryFollower
+from gateway.routing.router import Router
+from gateway.routing.table import RoutingTable
 from sluice.domain import Tenant
+from sluice.logs import quiet_noisy_libraries
+from sluice.stores.db import describe_pg_url
+from sluice.stores.registry.postgres import PostgresRegistry
 from sluice.stores.tenants.store import PostgresTenantStore
 from sluice.text import TextCodec
 
@@ -72,69 +81,144 @@ def test_no_false_outage_from_connections_that_died_during_one(
         gateway.stop()
 
 
-class _Lines(logging.Handler):
-    """The records of the loggers it is added to (its own handler: the server may replace pytest's)."""
+def _timed_get(gateway: RunningGateway, path: str, api_key: str = ACME_KEY) -> tuple[int, float, str]:
+    """GET ``path``: its status, how long it took, and its error code (if any)."""
+    with gateway.http() as http:
+        began = time.monotonic()
+        resp = http.get(path, headers={"Authorization": f"Bearer {api_key}"})
+        took_s = time.monotonic() - began
+    code = resp.json().get("error", {}).get("code", "") if resp.status_code >= 400 else ""
+    return resp.status_code, took_s, code
 
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+def _outage_lines(shown: ShownLines) -> dict[str, list[str]]:
+    """The levels of the outage lines shown (``... unavailable (...)`` / ``... available again after``), by
+    what they are about (the text before " unavailable" / " available again")."""
+    by_what: dict[str, list[str]] = {}
+    for level, _, message in shown.lines():
+        for marker in (" unavailable (", " available again after "):
+            if marker in message:
+                by_what.setdefault(message.split(marker)[0], []).append(level)
+    return by_what
 
 
-def test_the_ledger_outage_ends_within_a_second_or_two_and_is_said_once_each_way(
+def test_after_an_outage_each_store_is_back_within_2_s_refuses_at_once_and_says_it_once_each_way(
     dev_checkpoint: Path, tmp_path: Path, database: str, pg_proxy: ProxyThread
 ) -> None:
-    """Usage recorded during a cut waits in the outbox; /v1/usage is refused at once while the ledger is
-    known down (never after a pool timeout); after the restore the outbox empties within 2 s; the log says
-    the outage once when it starts (WARNING) and once when it ends (INFO, with its length and what is
-    pending), and the pool's own per-attempt lines are counted, not logged."""
+    """The tenant store, the usage ledger and the batch store of one gateway through a cut of ~2 s:
+    usage recorded meanwhile waits in the outbox; while a store is known down it refuses at once (never
+    after a pool timeout); within 2 s of the restore each is back (a key created during the cut is
+    served, the outbox is empty, batches are listed); the log says each outage once when it starts
+    (WARNING) and once when it ends (INFO, with its length), by whichever part reports that store, and
+    the pool's own per-attempt lines are counted, not logged."""
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
     via_proxy = through_proxy(database, pg_proxy.port)
-    lines = _Lines()
-    watched = [logging.getLogger(name) for name in ("gateway.metering.pipeline", "psycopg.pool")]
-    levels = [logger.level for logger in watched]
-    for logger in watched:
-        logger.addHandler(lines)
-        logger.setLevel(logging.INFO)  # as the service runs (sluice.logs.configure_logging)
-    gateway = start_gateway(
-        tmp_path, dev_checkpoint, engine=ScriptedFakeEngine(token_id, interval_s=0.005),
-        database_url=via_proxy, dev_tenants=True, tenant_cache_ttl_s=3600.0,
-    )  # fmt: skip
-    try:
-        assert status(gateway, ACME_KEY) == 200  # the key cached, the pool warm
-        pg_proxy.cut()
-        assert [status(gateway, ACME_KEY) for _ in range(5)] == [200] * 5  # usage waits in the outbox
-        meter = gateway.gw.meter
-        wait_until(lambda: meter.ledger_down and meter.num_pending == 5, 10, "the records pending")
-        with gateway.http() as http:
-            began = time.monotonic()
-            refused = http.get("/v1/usage", headers={"Authorization": f"Bearer {ACME_KEY}"})
-            assert refused.status_code == 503 and time.monotonic() - began < 0.5
-        assert refused.json()["error"]["code"] == "usage_ledger_unavailable"
-        time.sleep(1.0)  # a few retries against the dead server
-        pg_proxy.restore()
-        restored = time.monotonic()
-        wait_until(lambda: meter.num_pending == 0, 10, "the outbox written")
-        assert time.monotonic() - restored < 2.0
-        with gateway.http() as http:
-            assert http.get("/v1/usage", headers={"Authorization": f"Bearer {ACME_KEY}"}).status_code == 200
-            metrics = http.get("/metrics").text
-        assert 'sluice_quieted_log_lines_total{logger="psycopg.pool"}' in metrics
-    finally:
-        gateway.stop()
-        for logger, level in zip(watched, levels, strict=True):
-            logger.removeHandler(lines)
-            logger.setLevel(level)
-    shown = [r for r in lines.records if r.levelno >= logging.INFO and all(f.filter(r) for f in r_filters(r))]
-    assert [(r.levelname, r.name) for r in shown] == [
-        ("WARNING", "gateway.metering.pipeline"),
-        ("INFO", "gateway.metering.pipeline"),
-    ], [r.getMessage() for r in shown]
-    assert "unavailable" in shown[0].getMessage() and "available again after" in shown[1].getMessage()
+    with shown_log_lines() as shown:
+        gateway = start_gateway(
+            tmp_path, dev_checkpoint, engine=ScriptedFakeEngine(token_id, interval_s=0.005),
+            database_url=via_proxy, dev_tenants=True, tenant_cache_ttl_s=0.2,
+        )  # fmt: skip
+        try:
+            assert status(gateway, ACME_KEY) == 200  # the key read, the pools warm
+            assert _timed_get(gateway, "/v1/batches")[0] == 200
+            before = len(shown.records)
+            pg_proxy.cut()
+            assert [status(gateway, ACME_KEY) for _ in range(5)] == [200] * 5  # the last good view
+            meter = gateway.gw.meter
+            wait_until(lambda: meter.ledger_down and meter.num_pending == 5, 10, "the records pending")
+            fresh_key = asyncio.run(_create_tenant(database, "created-in-the-cut"))  # PostgreSQL is up
+            # every store known down by now or after one call: from then on each refusal is at once
+            for path, code in (("/v1/usage", "usage_ledger_unavailable"), ("/v1/batches", "")):
+                first, took_s, _ = _timed_get(gateway, path)
+                assert first == 503 and took_s < 1.0, (path, first, took_s)  # not a pool timeout
+                refused, took_s, got_code = _timed_get(gateway, path)
+                assert refused == 503 and took_s < 0.5, (path, refused, took_s)
+                assert got_code == code or not code, got_code
+            assert status(gateway, fresh_key) == 503  # unknown to the cache, and the store is down
+            time.sleep(1.0)  # retries and probes against the dead server
+            pg_proxy.restore()
+            restored = time.monotonic()
+            wait_until(lambda: meter.num_pending == 0, 10, "the outbox written")
+            wait_until(lambda: _timed_get(gateway, "/v1/batches")[0] == 200, 10, "batches listed")
+            wait_until(lambda: status(gateway, fresh_key) == 200, 10, "the new key served")
+            assert time.monotonic() - restored < 2.0
+            assert _timed_get(gateway, "/v1/usage")[0] == 200
+            with gateway.http() as http:
+                metrics = http.get("/metrics").text
+            assert 'sluice_quieted_log_lines_total{logger="psycopg.pool"}' in metrics
+        finally:
+            gateway.stop()
+    during = ShownLines()
+    during.records = shown.records[before:]
+    assert _outage_lines(during) == {
+        "tenant store": ["WARNING", "INFO"],
+        "usage ledger": ["WARNING", "INFO"],
+        "batch store: PostgreSQL at " + describe_pg_url(via_proxy): ["WARNING", "INFO"],
+    }, during.lines()
+    assert not [line for line in during.lines() if line[1].startswith("psycopg")], during.lines()
+    ledger_back = next(m for _, _, m in during.lines() if m.startswith("usage ledger available again"))
+    assert "5 records pending" in ledger_back or "4 records pending" in ledger_back, ledger_back
 
 
-def r_filters(record: logging.LogRecord) -> list[logging.Filter]:
-    """The filters of the logger that made ``record`` (a handler on it sees records its filters drop)."""
-    return [f for f in logging.getLogger(record.name).filters if isinstance(f, logging.Filter)]
+class _Tables:
+    """Stands in for the router: the generations of the tables the follower applied."""
+
+    def __init__(self) -> None:
+        self.generations: list[int] = []
+
+    async def apply(self, table: RoutingTable) -> None:
+        self.generations.append(table.generation)
+
+
+def test_the_registry_follower_routes_by_a_change_made_in_the_outage_within_2_s_of_its_end(
+    database: str, pg_proxy: ProxyThread
+) -> None:
+    """A gateway's registry follower over the real PostgreSQL registry through the proxy: the registry
+    changes while the gateway cannot reach it; within 2 s of the restore the gateway routes by the new
+    generation; the outage is said by the registry's store once each way, not by each retry of the
+    follower or of its LISTEN connection."""
+
+    async def run(shown: ShownLines) -> tuple[float, int]:
+        writer = PostgresRegistry(database)
+        followed = PostgresRegistry(through_proxy(database, pg_proxy.port))
+        await writer.open()
+        await followed.open()
+        tables = _Tables()
+        follower = RegistryFollower(followed, cast(Router, tables), GatewayMetrics(), poll_interval_s=5.0)
+        try:
+            await follower.start()
+            await writer.create_model("before-the-cut", actor="test")
+            generation = await writer.generation()
+            await _until(lambda: follower.generation == generation, "the change before the cut")
+            before = len(shown.records)
+            await asyncio.to_thread(pg_proxy.cut)
+            await writer.create_model("during-the-cut", actor="test")  # PostgreSQL itself is up
+            changed = await writer.generation()
+            await asyncio.sleep(1.5)  # the follower's retries, the LISTEN connection's
+            assert follower.generation == generation  # routing by what it read last
+            await asyncio.to_thread(pg_proxy.restore)
+            restored = time.monotonic()
+            await _until(lambda: follower.generation == changed, "the change made during the cut")
+            return time.monotonic() - restored, before
+        finally:
+            await follower.close()
+            await followed.close()
+            await writer.close()
+
+    quiet_noisy_libraries()  # as each service does at start (sluice.logs)
+    with shown_log_lines() as shown:
+        took_s, before = asyncio.run(run(shown))
+    assert took_s < 2.0
+    during = ShownLines()
+    during.records = shown.records[before:]
+    assert list(_outage_lines(during).values()) == [["WARNING", "INFO"]], during.lines()
+    # the store's two lines, then the follower's "routing by registry generation N"
+    expected = ["sluice.stores.db", "sluice.stores.db", "gateway.routing.follower"]
+    assert [name for _, name, _ in during.lines()] == expected, during.lines()
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)

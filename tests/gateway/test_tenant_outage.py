@@ -6,7 +6,6 @@ queries, and everything recovers when the store comes back."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
+from log_lines import ShownLines, shown_log_lines
 from pg import through_proxy
 from tcp_proxy import ProxyThread
 
@@ -26,23 +26,11 @@ STALE_MAX_S = 6.0  # room for the flood on a loaded 2-core machine (it took ~2 s
 PROBE_INTERVAL_S = 0.5
 
 
-class RecordingHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def outage_log() -> Iterator[RecordingHandler]:
-    """The resolver's log lines (its own handler: the server's logging set-up may replace pytest's)."""
-    handler = RecordingHandler()
-    logger = logging.getLogger("sluice.stores.tenants.cache")
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
+def outage_log() -> Iterator[ShownLines]:
+    """What the log shows meanwhile (its own handler: the server's logging set-up may replace pytest's)."""
+    with shown_log_lines() as lines:
+        yield lines
 
 
 def stream(gateway: RunningGateway, api_key: str) -> int:
@@ -96,7 +84,7 @@ def test_a_tenant_store_outage_degrades_and_recovers(
     tmp_path: Path,
     database: str,
     pg_proxy: ProxyThread,
-    outage_log: RecordingHandler,
+    outage_log: ShownLines,
 ) -> None:
     token_id = TextCodec.from_checkpoint(dev_checkpoint).encode("ab")[0]
     via_proxy = through_proxy(database, pg_proxy.port)
@@ -142,6 +130,14 @@ def test_a_tenant_store_outage_degrades_and_recovers(
         assert resp.status_code == 401  # the store answers again: unknown means unknown
     finally:
         gateway.stop()
-    messages = [r.getMessage() for r in outage_log.records]
-    assert len(messages) == 2, messages  # one line on entry, one on recovery: not one per request
-    assert "unavailable" in messages[0] and "available again" in messages[1]
+    shown = outage_log.lines(logger_prefix="sluice.stores.tenants")
+    # one line on entry, one on recovery, from the cache that reports it (not the store's pool as well),
+    # not one per request
+    assert [(level, name) for level, name, _ in shown] == [
+        ("WARNING", "sluice.stores.tenants.cache"),
+        ("INFO", "sluice.stores.tenants.cache"),
+    ], shown
+    assert "unavailable" in shown[0][2] and "available again after" in shown[1][2]
+    assert not [
+        line for line in outage_log.lines(logger_prefix="sluice.stores.db") if "tenant store" in line[2]
+    ]

@@ -165,8 +165,8 @@ _SCHEMA = StoreSchema("usage ledger", "ledger", COMPONENT, MIGRATIONS, LedgerUna
 class SqliteLedger(SqlLedger):
     """The embedded ledger: one SQLite file (``<state_dir>/sluice.db`` by default)."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(_SCHEMA.sqlite(path))
+    def __init__(self, path: Path, *, report_outages: bool = True) -> None:
+        super().__init__(_SCHEMA.sqlite(path, report_outages=report_outages))
 
 
 class PostgresLedger(SqlLedger):
@@ -176,7 +176,19 @@ class PostgresLedger(SqlLedger):
     fails in seconds (the usage meter keeps it in its outbox) rather than holding close() for psycopg's
     default 30 s."""
 
-    def __init__(self, url: str, *, pool_max_size: int = 10, acquire_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_max_size: int = 10,
+        acquire_timeout_s: float = 5.0,
+        report_outages: bool = True,
+    ) -> None:
         super().__init__(
-            _SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=acquire_timeout_s)
+            _SCHEMA.postgres(
+                url,
+                pool_max_size=pool_max_size,
+                acquire_timeout_s=acquire_timeout_s,
+                report_outages=report_outages,
+            )
         )

@@ -107,14 +107,13 @@ class PgListener:
 
     async def _run(self) -> None:
         delay_s = self._retry_initial_s
-        num_failures = 0
         while True:
             try:
                 await self._listen()
             except PG_UNREACHABLE as exc:
-                # NOTE: said once per outage; the retries after it are debug lines.
-                log.log(
-                    logging.WARNING if num_failures == 0 or self._listening else logging.DEBUG,
+                # NOTE: a debug line: an outage is the registry store's pool to report, once each way
+                # (sluice.outages); meanwhile waiters poll, so nothing waits on this connection.
+                log.debug(
                     "registry: LISTEN connection to %s lost or refused (%s); polling until it is back",
                     describe_pg_url(self._url),
                     " ".join(str(exc).split())[:200],
@@ -122,9 +121,11 @@ class PgListener:
             except Exception:
                 log.exception("registry: LISTEN connection failed for a reason other than reachability")
             if self._listening:  # it was up: a fresh outage starts the backoff again
-                delay_s, num_failures = self._retry_initial_s, 0
-            self._listening = False
-            num_failures += 1
+                delay_s = self._retry_initial_s
+                self._listening = False
+                # NOTE: waiters sleep up to the listening check interval (seconds): woken now, they
+                # read the generation and go on polling, so a change is not waited for past that
+                self._signal.notify()
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, self._retry_max_s)
 

@@ -28,7 +28,7 @@ class PostgresRegistry(SqlRegistry):
         poll_interval_s: float = 0.2,
         listen_check_interval_s: float = 5.0,
         listen_retry_initial_s: float = 0.5,
-        listen_retry_max_s: float = 30.0,
+        listen_retry_max_s: float = 5.0,
     ) -> None:
         super().__init__(
             SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=pool_acquire_timeout_s),

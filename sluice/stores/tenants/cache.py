@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.domain import Tenant
+from sluice.outages import OutageLog
 from sluice.stores.tenants.base import TenantStore, TenantStoreUnavailable, hash_key
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class CachedTenantResolver:
         self._unknown: OrderedDict[str, float] = OrderedDict()  # key hash -> read_at_s of "not found"
         self._in_flight: dict[str, asyncio.Task[_Answer]] = {}  # key hash -> its one store query
         self._lookups = asyncio.Semaphore(limits.max_concurrent_lookups)
-        self._down_since_s: float | None = None  # None: the store answers
+        self._outage = OutageLog(log, "tenant store", clock=clock)
         self._next_probe_s = 0.0
         self._num_stale = 0  # during the current outage, for its recovery log line
 
@@ -109,11 +110,11 @@ class CachedTenantResolver:
         if unknown_at_s is not None and now_s - unknown_at_s < self._unknown_ttl_s:
             return None
         task = self._in_flight.get(digest)
-        if task is None and (self._down_since_s is None or self._take_probe(now_s)):
+        if task is None and (not self._outage.is_down or self._take_probe(now_s)):
             task = self._start_lookup(api_key, digest)
         # NOTE: during an outage a known key is answered now, even while a probe runs: only keys without a
         # last good view wait for one.
-        if self._down_since_s is not None and (stale := self._stale_view(digest)) is not None:
+        if self._outage.is_down and (stale := self._stale_view(digest)) is not None:
             return stale
         if task is None:
             raise self._unavailable()
@@ -141,14 +142,14 @@ class CachedTenantResolver:
 
     @property
     def store_down(self) -> bool:
-        return self._down_since_s is not None
+        return self._outage.is_down
 
     @property
     def _unknown_ttl_s(self) -> float:
         return min(self._limits.unknown_ttl_s, self._limits.ttl_s)
 
     def _start_lookup(self, api_key: str, digest: str) -> asyncio.Task[_Answer]:
-        task = asyncio.create_task(self._lookup(api_key, digest, probe=self._down_since_s is not None))
+        task = asyncio.create_task(self._lookup(api_key, digest, probe=self._outage.is_down))
         self._in_flight[digest] = task
         task.add_done_callback(lambda _task: self._in_flight.pop(digest, None))
         return task
@@ -156,7 +157,7 @@ class CachedTenantResolver:
     async def _lookup(self, api_key: str, digest: str, *, probe: bool) -> _Answer:
         """One store query for this key (the shared task's body); records what it learns."""
         async with self._lookups:
-            if self._down_since_s is not None and not probe:
+            if self._outage.is_down and not probe:
                 # The outage began while this lookup waited for a slot: only probes go to the store.
                 return TenantStoreUnavailable("the tenant store is down")
             read_at_s = self._clock()
@@ -216,27 +217,16 @@ class CachedTenantResolver:
     def _note_down(self, exc: BaseException) -> None:
         now_s = self._clock()
         self._next_probe_s = now_s + self._limits.probe_interval_s
-        if self._down_since_s is not None:
+        if self._outage.is_down:
             return
-        self._down_since_s = now_s
         self._num_stale = 0
         self._on_store_down(True)
-        log.warning(
-            "tenant store unavailable (%s): serving keys seen in the last %g s from the cache, refusing "
-            "others with 503; probing every %g s",
+        self._outage.down(
             exc,
-            self._limits.stale_max_s,
-            self._limits.probe_interval_s,
+            f"serving keys seen in the last {self._limits.stale_max_s:g} s from the cache, refusing others "
+            f"with 503; probing every {self._limits.probe_interval_s:g} s",
         )
 
     def _note_up(self) -> None:
-        if self._down_since_s is None:
-            return
-        down_for_s = self._clock() - self._down_since_s
-        self._down_since_s = None
-        self._on_store_down(False)
-        log.warning(
-            "tenant store available again after %.1f s (%d requests served from stale entries)",
-            down_for_s,
-            self._num_stale,
-        )
+        if self._outage.up(f"{self._num_stale} requests served from stale entries") is not None:
+            self._on_store_down(False)

@@ -219,12 +219,16 @@ _SCHEMA = StoreSchema("tenant store", "tenants", COMPONENT, MIGRATIONS, TenantSt
 class SqliteTenantStore(SqlTenantStore):
     """The embedded tenant store: tables in the same SQLite file as the ledger."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(_SCHEMA.sqlite(path))
+    def __init__(self, path: Path, *, report_outages: bool = True) -> None:
+        super().__init__(_SCHEMA.sqlite(path, report_outages=report_outages))
 
 
 class PostgresTenantStore(SqlTenantStore):
     """The production tenant store: PostgreSQL through a psycopg async connection pool."""
 
-    def __init__(self, url: str, *, pool_max_size: int = 5) -> None:
-        super().__init__(_SCHEMA.postgres(url, pool_max_size=pool_max_size, acquire_timeout_s=30.0))
+    def __init__(self, url: str, *, pool_max_size: int = 5, report_outages: bool = True) -> None:
+        super().__init__(
+            _SCHEMA.postgres(
+                url, pool_max_size=pool_max_size, acquire_timeout_s=30.0, report_outages=report_outages
+            )
+        )
