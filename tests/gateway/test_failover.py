@@ -97,10 +97,13 @@ def fleet(database: str, dev_checkpoint: Path, tmp_path: Path) -> Iterator[Fleet
     thread.start()
     registry = PostgresRegistry(database, pool_max_size=3)
     # NOTE: a probe waits behind the busy replica's running sequences: a generous timeout, so only the
-    # dead replica fails its checks.
+    # dead replica fails its checks. The liveness check's timeout outlasts the test's freeze attempts
+    # (2 s, _freeze_a_busy_replica): a replica frozen while the test looks for the right moment, then let
+    # go, must not be failed meanwhile (under a loaded suite it was, and no replica was left to freeze).
     health = HealthChecker(
-        ReplicaStates(registry), CollectorRegistry(), interval_s=HEALTH_INTERVAL_S, probe_timeout_s=20.0
-    )
+        ReplicaStates(registry), CollectorRegistry(), interval_s=HEALTH_INTERVAL_S,
+        check_timeout_s=4.0, probe_timeout_s=20.0,
+    )  # fmt: skip
     servers: dict[str, TritonServer] = {}
     gateway = None
 
@@ -199,6 +202,7 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
     """
     scheduler = fleet.gateway.gw.router.pools.scheduler(MODEL, "1")
     assert scheduler is not None
+    tried: list[tuple[str, tuple[int, int]]] = []  # (replica, what the gateway held on it when let go)
     while time.monotonic() < deadline_s:
         producing = [rid for rid, server in fleet.servers.items() if _producing(server)]
         if not producing:
@@ -222,7 +226,10 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
             elif time.monotonic() - settled_s >= 0.3 and held[0] >= 1 and held[1] >= 1:
                 return replica_id
         os.killpg(server.pid, signal.SIGCONT)  # its streams ended or none waits on it: look again
-    raise AssertionError("no replica could be frozen with a stream producing and a request waiting on it")
+        tried.append((replica_id, held))
+    raise AssertionError(
+        f"no replica could be frozen with a stream producing and a request waiting on it; tried {tried}"
+    )
 
 
 def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> None:
