@@ -6,7 +6,8 @@ written is counted instead (``QuietedLines``, exported by each service as
 ``sluice_quieted_log_lines_total{logger}``): psycopg_pool writes two WARNINGs for every failed reconnect
 and every connection it discards during a database outage (hundreds per outage), where Sluice's stores say
 once when an outage starts and once when it ends; uvicorn writes a bare "Exceeded concurrency limit." per
-connection refused past ``limit_concurrency`` (the gateway answers those with its own 503 and counts them).
+connection refused past ``limit_concurrency`` (the gateway answers those with its own 503 and counts them);
+psycopg writes two WARNINGs for each query an outage interrupts (it cannot reach the server to cancel it).
 Their errors still show.
 """
 
@@ -24,6 +25,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Libraries that log each call at INFO: httpx logs every replica metrics read and every classifier call.
 _CHATTY_LOGGERS = ("httpx", "httpcore")
 _POOL_LOGGER = "psycopg.pool"
+_DRIVER_LOGGER = "psycopg"
 _UVICORN_LOGGER = "uvicorn.error"
 
 _quieted: Counter[str] = Counter()
@@ -48,6 +50,9 @@ class _Quiet(logging.Filter):
 
 _FILTERS = (
     (_POOL_LOGGER, _Quiet(_POOL_LOGGER)),
+    # a query interrupted by an outage's start (its caller refused at once): psycopg tries to cancel it
+    # on the server it cannot reach, and says so twice per connection
+    (_DRIVER_LOGGER, _Quiet(_DRIVER_LOGGER, "query cancellation")),
     (_UVICORN_LOGGER, _Quiet(_UVICORN_LOGGER, "Exceeded concurrency limit")),
 )
 

@@ -248,20 +248,10 @@ async def open_pg_pool(
     name: str,
     acquire_timeout_s: float = 30.0,
     open_timeout_s: float = 10.0,
-    on_check_failure: Callable[[Exception], None] | None = None,
 ) -> AsyncConnectionPool:
     """An opened pool of autocommit connections; fails here (not on first use) if the server is not there
     within ``open_timeout_s``. Waiting for a connection longer than ``acquire_timeout_s`` raises
-    ``PoolTimeout``. ``on_check_failure`` hears of each connection that fails its check before use (the
-    pool replaces it without telling the caller)."""
-
-    async def check(conn: psycopg.AsyncConnection) -> None:
-        try:
-            await AsyncConnectionPool.check_connection(conn)
-        except Exception as exc:
-            if on_check_failure is not None:
-                on_check_failure(exc)
-            raise
+    ``PoolTimeout``. Connections are handed out unchecked: ``MigratedPgPool`` checks each itself."""
 
     # NOTE: one direct connection first. A server that refuses, a wrong database or password fails here at
     # once with the driver's reason; the pool would retry quietly until open_timeout_s ran out and say only
@@ -276,10 +266,6 @@ async def open_pg_pool(
         name=name,
         timeout=acquire_timeout_s,
         kwargs={"autocommit": True},
-        # NOTE: every connection is checked (a round trip) before it is handed out: one that died while
-        # it sat idle (an outage that has since ended) is replaced by a fresh one instead of failing the
-        # caller, which would declare an outage of its own while the server is up (issue 26).
-        check=check,
     )
     try:
         await pool.open(wait=True, timeout=open_timeout_s)
@@ -464,7 +450,7 @@ class MigratedPgPool:
             async with asyncio.timeout(None) as waiting:
                 self._waits.add(waiting)
                 try:
-                    return await pool.getconn()
+                    return await self._checked_connection(pool)
                 finally:
                     self._waits.discard(waiting)
         except TimeoutError as exc:  # cut by the outage's start
@@ -474,6 +460,28 @@ class MigratedPgPool:
             raise unavailable(self._down_error() if self._outage.is_down else exc) from exc
         finally:
             slow.cancel()
+
+    async def _checked_connection(self, pool: AsyncConnectionPool) -> psycopg.AsyncConnection:
+        """A pooled connection that answered a round trip just now.
+
+        NOTE: one that died while it sat idle (an outage that has since ended) is given back, to be
+        replaced, and the next taken at once: psycopg_pool's own ``check=`` sleeps 1 s, then 2 s, ...
+        between dead connections, so a caller meeting several after an outage waited seconds (and the
+        usage meter's 2 s write timeout declared a new outage while the server was up). Each failure is
+        still evidence to probe the server with (``_check_failed``); the caller's wait is bounded as
+        ever, by the pool's acquire timeout or the outage's start."""
+        while True:
+            conn = await pool.getconn()
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except PG_UNREACHABLE as exc:
+                await pool.putconn(conn)  # broken: the pool closes it and opens another
+                self._check_failed(exc)
+                continue
+            except BaseException:
+                await pool.putconn(conn)
+                raise
+            return conn
 
     def _down_error(self) -> psycopg.OperationalError:
         down_s = self._outage.down_for_s
@@ -526,7 +534,6 @@ class MigratedPgPool:
                         fresh = await open_pg_pool(
                             self._url, max_size=self._max_size, name=self._name,
                             acquire_timeout_s=self._acquire_timeout_s, open_timeout_s=2.0,
-                            on_check_failure=self._check_failed,
                         )  # fmt: skip
                     except PG_UNREACHABLE as exc:
                         self._last_error = _one_line(exc)
@@ -546,7 +553,6 @@ class MigratedPgPool:
             name=self._name,
             acquire_timeout_s=self._acquire_timeout_s,
             open_timeout_s=open_timeout_s,
-            on_check_failure=self._check_failed,
         )
         try:
             await apply_pg_migrations(pool, self._component, self._migrations)

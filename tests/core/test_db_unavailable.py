@@ -4,6 +4,7 @@ suites check the same through each store; this pins the rule itself."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
@@ -12,6 +13,8 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from pg import through_proxy
+from tcp_proxy import ProxyThread
 
 from sluice.stores.db import MigratedPgPool, Migration, SqliteDb, apply_sqlite_migrations
 
@@ -95,3 +98,31 @@ def test_code_rolled_back_runs_on_the_newer_schema_and_says_so(
         conn.execute("INSERT INTO t (a) VALUES (1)")  # what it writes still fits
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "migrations [2] that this code does not know (it knows 1..1)" in warning
+
+
+async def test_connections_that_died_idle_through_an_outage_are_replaced_without_waiting(
+    database: str, pg_proxy: ProxyThread
+) -> None:
+    """After an outage every connection the pool held is dead: the next caller is handed a working one
+    at once, and no outage is declared (psycopg_pool's own ``check=`` slept 1 s, then 2 s, between dead
+    connections: 3 s for the third, past the usage meter's 2 s write timeout)."""
+    store = MigratedPgPool(
+        through_proxy(database, pg_proxy.port), max_size=4, name="test", component="test", migrations=[]
+    )
+    await store.open()
+    try:
+
+        async def hold() -> None:  # four callers at once: the pool holds four connections
+            async with store.connection_or(_down) as conn:
+                await conn.execute("SELECT pg_sleep(0.2)")
+
+        await asyncio.gather(*(hold() for _ in range(4)))
+        await asyncio.to_thread(pg_proxy.cut)
+        await asyncio.to_thread(pg_proxy.restore)
+        began = time.monotonic()
+        async with store.connection_or(_down) as conn:
+            assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+        assert time.monotonic() - began < 0.5
+        assert not store.is_down
+    finally:
+        await store.close()
