@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +50,7 @@ DEV_VERSION = "1"  # the repository `make repository` renders serves Triton vers
 DEV_REPLICA_ID = "local-1"
 ACTOR = "devstack"
 CONTROL_PLANE_START_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0  # from the gateway's start to its /readyz, before make run says it is waiting
 CONTROL_PLANE_STOP_TIMEOUT_S = 30.0  # it stops its own replicas first
 
 
@@ -183,6 +185,23 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _announce_when_ready(base_url: str, text: str) -> None:
+    """Print the banner once the gateway routes the dev model (its /readyz answers 200: a registry snapshot
+    read and local-1 verified by the control plane), so the curl it shows works the moment it shows. It
+    was printed before the gateway listened: the first requests were refused, then 503 for a second or
+    two. Said once if that takes longer than ``READY_TIMEOUT_S``; printed whenever it comes."""
+    deadline: float | None = time.monotonic() + READY_TIMEOUT_S
+    while not _answers(f"{base_url}/readyz"):
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning(
+                "the gateway is not ready %g s after start (the lines above say why); waiting",
+                READY_TIMEOUT_S,
+            )
+            deadline = None
+        time.sleep(0.1)
+    print(text, file=sys.stderr, flush=True)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it if we die (as ``replicas.launcher`` does for Triton)."""
     if sys.platform.startswith("linux"):
@@ -230,7 +249,7 @@ def _while_up(settings: Settings, triton: TritonServer, admin_token: str | None)
         control_plane.start()
         base_url = f"http://{settings.gateway_host}:{settings.gateway_port}"
         text = banner(base_url, settings.model_name, settings.dev_tenants, control_plane.url, admin_token)
-        print(text, file=sys.stderr, flush=True)
+        threading.Thread(target=_announce_when_ready, args=(base_url, text), daemon=True).start()
         # uvicorn's own start-up lines would repeat the banner: only its warnings and errors.
         serve(create_app(settings), settings, uvicorn_log_level="warning")
         return 0

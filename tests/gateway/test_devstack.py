@@ -13,11 +13,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import openai
@@ -57,17 +57,21 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     marker = str(tmp_path / "state")  # in the tritonserver's and the stub's command lines
+    assert proc.stderr is not None
+    stderr_lines: list[str] = []
+    announced = threading.Event()
+
+    def read_stderr(stream: IO[str]) -> None:
+        for line in stream:
+            stderr_lines.append(line)
+            if line.startswith("Sluice is up"):
+                announced.set()
+
+    reader = threading.Thread(target=read_stderr, args=(proc.stderr,), daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{gateway}/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            raise AssertionError("the dev stack did not become ready")
+        assert announced.wait(90), "the dev stack did not say it is up"
+        # a new user's first request, the moment the banner shows: answered (it was refused, then 503)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="sk-acme-dev")
         reply = client.chat.completions.create(
             model="sluice-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
@@ -108,8 +112,8 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        assert proc.stderr is not None
-        banner = proc.stderr.read()
+        reader.join(10)
+        banner = "".join(stderr_lines)
     assert "sk-acme-dev" in banner and "sk-globex-dev" in banner and "curl" in banner
     assert f"control plane (admin API): http://127.0.0.1:{control_plane}/admin/v1" in banner
     assert f"dev admin token (platform-admin): {DEV_ADMIN_TOKEN}" in banner
