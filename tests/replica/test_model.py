@@ -381,10 +381,15 @@ def test_a_cancelled_request_is_aborted_within_a_step(model: Any) -> None:
         time.sleep(0.005)
     assert request.sender.token_ids(), "the request never started"
     steps_at_cancel = model._engine.stats().num_steps_total
+    cancelled_s = time.monotonic()
     request.cancelled = True
     wait_final(request, 2.0)
-    # One step to notice, one to apply the abort; slack for a sender thread starved of the GIL.
-    assert model._engine.stats().num_steps_total - steps_at_cancel <= 5
+    took_s = time.monotonic() - cancelled_s
+    num_steps = model._engine.stats().num_steps_total - steps_at_cancel
+    # One step to notice, one to apply the abort; slack for a sender thread starved of the GIL. On a fast
+    # CPU (a step of ~2 ms) a loaded suite's thread scheduling is worth several steps: then it is bounded
+    # in time (the whole request would take over a second).
+    assert num_steps <= 5 or took_s < 0.1, (num_steps, took_s)
     assert request.sender.sent[-1] == (None, FINAL)
     assert sum(len(c) for c in request.sender.token_ids()) < 500
     assert request.num_cancel_checks > 1
