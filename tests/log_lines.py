@@ -6,7 +6,7 @@ an in-process server's set-up) may replace others."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 
@@ -38,3 +38,14 @@ def shown_log_lines() -> Iterator[ShownLines]:
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+def outage_levels(lines: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """The levels of the outage lines (``sluice.outages``: ``<what> unavailable (...)`` when one starts,
+    ``<what> available again after N s`` when it ends) among ``(level, message)`` pairs, by ``<what>``."""
+    by_what: dict[str, list[str]] = {}
+    for level, message in lines:
+        for marker in (" unavailable (", " available again after "):
+            if marker in message:
+                by_what.setdefault(message.split(marker)[0], []).append(level)
+    return by_what

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 from control_plane_process import RunningControlPlane, running_control_plane
+from log_lines import outage_levels
 from pg import through_proxy
 from tcp_proxy import ProxyThread
 
@@ -32,17 +33,9 @@ def _get_replicas(service: RunningControlPlane) -> tuple[int, float, str]:
 
 
 def _outage_lines(log: str) -> dict[str, list[str]]:
-    """The levels of the outage lines in ``log`` (``... unavailable (...)`` / ``... available again
-    after``), by what they are about."""
-    by_what: dict[str, list[str]] = {}
-    for line in log.splitlines():
-        match = _LINE.match(line)
-        if match is None or match["level"] == "DEBUG":
-            continue
-        for marker in (" unavailable (", " available again after "):
-            if marker in match["message"]:
-                by_what.setdefault(match["message"].split(marker)[0], []).append(match["level"])
-    return by_what
+    """The outage lines' levels in the service's log text, by what they are about."""
+    matches = (_LINE.match(line) for line in log.splitlines())
+    return outage_levels((m["level"], m["message"]) for m in matches if m and m["level"] != "DEBUG")
 
 
 def test_the_first_admin_call_after_a_restore_is_answered_and_the_outage_is_said_once_each_way(

@@ -13,7 +13,7 @@ from typing import cast
 
 from fakes import ScriptedFakeEngine
 from harness import ACME_KEY, MODEL, RunningGateway, start_gateway, wait_until
-from log_lines import ShownLines, shown_log_lines
+from log_lines import ShownLines, outage_levels, shown_log_lines
 from pg import through_proxy
 from tcp_proxy import ProxyThread
 
@@ -98,14 +98,7 @@ def _timed_get(gateway: RunningGateway, path: str, api_key: str = ACME_KEY) -> t
 
 
 def _outage_lines(shown: ShownLines) -> dict[str, list[str]]:
-    """The levels of the outage lines shown (``... unavailable (...)`` / ``... available again after``), by
-    what they are about (the text before " unavailable" / " available again")."""
-    by_what: dict[str, list[str]] = {}
-    for level, _, message in shown.lines():
-        for marker in (" unavailable (", " available again after "):
-            if marker in message:
-                by_what.setdefault(message.split(marker)[0], []).append(level)
-    return by_what
+    return outage_levels((level, message) for level, _, message in shown.lines())
 
 
 def test_after_an_outage_each_store_is_back_within_2_s_refuses_at_once_and_says_it_once_each_way(
