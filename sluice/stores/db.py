@@ -440,9 +440,9 @@ class MigratedPgPool:
     ) -> psycopg.AsyncConnection:
         """A connection from ``pool``, or ``unavailable`` as soon as the store is found down.
 
-        NOTE: psycopg_pool fails the callers waiting when the pool closes, but not one between two checks
-        of a dead connection (it queues again on the closed pool and waits out its acquire timeout): so
-        each wait is a deadline the outage's start moves to now (``_cut_waits``)."""
+        NOTE: closing the pool fails the callers queued for a connection, but not one in the middle of
+        checking one, which on a half-open socket waits as long as TCP does: so each wait is a deadline
+        the outage's start moves to now (``_cut_waits``)."""
         loop = asyncio.get_running_loop()
         # a connection slow to come (the pool may be waiting on a dead server) is a reason to look too
         slow = loop.call_later(self._probe_interval_s, self._suspect, pool, None)
