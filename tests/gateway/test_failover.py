@@ -253,9 +253,11 @@ def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> 
     errored = [o for o in outcomes if o.error is not None]
     completed = [o for o in outcomes if o.error is None]
     assert all(o.finish_reason == "length" and o.usage_tokens == MAX_TOKENS for o in completed), completed
-    # Streams producing on the dead replica end with an error event after their text, which the SDK raises
-    # (one whose tokens had made no text yet gets a 503 instead: no event had been sent).
-    assert any(o.first_token_s is not None for o in errored), errored
+    # Streams producing on the dead replica end with an error: an event after their text, which the SDK
+    # raises, or, for one whose tokens had made no text yet (held back, e.g. the start of a multi-byte
+    # character), no event had been sent: a 500 engine_error (seen once in a loaded suite).
+    assert errored, "no stream producing on the dead replica failed"
+    assert all(o.first_token_s is not None or "engine_error" in (o.error or "") for o in errored), errored
 
     # Written in each request's ``finally``, the usage row last: maybe just after its response ended.
     wait_until(lambda: len(_ledger(fleet.database)) >= NUM_STREAMS, 10, "every request's usage row")
