@@ -430,8 +430,7 @@ class MigratedPgPool:
         try:
             yield conn
         except PG_UNREACHABLE as exc:
-            self._suspect(pool, exc)
-            raise unavailable(self._down_error() if self._outage.is_down else exc) from exc
+            raise unavailable(self._unreachable(pool, exc)) from exc
         finally:
             await pool.putconn(conn)
 
@@ -456,8 +455,7 @@ class MigratedPgPool:
         except TimeoutError as exc:  # cut by the outage's start
             raise unavailable(self._down_error()) from exc
         except PG_UNREACHABLE as exc:
-            self._suspect(pool, exc)
-            raise unavailable(self._down_error() if self._outage.is_down else exc) from exc
+            raise unavailable(self._unreachable(pool, exc)) from exc
         finally:
             slow.cancel()
 
@@ -468,7 +466,7 @@ class MigratedPgPool:
         replaced, and the next taken at once: psycopg_pool's own ``check=`` sleeps 1 s, then 2 s, ...
         between dead connections, so a caller meeting several after an outage waited seconds (and the
         usage meter's 2 s write timeout declared a new outage while the server was up). Each failure is
-        still evidence to probe the server with (``_check_failed``); the caller's wait is bounded as
+        still evidence to probe the server with (``_suspect``); the caller's wait is bounded as
         ever, by the pool's acquire timeout or the outage's start."""
         while True:
             conn = await pool.getconn()
@@ -476,12 +474,18 @@ class MigratedPgPool:
                 await AsyncConnectionPool.check_connection(conn)
             except PG_UNREACHABLE as exc:
                 await pool.putconn(conn)  # broken: the pool closes it and opens another
-                self._check_failed(exc)
+                self._suspect(pool, exc)
                 continue
             except BaseException:
                 await pool.putconn(conn)
                 raise
             return conn
+
+    def _unreachable(self, pool: AsyncConnectionPool, exc: Exception) -> Exception:
+        """What a caller whose connection failed as unreachable is refused with: the outage, once the
+        probe this starts has found the server gone, else the connection's own error."""
+        self._suspect(pool, exc)
+        return self._down_error() if self._outage.is_down else exc
 
     def _down_error(self) -> psycopg.OperationalError:
         down_s = self._outage.down_for_s
@@ -492,11 +496,6 @@ class MigratedPgPool:
         now = asyncio.get_running_loop().time()
         for waiting in self._waits:
             waiting.reschedule(now)
-
-    def _check_failed(self, exc: Exception) -> None:
-        """A pooled connection failed its check before use (the pool takes another, the caller waits)."""
-        if self._pool is not None:
-            self._suspect(self._pool, exc)
 
     def _suspect(self, pool: AsyncConnectionPool, exc: BaseException | None) -> None:
         """A connection failed as unreachable (or was slow to come): find out whether the server is, in

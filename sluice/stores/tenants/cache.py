@@ -215,17 +215,14 @@ class CachedTenantResolver:
         return True
 
     def _note_down(self, exc: BaseException) -> None:
-        now_s = self._clock()
-        self._next_probe_s = now_s + self._limits.probe_interval_s
-        if self._outage.is_down:
-            return
-        self._num_stale = 0
-        self._on_store_down(True)
-        self._outage.down(
-            exc,
+        self._next_probe_s = self._clock() + self._limits.probe_interval_s
+        meanwhile = (
             f"serving keys seen in the last {self._limits.stale_max_s:g} s from the cache, refusing others "
-            f"with 503; probing every {self._limits.probe_interval_s:g} s",
+            f"with 503; probing every {self._limits.probe_interval_s:g} s"
         )
+        if self._outage.down(exc, meanwhile):
+            self._num_stale = 0
+            self._on_store_down(True)
 
     def _note_up(self) -> None:
         if self._outage.up(f"{self._num_stale} requests served from stale entries") is not None:
