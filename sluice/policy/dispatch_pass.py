@@ -83,11 +83,12 @@ class DispatchPass(Generic[T]):
                 return None
             in_flight = num_in_flight[head.request_class]
             tolerance = self.fair_share_tolerance
+            waiting = self.queue.waiting_tenants(head.request_class) if self.share_aware else {}
             over_share = self.share_aware and over_fair_share(
-                head.tenant_id, head.weight, in_flight, weights, tolerance
+                head.tenant_id, head.weight, in_flight, weights, tolerance, waiting=waiting
             )
             holds_share = self.share_aware and over_fair_share(
-                head.tenant_id, head.weight, in_flight, weights, tolerance, NEWCOMER_WEIGHT
+                head.tenant_id, head.weight, in_flight, weights, tolerance, NEWCOMER_WEIGHT, waiting
             )
             head_standing = standing(head.request_class, over_share)
             priority = engine_priority(head.request_class, holds_share)

@@ -208,6 +208,13 @@ class FairQueue(Generic[T]):
             return len(self._by_id)
         return self._classes[request_class].num_waiting
 
+    def waiting_tenants(self, request_class: RequestClass) -> dict[str, float]:
+        """The tenants with a request of ``request_class`` waiting, and their weights."""
+        queue = self._classes[request_class]
+        if self.fair:
+            return {t: queue.weights[t] for t, line in queue.lines.items() if line}
+        return {e.tenant_id: e.weight for line in queue.lines.values() for e in line}
+
     def counter(self, tenant_id: str, request_class: RequestClass) -> float:
         return self._classes[request_class].counters.get(self._line(tenant_id), 0.0)
 

@@ -43,10 +43,16 @@ def over_fair_share(
     weights: Mapping[str, float],
     tolerance: float = 0.25,
     newcomer_weight: float = 0.0,
+    waiting: Mapping[str, float] | None = None,
 ) -> bool:
     """True if, with one more request, ``tenant_id`` would hold more than ``1 + tolerance`` times its
-    weighted share of all requests in flight (shares among tenants with something in flight, this one
-    included). ``weights`` holds the other tenants' weights (1.0 if missing).
+    weighted share of all requests in flight (shares among tenants with something in flight or waiting,
+    this one included). ``weights`` holds the other tenants' weights (1.0 if missing).
+
+    ``waiting``: the tenants with requests queued, and their weights. A tenant waiting is owed its share
+    though it holds nothing yet: without it, a flood that holds every slot looks alone the moment a quiet
+    tenant's last request ends, takes the full limits again, and the quiet tenant's next request (tied
+    with the flood in the fair queue, and behind its older head) waits for one of the flood's to end.
 
     ``newcomer_weight`` > 0 counts one more tenant of that weight with one request in flight: the share
     the tenant would keep if someone else arrived now. A tenant alone is never over its share, but it
@@ -54,10 +60,10 @@ def over_fair_share(
     may take it back for a newcomer (``dispatch.engine_priority``)."""
     own = num_in_flight.get(tenant_id, 0)
     total = sum(num_in_flight.values()) + 1 + (1 if newcomer_weight > 0 else 0)
-    active_weight = (
-        weight
-        + newcomer_weight
-        + sum(weights.get(t, 1.0) for t, n in num_in_flight.items() if n > 0 and t != tenant_id)
-    )
+    others = {t: weights.get(t, 1.0) for t, n in num_in_flight.items() if n > 0 and t != tenant_id}
+    for t, w in (waiting or {}).items():
+        if t != tenant_id:
+            others.setdefault(t, w)
+    active_weight = weight + newcomer_weight + sum(others.values())
     fair = total * weight / active_weight
     return own + 1 > fair * (1 + tolerance)

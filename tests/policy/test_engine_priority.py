@@ -70,9 +70,9 @@ def test_work_that_yields_leaves_waiting_places_free() -> None:
     assert DispatchConfig(max_waiting_per_replica=1).max_waiting(Standing.OVER_SHARE) == 1
 
 
-def entry(request_id: str, tenant: str) -> QueueEntry[None]:
+def entry(request_id: str, tenant: str, arrival_s: float = 0.0) -> QueueEntry[None]:
     return QueueEntry(
-        WaitingRequest(request_id, tenant, 1.0, RequestClass.INTERACTIVE, 10, 100, 0.0, 1e9), None
+        WaitingRequest(request_id, tenant, 1.0, RequestClass.INTERACTIVE, 10, 100, arrival_s, 1e9), None
     )
 
 
@@ -90,3 +90,29 @@ def test_the_pass_hands_out_the_priority_it_judged_the_standing_by() -> None:
         queue.take(placed.entry, 0.0)
         placements.append((placed.entry.tenant_id, placed.priority))
     assert sorted(placements) == [("acme", UNDER), ("globex", OVER)]
+
+
+def test_a_tenant_waiting_with_nothing_in_flight_is_owed_its_share() -> None:
+    """The flood holds the whole running cap and looks alone the moment the quiet tenant's last request
+    ends; the quiet tenant's next request ties with the flood in the fair queue, behind its older head.
+    Counted as active while it waits, it makes the flood's head yield, and goes now instead of after one
+    of the flood's requests ends."""
+    queue: FairQueue[None] = FairQueue()
+    in_flight = InFlight()
+    for _ in range(10):
+        in_flight.add(RequestClass.INTERACTIVE, "globex")
+    queue.push(entry("g", "globex", arrival_s=0.0))
+    queue.push(entry("a", "acme", arrival_s=1.0))
+    assert queue.waiting_tenants(RequestClass.INTERACTIVE) == {"globex": 1.0, "acme": 1.0}
+    borrowed = (PriorityLoad(), PriorityLoad(10, 0, 1_100), PriorityLoad())
+    full = ReplicaLoad("r", 8_000, 10_000, 0, 10, itl_ms=10.0, by_priority=borrowed, running_cap=10)
+    dispatch = DispatchPass(queue, 2.0, DISPATCH, lambda e: 0.0, 0.25)
+    placed = dispatch.next([full], in_flight, {})
+    assert placed is not None and (placed.entry.tenant_id, placed.priority) == ("acme", UNDER)
+    queue.take(placed.entry, 2.0)
+    in_flight.add(RequestClass.INTERACTIVE, "acme")
+    assert dispatch.next([full], in_flight, {}) is None  # the flood's head waits for its own room
+    # Without the waiting tenant the flood is alone: its head takes the full limits, fails, ends the pass.
+    assert not over_fair_share("globex", 1.0, {"globex": 10}, {}, 0.25)
+    assert over_fair_share("globex", 1.0, {"globex": 10}, {}, 0.25, waiting={"acme": 1.0})
+    assert not over_fair_share("globex", 1.0, {"globex": 10}, {}, 0.25, waiting={"globex": 1.0})
