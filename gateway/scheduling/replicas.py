@@ -47,6 +47,10 @@ class Slot:
     # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
     priority: EnginePriority = EnginePriority.UNDER_SHARE
     has_first_token: bool = False
+    # Another tenant's work of a higher priority shares the replica, so the replica sends this stream at
+    # most once per its yield interval (the CPU engine's ``YieldPacer``): its gaps are the replica's
+    # choice, not its pace, and do not count towards its inter-token latency. Kept by ``ReplicaView``.
+    paced: bool = False
 
     @property
     def request_id(self) -> str:
@@ -117,6 +121,26 @@ class ReplicaView:
             self.suspend(time.monotonic(), suspension_s)
         return ready
 
+    # ----- the requests it holds -----
+    def add(self, slot: Slot) -> None:
+        self.slots[slot.request_id] = slot
+        self._mark_paced()
+
+    def remove(self, request_id: str) -> Slot | None:
+        slot = self.slots.pop(request_id, None)
+        if slot is not None:
+            self._mark_paced()
+        return slot
+
+    def _mark_paced(self) -> None:
+        """``Slot.paced`` by the replica's own rule: a stream is held while another tenant has live work
+        of a higher priority (lower number). Once per dispatch and release, not per token."""
+        top: dict[str, int] = {}  # tenant -> the highest priority it has live
+        for slot in self.slots.values():
+            top[slot.tenant_id] = min(top.get(slot.tenant_id, slot.priority), slot.priority)
+        for slot in self.slots.values():
+            slot.paced = any(p < slot.priority for t, p in top.items() if t != slot.tenant_id)
+
     # ----- load -----
     def load(self, key: str) -> ReplicaLoad:
         """The replica's load for the dispatch policy: its last read, corrected by what this gateway
@@ -142,8 +166,8 @@ class ReplicaView:
         )
 
     def observe_gap(self, gap_s: float, num_tokens: int) -> bool:
-        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests. True when
-        the running cap grew (the caller may dispatch more).
+        """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests (not a paced
+        one: ``Slot.paced``). True when the running cap grew (the caller may dispatch more).
 
         NOTE: the gap itself, not the gap per token: a replica that sends a stream's tokens together once
         per send budget is as smooth as its gaps, and the target is the gap a client waits."""

@@ -278,7 +278,7 @@ class ModelScheduler:
         self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
         view = self._replicas.get(slot.replica_key)
         grew = False
-        if view is not None and gap_s is not None and num_tokens > 0:
+        if view is not None and gap_s is not None and num_tokens > 0 and not slot.paced:
             grew = view.observe_gap(gap_s, num_tokens)
         if not slot.has_first_token:
             slot.has_first_token = True
@@ -289,7 +289,7 @@ class ModelScheduler:
     def release(self, slot: Slot) -> None:
         """The request ended (however): its claim on the replica goes."""
         view = self._replicas.get(slot.replica_key)
-        if view is not None and view.slots.pop(slot.request_id, None) is not None:
+        if view is not None and view.remove(slot.request_id) is not None:
             self._num_in_flight.remove(slot.request_class, slot.tenant_id)
             self._forget_if_drained(slot.replica_key)
             self._dispatch_pass(time.monotonic())
@@ -330,7 +330,7 @@ class ModelScheduler:
             key = placed.replica.replica_id
             view = self._replicas[key]
             slot = Slot(head.request, now, view.engine, key, placed.priority)
-            view.slots[slot.request_id] = slot
+            view.add(slot)
             self._num_in_flight.add(head.request_class, head.tenant_id)
             self._weights[head.tenant_id] = head.weight
             view.dispatched_kv_tokens_since_read += slot.kv_tokens
