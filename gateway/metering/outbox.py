@@ -71,7 +71,8 @@ class _Op:
 
 class Outbox:
     """``open()`` → the pending records a previous process left (those it left open: ``gateway_lost``);
-    ``append_open(rec)`` → a running request's seq, once durable; ``checkpoint(seq, ...)`` while it runs;
+    ``append_open(rec)`` → a running request's seq, once durable (``open_nowait``: at once, and a future
+    for the write); ``checkpoint(seq, ...)`` while it runs;
     ``append(rec, seq)`` → its final record's seq, once durable; ``mark_done(seq)`` after the ledger
     accepted it (or for an open request with nothing to bill); ``close()``.
 
@@ -131,13 +132,24 @@ class Outbox:
         """Record a request as running (``rec``: what it costs if nothing more is heard of it, before its
         output tokens) and fsync it; its seq once on disk. Raises ``OSError`` if it could not be made
         durable. A caller cancelled while waiting never learns the seq: the request is closed unbilled."""
-        seq = self._new_seq()
+        seq, written = self.open_nowait(rec)
         try:
-            await self._durable(seq, open_line(seq, rec), Kind.OPEN)
+            await asyncio.shield(written)
         except asyncio.CancelledError:
             self.mark_done(seq)  # NOTE: the caller never dispatches it, so there is nothing to bill
             raise
         return seq
+
+    def open_nowait(self, rec: UsageRecord) -> tuple[int, asyncio.Future[None]]:
+        """``append_open`` without the wait: the request's seq at once, and a future done once its open
+        line is on disk (with ``OSError`` if it could not be written). Its write starts now."""
+        seq = self._new_seq()
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # NOTE: a write error nobody awaited (the request ended first; its final record says the rest) is
+        # not an unretrieved exception: the outbox logged it.
+        written.add_done_callback(_retrieve)
+        self._enqueue(_Op(seq, open_line(seq, rec), Kind.OPEN, written))
+        return seq, written
 
     def checkpoint(self, seq: int, output_tokens: int, at: datetime) -> None:
         """An open request has produced ``output_tokens`` by ``at``; written with the next group commit,
@@ -349,3 +361,8 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

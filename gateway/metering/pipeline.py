@@ -11,11 +11,13 @@ timeouts to requests after the first ones that find it.
 Exactly once: the outbox makes every record durable before any ledger write, and the ledger keeps the
 first row of a (tenant_id, request_id), so each write after the first is a no-op.
 
-A gateway crash loses no usage: ``begin(rec)`` at dispatch records the request as open in the outbox
-(durable before the replica starts), ``checkpoint`` records its output tokens as they stream (every
-``checkpoint_every_s`` or ``checkpoint_every_tokens``, whichever comes first; queued with the outbox's
-group commit, never one fsync per token), and ``record(rec, usage)`` closes it. ``open()`` bills a request
-a dead process left open with its last checkpoint and status ``gateway_lost`` (see ``outbox.py``).
+A gateway crash loses no usage a client received: ``begin(rec)`` at dispatch records the request as
+open in the outbox (durable before its first output leaves: ``opened``; the replica starts meanwhile, so
+a crash within that write loses only work nobody received), ``checkpoint`` records its output tokens as
+they stream (every ``checkpoint_every_s`` or ``checkpoint_every_tokens``, whichever comes first; queued
+with the outbox's group commit, never one fsync per token), and ``record(rec, usage)`` closes it.
+``open()`` bills a request a dead process left open with its last checkpoint and status
+``gateway_lost`` (see ``outbox.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class OpenUsage:
     seq: int | None
     checkpointed_tokens: int = 0
     checkpointed_at_s: float = 0.0  # the meter's clock
+    opening: asyncio.Future[None] | None = None  # the open line's write, until ``opened`` has seen it end
 
 
 class UsageMeter:
@@ -130,16 +133,26 @@ class UsageMeter:
         if self._pending:
             log.warning("usage outbox: %d records still pending at close, kept on disk", len(self._pending))
 
-    async def begin(self, rec: UsageRecord) -> OpenUsage:
-        """Record a request as running, durable before it returns: ``rec`` is what it costs if the process
-        dies before ``record`` (its prompt; output tokens come from the checkpoints). Never raises for the
-        outbox: if the disk fails the request runs without crash protection (logged by the outbox)."""
+    def begin(self, rec: UsageRecord) -> OpenUsage:
+        """Record a request as running: ``rec`` is what it costs if the process dies before ``record`` (its
+        prompt; output tokens come from the checkpoints). Returns at once, its open line being written:
+        ``opened`` waits until it is on disk, which the caller does before the first output reaches its
+        client, so the replica starts meanwhile instead of after a write and two thread hand-offs."""
         check_record(rec)
+        seq, written = self._outbox.open_nowait(rec)
+        return OpenUsage(seq, checkpointed_at_s=self._clock(), opening=written)
+
+    async def opened(self, usage: OpenUsage) -> None:
+        """Wait until ``usage``'s open line is on disk (no wait once it has been seen to be). Never raises
+        for the outbox: if the disk failed, the request runs without crash protection (``seq`` None;
+        logged by the outbox)."""
+        written, usage.opening = usage.opening, None
+        if written is None:
+            return
         try:
-            seq: int | None = await self._outbox.append_open(rec)
+            await asyncio.shield(written)
         except OSError:
-            seq = None
-        return OpenUsage(seq, checkpointed_at_s=self._clock())
+            usage.seq = None
 
     def checkpoint(self, usage: OpenUsage | None, output_tokens: int) -> None:
         """The request has produced ``output_tokens`` so far: queue a checkpoint if the last one is

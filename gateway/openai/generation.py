@@ -185,6 +185,8 @@ async def generate_text(
                     EngineErrorKind.ENGINE_ERROR, "the replica ended the stream without finishing"
                 ) from None
             else:
+                if end.usage is not None and end.usage.opening is not None:
+                    await gw.meter.opened(end.usage)  # the first output waits for its open line
                 end.num_output_tokens += len(delta.token_ids)
                 gw.meter.checkpoint(end.usage, end.num_output_tokens)  # what a crash from here bills
                 now = time.monotonic()
@@ -295,7 +297,7 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
     end.slot = await job.target.scheduler.wait_for_dispatch(job, prefix_key=_prefix_key(job))
     end.num_dispatches = 1
     if job.batch_id is None:
-        end.usage = await gw.meter.begin(usage_record(job, gw, end.attempt))
+        end.usage = gw.meter.begin(usage_record(job, gw, end.attempt))  # on disk before the first output
     # NOTE: a batch line is not opened in the usage outbox: had its gateway died mid-line, the line is in
     # no committed part and runs again, and the ledger keeps a row's first write: a row billed from the
     # last checkpoint would stand for the whole output of the run the batch reports.

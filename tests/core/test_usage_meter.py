@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.metering.outbox import FILE_NAME, Outbox
-from gateway.metering.pipeline import UsageMeter
+from gateway.metering.pipeline import OpenUsage, UsageMeter
 from sluice.domain import Outcome, UsageRecord, UsageReport
 from sluice.stores.ledger.base import TenantUsage, UsageLedger, VersionTraffic
 from sluice.stores.ledger.store import SqliteLedger
@@ -192,6 +193,13 @@ class FakeClock:
         return self.now_s
 
 
+async def begun(meter: UsageMeter, record: UsageRecord) -> OpenUsage:
+    """``begin`` and wait for the open line: as a request is by its first output."""
+    usage = meter.begin(record)
+    await meter.opened(usage)
+    return usage
+
+
 def checkpoints(tmp_path: Path) -> list[int]:
     """The output tokens of every checkpoint line in the outbox file, in order."""
     lines = [json.loads(line) for line in (tmp_path / "outbox" / FILE_NAME).read_text().splitlines()]
@@ -204,7 +212,7 @@ async def test_checkpoints_come_every_64_tokens_or_every_second_whichever_first(
     clock = FakeClock()
     meter = meter_over(ledger, tmp_path, clock=clock)
     await meter.open()
-    usage = await meter.begin(rec(1, output_tokens=0))
+    usage = await begun(meter, rec(1, output_tokens=0))
     for tokens in range(1, 64):  # a fast stream: one token at a time, well within a second
         meter.checkpoint(usage, tokens)
     meter.checkpoint(usage, 64)  # 64 tokens since the last one
@@ -233,10 +241,10 @@ async def test_a_request_left_open_is_billed_at_the_next_start_as_gateway_lost(
     clock = FakeClock()
     meter = meter_over(ledger, tmp_path, clock=clock)
     await meter.open()
-    lost = await meter.begin(rec(1, output_tokens=0, idempotency_key="k", attempt=2))
-    closed = await meter.begin(rec(2, output_tokens=0))
-    never_ran = await meter.begin(rec(3, output_tokens=0))
-    await meter.begin(rec(4, output_tokens=0))  # died before its first checkpoint
+    lost = await begun(meter, rec(1, output_tokens=0, idempotency_key="k", attempt=2))
+    closed = await begun(meter, rec(2, output_tokens=0))
+    never_ran = await begun(meter, rec(3, output_tokens=0))
+    await begun(meter, rec(4, output_tokens=0))  # died before its first checkpoint
     meter.checkpoint(lost, 64)
     clock.now_s += 1.0
     meter.checkpoint(lost, 70)  # the last one before the process goes away
@@ -265,21 +273,50 @@ async def test_a_request_left_open_is_billed_at_the_next_start_as_gateway_lost(
     await again.close()
 
 
-async def test_a_begin_whose_caller_is_cancelled_bills_nothing(
+async def test_a_begin_does_not_wait_for_the_disk_and_a_caller_cancelled_in_opened_is_billed_once(
     ledger: SwitchableLedger, tmp_path: Path
 ) -> None:
+    """``begin`` returns before its open line is written (the replica starts meanwhile); ``opened`` waits
+    for it. A request whose client left while it waited (cancelled) still ends through ``record``."""
     meter = meter_over(ledger, tmp_path)
     await meter.open()
-    caller = asyncio.create_task(meter.begin(rec(1, output_tokens=0)))
-    await asyncio.sleep(0)  # the caller waits for the open line's fsync
-    caller.cancel()
+    usage = meter.begin(rec(1, output_tokens=0))
+    assert usage.seq is not None and usage.opening is not None and not usage.opening.done()
+    waiter = asyncio.create_task(meter.opened(usage))
+    await asyncio.sleep(0)  # it waits for the open line's fsync
+    waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await caller
+        await waiter
+    await meter.opened(usage)  # no wait after the first
+    await meter.record(rec(1, output_tokens=3), usage)
     await meter.close()
     restarted = meter_over(ledger, tmp_path)
     await restarted.open()
-    assert restarted.num_pending == 0  # never dispatched: not billed as lost
+    assert restarted.num_pending == 0  # closed by its record: not billed again as lost
     await restarted.close()
+    assert await rows(ledger) == {"req-1": 3}
+
+
+async def test_an_open_line_the_disk_refused_leaves_the_request_running_unprotected(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    disk_failed = False
+
+    def fsync(fd: int) -> None:
+        if disk_failed:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+    meter = UsageMeter(ledger, Outbox(tmp_path / "outbox", fsync=fsync))
+    await meter.open()
+    disk_failed = True
+    usage = meter.begin(rec(1, output_tokens=0))
+    await meter.opened(usage)  # does not raise: the request runs on
+    assert usage.seq is None  # and the outbox holds nothing of it: no checkpoints
+    meter.checkpoint(usage, 64)
+    await meter.record(rec(1, output_tokens=64), usage)  # the ledger takes what the disk did not
+    assert await rows(ledger) == {"req-1": 64}
+    await meter.close()
 
 
 async def test_latencies_reach_the_ledger_and_an_older_gateways_line_replays_without_them(
