@@ -60,6 +60,7 @@ def run(
     seed: int,
     dtype: DTypeSetting,
     prefill_step_stretch: float | None = EngineConfig.prefill_step_stretch,
+    prefill_num_threads: int | None = None,
 ) -> Result:
     cfg = EngineConfig(
         dtype=dtype,
@@ -67,6 +68,7 @@ def run(
         step_token_budget=budget,
         max_num_running=max(concurrency, 1),
         prefill_step_stretch=prefill_step_stretch,
+        prefill_num_threads=prefill_num_threads,
     )
     engine = LLMEngine.from_checkpoint(model, cfg)
     rng = np.random.default_rng(seed)
@@ -140,13 +142,22 @@ def main() -> None:
         default=EngineConfig.prefill_step_stretch,
         help="a step with prefill takes at most about this many decode-only steps ('none': no limit)",
     )
+    ap.add_argument(
+        "--prefill-num-threads",
+        type=int,
+        default=None,
+        help="OpenMP threads for a step with prefill (EngineConfig.prefill_num_threads; default: the team)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=DTYPE_SETTINGS)
     args = ap.parse_args()
     machine = machine_line()
     print(machine)
-    print(f"step token budget {args.step_token_budget}, prefill step stretch {args.prefill_step_stretch}")
+    print(
+        f"step token budget {args.step_token_budget}, prefill step stretch {args.prefill_step_stretch}, "
+        f"prefill threads {args.prefill_num_threads or 'the team'}"
+    )
     header = (
         "| linear dtype | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
         "| ITL p95 ms | step p50 ms | preemptions |"
@@ -169,6 +180,7 @@ def main() -> None:
                 args.seed + c,
                 dtype,
                 args.prefill_step_stretch,
+                args.prefill_num_threads,
             )
             results[c] = r
             row = (

@@ -112,6 +112,12 @@ class EngineConfig:
     # prefill per step). With nothing decoding, prefill takes the whole budget. None: always the whole
     # budget left after decodes (cpu_engine/prefill_budget.py).
     prefill_step_stretch: float | None = 2.0
+    # A step with at least parallel_prefill_min_tokens prompt tokens runs its kernels on this many OpenMP
+    # threads; every other step on the team the stepping thread started with (OMP_NUM_THREADS). Prefill
+    # is large matrix products that split well, and a burst of prompts leaves the serving path idle,
+    # while decode steps share the cores with it. None: every step on the starting team.
+    prefill_num_threads: int | None = None
+    parallel_prefill_min_tokens: int = 256
     # Step-time histogram bucket bounds (ms) exported in stats.
     step_ms_buckets: tuple[float, ...] = field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
 
@@ -125,3 +131,9 @@ class EngineConfig:
             raise ValueError("watermark_fraction must be in [0, 1)")
         if self.prefill_step_stretch is not None and not self.prefill_step_stretch >= 1.0:
             raise ValueError(f"prefill_step_stretch must be >= 1 or None; got {self.prefill_step_stretch!r}")
+        if self.prefill_num_threads is not None and not 1 <= self.prefill_num_threads <= 1024:
+            raise ValueError(
+                f"prefill_num_threads must be in [1, 1024] or None; got {self.prefill_num_threads!r}"
+            )
+        if self.parallel_prefill_min_tokens < 1:
+            raise ValueError("parallel_prefill_min_tokens must be at least 1")

@@ -11,6 +11,7 @@ from cpu_engine.config import EngineConfig, LinearDType, ModelConfig
 from cpu_engine.cpu_features import DTypeChoice, detect_dtype
 from cpu_engine.grammar import GrammarCompiler
 from cpu_engine.model import KVCache, LlamaModel
+from cpu_engine.native import elementwise_ext
 from cpu_engine.runner import ModelRunner
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.scheduler import Scheduler
@@ -77,6 +78,7 @@ class LLMEngine:
         self._num_generated = 0
         self._last_num_scheduled = 0
         self._last_num_context = 0
+        self._starting_team: int | None = None  # the stepping thread's OpenMP team before any step
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: EngineConfig | None = None) -> LLMEngine:
@@ -142,6 +144,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        self._size_team(out)
         sampled = self.runner.execute(out)
         self.scheduler.update_from_output(out, sampled.tokens)
         outputs: list[RequestOutput] = []
@@ -161,6 +164,16 @@ class LLMEngine:
         self._last_num_context = sum(1 for s, n in out.scheduled if s.key not in sampled.tokens or n > 1)
         self._observe_step(out, (time.perf_counter() - started) * 1000.0)
         return outputs
+
+    def _size_team(self, out: SchedulerOutput) -> None:
+        """The OpenMP team this step's kernels may use (``EngineConfig.prefill_num_threads``); the
+        setting is the stepping thread's own, so it is set on every step."""
+        if self.config.prefill_num_threads is None:
+            return
+        if self._starting_team is None:
+            self._starting_team = elementwise_ext.get_max_threads()
+        prefill = out.num_prefill_tokens >= self.config.parallel_prefill_min_tokens
+        elementwise_ext.set_num_threads(self.config.prefill_num_threads if prefill else self._starting_team)
 
     def _mark_request_ends(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Flag the last output of each request whose every answer is now finished (``request_finished``)

@@ -91,6 +91,9 @@ class CpuEngineModelSettings:
     max_responses_per_s: float = 1000.0
     # A step with prefill takes at most about this many decode-only steps; None: prefill fills the budget.
     prefill_step_stretch: float | None = 2.0
+    # OpenMP threads of a step with prefill ("auto": every CPU of the model's process; None: the
+    # server's OMP_NUM_THREADS for every step).
+    prefill_num_threads: int | Literal["auto"] | None = "auto"
     stats_interval_ms: float = 100.0
     # Each live request is asked about once per this period (a rotating slice per pass: each ask is an IPC
     # round trip); 0: every request once per engine step. 40 measured less send-path delay under a flood.
@@ -134,6 +137,9 @@ class CpuEngineModelSettings:
         stretch = self.prefill_step_stretch
         if stretch is not None and not stretch >= 1.0:
             raise ValueError(f"prefill_step_stretch must be >= 1 or None; got {stretch!r}")
+        threads = self.prefill_num_threads
+        if threads not in (None, "auto") and not (isinstance(threads, int) and 1 <= threads <= 1024):
+            raise ValueError(f"prefill_num_threads must be 'auto', None or in [1, 1024]; got {threads!r}")
 
     def template_values(self) -> dict[str, str]:
         values = {k: str(v) for k, v in asdict(self).items()}
@@ -142,6 +148,8 @@ class CpuEngineModelSettings:
         values["target_step_ms"] = "" if self.target_step_ms is None else str(self.target_step_ms)
         stretch = self.prefill_step_stretch
         values["prefill_step_stretch"] = "" if stretch is None else str(stretch)
+        threads = self.prefill_num_threads
+        values["prefill_num_threads"] = "" if threads is None else str(threads)
         return values
 
 
@@ -203,6 +211,14 @@ def optional_float(text: str) -> float | None:
     return None if text.strip().lower() in ("", "none") else float(text)
 
 
+def _optional_threads(text: str) -> int | Literal["auto"] | None:
+    """A thread count, 'auto', or None for 'none' or ''."""
+    lowered = text.strip().lower()
+    if lowered == "auto":
+        return "auto"
+    return None if lowered in ("", "none") else int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Render the Triton model repository: the CPU engine and the safety classifier."
@@ -242,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         type=optional_float,
         default=CpuEngineModelSettings.prefill_step_stretch,
         help="a step with prefill takes at most about this many decode-only steps ('none': no limit)",
+    )
+    parser.add_argument(
+        "--prefill-num-threads",
+        type=_optional_threads,
+        default=CpuEngineModelSettings.prefill_num_threads,
+        help="OpenMP threads of a step with prefill ('auto': every CPU; 'none': OMP_NUM_THREADS for all)",
     )
     parser.add_argument(
         "--dtype",
@@ -295,6 +317,7 @@ def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
         send_budget_ms=itl_target_ms / 2 if args.send_budget_ms is None else args.send_budget_ms,
         max_responses_per_s=args.max_responses_per_s,
         prefill_step_stretch=args.prefill_step_stretch,
+        prefill_num_threads=args.prefill_num_threads,
         dtype=args.dtype or get_settings().engine_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,
         yield_send_interval_ms=args.yield_send_interval_ms,

@@ -27,6 +27,11 @@
  *   The Hugging Face "rotate half" layout: with c, s the row of positions[t] and h = head_dim / 2,
  *   out[..., :h] = x1 * c - x2 * s and out[..., h:] = x2 * c + x1 * s for x1 = x[..., :h], x2 = x[..., h:].
  *
+ * set_num_threads(n) -> None / get_max_threads() -> int
+ *   The OpenMP team the calling thread's next parallel regions may use (omp_set_num_threads,
+ *   omp_get_max_threads): every kernel shares this module's libgomp (cpu_engine.native), and the setting
+ *   is the calling thread's own, so the thread that steps the engine sizes its kernels' teams per step.
+ *
  * NOTE: built with -ffast-math like the other kernels (the compiler may reorder the sums); the FP
  * environment (flush-to-zero) is not touched. expf is vectorised through glibc's libmvec.
  */
@@ -39,6 +44,9 @@
 
 #include <math.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Loops.                                                                                           */
@@ -297,7 +305,37 @@ static PyObject *rope(PyObject *self, PyObject *args, PyObject *kwargs) {
     return (PyObject *)out;
 }
 
+static PyObject *set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "num_threads must be in [1, 1024], got %ld", n);
+        return NULL;
+    }
+#ifdef _OPENMP
+    omp_set_num_threads((int)n);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_max_threads(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+#ifdef _OPENMP
+    return PyLong_FromLong(omp_get_max_threads());
+#else
+    return PyLong_FromLong(1);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"set_num_threads", set_num_threads, METH_O,
+     "set_num_threads(n) -> None\n--\n\n"
+     "The OpenMP team size of the calling thread's next parallel regions (omp_set_num_threads)."},
+    {"get_max_threads", get_max_threads, METH_NOARGS,
+     "get_max_threads() -> int\n--\n\n"
+     "The OpenMP team size the calling thread's next parallel region may use (omp_get_max_threads)."},
     {"rms_norm", (PyCFunction)(void (*)(void))rms_norm, METH_VARARGS | METH_KEYWORDS,
      "rms_norm(x, weight, eps, residual=None, out=None) -> numpy.ndarray\n--\n\n"
      "x / sqrt(mean(x^2) + eps) * weight per row, after x += residual (in place) when residual is given."},

@@ -11,6 +11,7 @@ import pytest
 from cpu_engine.config import EngineConfig
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
+from cpu_engine.native import elementwise_ext
 from cpu_engine.sampling import SamplingParams
 from sluice.wire import EnginePriority, FinishReason
 
@@ -154,3 +155,28 @@ def test_a_failing_step_fails_in_flight_requests_and_the_engine_keeps_serving(de
         assert drain(fine)[-1].finish_reason is FinishReason.LENGTH
     finally:
         thread.close()
+
+
+def test_a_step_with_enough_prefill_runs_on_the_prefill_team(dev_checkpoint: Path) -> None:
+    """The team is the stepping thread's own OpenMP setting: the prefill team for a step with at least
+    parallel_prefill_min_tokens prompt tokens, the starting team for the others."""
+    starting = elementwise_ext.get_max_threads()
+    prefill_team = starting + 1
+    cfg = EngineConfig(num_kv_blocks=256, prefill_num_threads=prefill_team, parallel_prefill_min_tokens=64)
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, cfg)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    try:
+        engine.add_request("long", list(range(3, 103)), params)
+        engine.step()  # 100 prompt tokens
+        assert elementwise_ext.get_max_threads() == prefill_team
+        engine.step()  # a decode
+        assert elementwise_ext.get_max_threads() == starting
+        engine.add_request("short", list(range(3, 40)), params)
+        engine.step()  # 37 prompt tokens and a decode: under the threshold
+        assert elementwise_ext.get_max_threads() == starting
+    finally:
+        elementwise_ext.set_num_threads(starting)
+    with pytest.raises(ValueError, match="prefill_num_threads must be in"):
+        EngineConfig(prefill_num_threads=0)
+    with pytest.raises(ValueError, match="parallel_prefill_min_tokens must be at least 1"):
+        EngineConfig(parallel_prefill_min_tokens=0)

@@ -3,6 +3,7 @@ server; tests/replica/conftest.py puts that folder on sys.path as Triton's Pytho
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,16 @@ def test_stats_become_trt_llm_gauges_and_sluice_counters() -> None:
     totals = counter_totals(stats)
     assert set(totals) == set(COUNTER_FAMILIES)
     assert totals["sluice_engine_preemptions_total"] == 4 and totals["sluice_engine_step_ms_total"] == 123.0
+
+
+def test_the_prefill_num_threads_parameter_reaches_the_engine_config() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert parameters_from_config(_params(prefill_num_threads="auto")).engine.prefill_num_threads == cores
+    assert parameters_from_config(_params(prefill_num_threads="3")).engine.prefill_num_threads == 3
+    assert parameters_from_config(_params(prefill_num_threads="")).engine.prefill_num_threads is None
+    # A repository rendered before the parameter existed: every step on the server's OMP_NUM_THREADS.
+    assert parameters_from_config(_params()).engine.prefill_num_threads is None
+    with pytest.raises(ValueError, match="'prefill_num_threads' must be an integer"):
+        parameters_from_config(_params(prefill_num_threads="many"))
+    with pytest.raises(ValueError, match="prefill_num_threads must be in"):
+        parameters_from_config(_params(prefill_num_threads="0"))

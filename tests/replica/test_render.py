@@ -4,6 +4,7 @@ CPU engine, so its engine defaults and checks are compared here against ``Engine
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -244,3 +245,35 @@ def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
         assert "SLUICE_ENGINE_DTYPE='fp16'" in capsys.readouterr().err
     finally:
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("flag", "rendered", "parsed"),
+    [
+        ([], "auto", len(os.sched_getaffinity(0))),
+        (["2"], "2", 2),
+        (["none"], "", None),
+    ],
+)
+def test_the_prefill_num_threads_renders_and_parses_back(
+    tmp_path: Path, flag: list[str], rendered: str, parsed: int | None
+) -> None:
+    args = ["--prefill-num-threads", *flag] if flag else []
+    main(
+        [
+            "--out",
+            str(tmp_path),
+            "--checkpoint-dir",
+            str(_checkpoint(tmp_path)),
+            "--safety-classifier",
+            "",
+            *args,
+        ]
+    )
+    text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert config.parameters["prefill_num_threads"].string_value == rendered
+    raw = json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
+    assert parameters_from_config(raw).engine.prefill_num_threads == parsed
+    with pytest.raises(ValueError, match="prefill_num_threads must be 'auto', None or in"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, prefill_num_threads=0)

@@ -10,6 +10,7 @@ a request with none of the sampling inputs; TensorRT-LLM's top-p of 0 is no cut.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +217,7 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
         max_num_running=_parse(values, "max_num_running", int),
         target_step_ms=_parse(values, "target_step_ms", float) if target else None,
         prefill_step_stretch=stretch,
+        prefill_num_threads=_prefill_num_threads(values),
     )
     params = ModelParameters(
         checkpoint_dir=Path(checkpoint),
@@ -233,6 +235,15 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
     if params.send_budget_ms < 0 or params.max_responses_per_s <= 0:
         raise ValueError("model parameters 'send_budget_ms' must be >= 0 and 'max_responses_per_s' > 0")
     return params
+
+
+def _prefill_num_threads(values: Mapping[str, str]) -> int | None:
+    """``prefill_num_threads``: "auto" is every CPU this process may run on; empty (or a repository
+    rendered before the parameter existed) leaves every step on the team the server started with."""
+    raw = values.get("prefill_num_threads", "")
+    if raw == "auto":
+        return len(os.sched_getaffinity(0))
+    return _parse(values, "prefill_num_threads", int) if raw else None
 
 
 def _parse(values: Mapping[str, str], key: str, cast: Callable[[str], T]) -> T:
