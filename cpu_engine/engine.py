@@ -192,9 +192,12 @@ class LLMEngine:
         # What the step carried and took: the costs the scheduler sizes the next steps' prefill share by.
         self.scheduler.step_costs.observe(out.num_decode_tokens, out.num_prefill_tokens, ms)
         target = self.config.target_step_ms
-        if target is None:
+        if target is None or out.num_prefill_tokens:
             return
         # Adaptive batch: shrink the running cap when steps run over the target, grow it back slowly.
+        # NOTE: judged on decode-only steps, what the batch's size costs every stream: a step's prefill
+        # is bounded on its own (prefill_budget), and counted here it cut the cap to 3-4 sequences during
+        # a wave of prompts (whole-budget prefill steps over the target), which then entered 3-4 at a time.
         self._ewma_step_ms = ms if self._ewma_step_ms is None else 0.8 * self._ewma_step_ms + 0.2 * ms
         num_running = len(self.scheduler.running)
         if self._ewma_step_ms > target and num_running > 1:

@@ -104,8 +104,9 @@ def test_interactive_is_admitted_before_batch(dev_checkpoint: Path) -> None:
 
 
 def test_adaptive_batch_caps_running_under_a_tight_target(dev_checkpoint: Path) -> None:
-    # The cap gates admission: once steps are measured over the target, newcomers wait.
-    cfg = EngineConfig(num_kv_blocks=512, target_step_ms=0.5, max_num_running=64)
+    # The cap gates admission: once decode steps are measured over the target, newcomers wait. (A 4-sequence
+    # decode step of the dev model takes well under a millisecond: the target is far below any step.)
+    cfg = EngineConfig(num_kv_blocks=512, target_step_ms=0.01, max_num_running=64)
     engine = LLMEngine.from_checkpoint(dev_checkpoint, cfg)
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -155,6 +156,21 @@ def test_a_failing_step_fails_in_flight_requests_and_the_engine_keeps_serving(de
         assert drain(fine)[-1].finish_reason is FinishReason.LENGTH
     finally:
         thread.close()
+
+
+def test_a_wave_of_prompts_does_not_cut_the_running_cap(dev_checkpoint: Path) -> None:
+    """Prefill steps run the whole step budget and take far longer than the target; the cap is about the
+    batch's size, judged on decode-only steps, so the wave is admitted whole rather than a few at a time."""
+    cfg = EngineConfig(num_kv_blocks=512, target_step_ms=1.0, max_num_running=64)
+    engine = LLMEngine.from_checkpoint(dev_checkpoint, cfg)
+    rng = np.random.default_rng(1)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(f"wave{i}", rng.integers(0, 8192, 200).tolist(), params)
+    for _ in range(3):  # 1,600 prompt tokens: three steps of prefill
+        engine.step()
+    stats = engine.stats()
+    assert stats.running_cap == 64 and stats.num_running == 8 and stats.num_waiting == 0
 
 
 def test_a_step_with_enough_prefill_runs_on_the_prefill_team(dev_checkpoint: Path) -> None:
