@@ -6,6 +6,7 @@ assertion rests on a rounding tie.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,13 @@ def test_the_engine_feeds_every_step_it_runs_to_the_cost_model(dev_checkpoint: P
     while engine.has_unfinished():
         engine.step()
     assert seen == [(0, 30), (2, 0), (2, 0)]
+
+
+def test_a_step_may_always_fill_up_to_the_step_target() -> None:
+    """24 decodes take 4 ms and stretch 2 allows 4 ms more (64 tokens); filling to 10 ms allows 6 ms: 96.
+    A bigger allowance from the stretch stands, and the budget left still bounds it."""
+    fill = partial(prefill_token_budget, num_prompt_sequences=0, min_prefill_tokens=BLOCK, costs=COSTS)
+    assert fill(num_decode_tokens=24, num_tokens_left=512, stretch=2.0, fill_to_ms=10.0) == 96
+    assert fill(num_decode_tokens=24, num_tokens_left=512, stretch=2.0, fill_to_ms=6.0) == 64
+    assert fill(num_decode_tokens=24, num_tokens_left=50, stretch=2.0, fill_to_ms=10.0) == 50
+    assert fill(num_decode_tokens=24, num_tokens_left=512, stretch=2.0, fill_to_ms=2.0) == 64
