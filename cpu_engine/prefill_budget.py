@@ -8,8 +8,9 @@ decode-only step, never fewer than a floor (prompts always progress) nor more th
 is pure: the costs come in. ``StepCostModel`` learns them from measured steps.
 
 NOTE: three things widen the share, all for arrivals. (1) A step may always fill up to ``fill_to_ms``
-(the scheduler passes most of the engine's step-time target, itself half the inter-token target): every
-stream's gap is within its target at that length anyway, where a ratio of a short decode step is not.
+(the scheduler passes the engine's step-time target, itself half the inter-token target): every stream's
+gap is within its target at that length anyway, where a ratio of a short decode step is not (the
+engine's running cap is judged on decode-only steps, so such steps do not cut it).
 Measured through the stack on a 2-core AMD EPYC (8 prompts of 1,000 tokens arriving together, 64-token
 answers): the last first token came 700-780 ms after the wave with the ratio alone, 440-460 ms without
 any bound. (2) The decode step it is measured against is that of the batch to come, the decoding

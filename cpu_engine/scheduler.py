@@ -25,11 +25,6 @@ from cpu_engine.sequence import Sequence, SequenceStatus
 from cpu_engine.step_plan import SchedulerOutput, StepBudget
 from sluice.wire import EnginePriority, FinishReason
 
-# A step with prefill may fill up to this share of the step-time target (prefill_budget, NOTE 1): below
-# the 0.9 at which the engine's running cap stops growing (LLMEngine._observe_step), so steps that carry
-# prefill do not hold the batch back.
-PREFILL_FILL_FRACTION = 0.8
-
 
 class Scheduler:
     def __init__(
@@ -98,7 +93,6 @@ class Scheduler:
             if not seq.in_prefill:
                 self._schedule_running(seq, budget, out)
         num_decode = len(out.scheduled)
-        target_ms = self.config.target_step_ms
         budget.num_prefill_tokens = prefill_token_budget(
             num_decode_tokens=num_decode,
             num_prompt_sequences=self._num_prompt_sequences(out, num_decode),
@@ -106,7 +100,7 @@ class Scheduler:
             stretch=self.config.prefill_step_stretch,
             min_prefill_tokens=self.config.block_size_tokens,
             costs=self.step_costs.costs(),
-            fill_to_ms=None if target_ms is None else PREFILL_FILL_FRACTION * target_ms,
+            fill_to_ms=self.config.target_step_ms,  # a step may take its target (prefill_budget, NOTE 1)
         )
         # Then prefill class by class: a class's running prefills, then its waiting sequences, so a
         # higher class's prompt never waits behind a lower class's chunks when the prefill share is small.
