@@ -8,7 +8,7 @@ from sluice.settings import get_settings
 
 
 def main() -> None:
-    configure_logging()
+    configure_logging(service="gateway")
     settings = get_settings()
     serve(create_app(settings), settings)
 

@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
     ap.add_argument("--triton-http-port", type=int, default=8000)
     args = ap.parse_args(argv)
-    configure_logging()
+    configure_logging(service="gateway")
     try:
         settings = load_settings(routing="registry", engine_client="triton")
         admin_token = prepare_dev_admin_token(settings)

@@ -22,6 +22,9 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# With a service name (a constant: "gateway", "control-plane"), tagged: `make run` shows both services'
+# lines in one terminal, and both open the same stores under the same logger names.
+SERVICE_LOG_FORMAT = "%(asctime)s %(levelname)s [{service}] %(name)s: %(message)s"
 # Libraries that log each call at INFO: httpx logs every replica metrics read and every classifier call.
 _CHATTY_LOGGERS = ("httpx", "httpcore")
 _POOL_LOGGER = "psycopg.pool"
@@ -57,10 +60,11 @@ _FILTERS = (
 )
 
 
-def configure_logging(level: int = logging.INFO) -> None:
+def configure_logging(level: int = logging.INFO, service: str | None = None) -> None:
     """The process's log: ``level`` for Sluice, start-up, state changes and errors; not each poll, each
-    connection or each retry."""
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+    connection or each retry. ``service``: the tag of every line (``SERVICE_LOG_FORMAT``)."""
+    fmt = LOG_FORMAT if service is None else SERVICE_LOG_FORMAT.format(service=service)
+    logging.basicConfig(level=level, format=fmt)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
     quiet_noisy_libraries()

@@ -10,7 +10,7 @@ from sluice.settings import SettingsError, get_settings
 
 
 def main() -> int:
-    configure_logging()
+    configure_logging(service="control-plane")
     try:
         settings = get_settings()
     except SettingsError as exc:

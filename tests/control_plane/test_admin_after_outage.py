@@ -17,8 +17,8 @@ from log_lines import outage_levels
 from pg import through_proxy
 from tcp_proxy import ProxyThread
 
-# sluice.logs.LOG_FORMAT: "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<message>.*)$")
+# sluice.logs.SERVICE_LOG_FORMAT: "%(asctime)s %(levelname)s [control-plane] %(name)s: %(message)s"
+_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) \[control-plane\] (?P<logger>[\w.]+): (?P<message>.*)$")
 
 
 def _get_replicas(service: RunningControlPlane) -> tuple[int, float, str]:

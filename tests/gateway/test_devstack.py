@@ -127,6 +127,8 @@ def test_devstack_serves_and_one_sigint_stops_everything(
         "replica local-1 (sluice-tiny version 1" in line and "starting -> ready" in line for line in log_lines
     )
     assert any("WARNING" in line and "must not be used in production" in line for line in log_lines)
+    # One terminal, two services: each line says whose it is.
+    assert {"[gateway]", "[control-plane]"} <= {tag for line in log_lines for tag in line.split()[3:4]}
     assert not [line for line in log_lines if "/metrics" in line or "HTTP Request" in line]
     assert registered_replicas(tmp_path / "state" / "sluice.db") == []  # local-1 left with its tritonserver
 
