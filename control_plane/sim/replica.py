@@ -72,6 +72,7 @@ class Replica:
         self.running_cap: int | None = None  # the batch bound (sluice.policy.batch_bound)
         self._unjudged_gaps: list[tuple[float, int]] = []  # (gap ms, how many) since the cap was judged
         self._num_unjudged_gaps = 0
+        self._most_running_unjudged = 0  # the most requests running while those gaps were left
         self.busy_s = 0.0
         self._step: tuple[int, list[tuple[SimRequest, int]], float] | None = None
         self._load: ReplicaLoad | None = None
@@ -204,13 +205,14 @@ class Replica:
             return
         self._unjudged_gaps.append((gap_ms, num_gaps))
         self._num_unjudged_gaps += num_gaps
+        num_running = sum(counts[0] for counts in self._by_priority)
+        self._most_running_unjudged = max(self._most_running_unjudged, num_running)
         bound = self.config.batch_bound
         if self._num_unjudged_gaps < bound.num_gaps_between_moves:
             return
-        num_running = sum(counts[0] for counts in self._by_priority)
         p95_ms = _weighted_p95(self._unjudged_gaps, self._num_unjudged_gaps)
-        self.running_cap = next_running_cap(self.running_cap, num_running, p95_ms, bound)
-        self._unjudged_gaps, self._num_unjudged_gaps = [], 0
+        self.running_cap = next_running_cap(self.running_cap, self._most_running_unjudged, p95_ms, bound)
+        self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged = [], 0, 0
 
     def end_step(self) -> StepResult:
         assert self._step is not None

@@ -88,6 +88,7 @@ class ReplicaView:
     _recent_gaps_ms: deque[float] = field(init=False)
     _num_gaps_unestimated: int = 0
     _num_gaps_unjudged: int = 0  # since the cap was last judged: a window of them judges it again
+    _most_running_unjudged: int = 0  # the most requests held while those gaps were left
 
     def __post_init__(self) -> None:
         self._recent_gaps_ms = deque(maxlen=self.bound.num_gaps_between_moves)
@@ -175,6 +176,7 @@ class ReplicaView:
         self._recent_gaps_ms.append(gap_s * 1000)
         self._num_gaps_unestimated += 1
         self._num_gaps_unjudged += 1
+        self._most_running_unjudged = max(self._most_running_unjudged, len(self.slots))
         judge = self._num_gaps_unjudged >= self.bound.num_gaps_between_moves
         if self.itl_ms is None or judge or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
             self.itl_ms = p95(self._recent_gaps_ms)
@@ -183,13 +185,13 @@ class ReplicaView:
             return False
         # NOTE: judged on a window of gaps all left since the last judgement, so one slow window is not
         # cut twice, and a cut is seen to work (or not) before the next.
-        self._num_gaps_unjudged = 0
-        cap = next_running_cap(self.running_cap, len(self.slots), self.itl_ms, self.bound)
+        num_running, self._num_gaps_unjudged, self._most_running_unjudged = self._most_running_unjudged, 0, 0
+        cap = next_running_cap(self.running_cap, num_running, self.itl_ms, self.bound)
         grew = self.running_cap is not None and cap is not None and cap > self.running_cap
         if cap != self.running_cap:
             log.debug(
-                "replica %s: running cap %s -> %s (%d running, inter-token p95 %.1f ms)",
-                self.engine.replica, self.running_cap, cap, len(self.slots), self.itl_ms,
+                "replica %s: running cap %s -> %s (up to %d running, inter-token p95 %.1f ms)",
+                self.engine.replica, self.running_cap, cap, num_running, self.itl_ms,
             )  # fmt: skip
         self.running_cap = cap
         return grew

@@ -42,7 +42,10 @@ class BatchBound:
 
 
 def next_running_cap(cap: int | None, num_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
-    """The replica's running cap after a p95 of ``itl_p95_ms`` with ``num_running`` requests running."""
+    """The replica's running cap after a p95 of ``itl_p95_ms`` over gaps left while up to ``num_running``
+    requests ran (the most during the window judged, not the count at the moment of judging: a window
+    that ends as a burst drains would otherwise cut the cap to the few still running; seen after a wave
+    of 64 short requests, the cap fell to 1 and took seconds of windows to grow back)."""
     if itl_p95_ms > bound.itl_target_ms:
         factor = max(1 - bound.max_cut_fraction, bound.itl_target_ms / itl_p95_ms)
         scaled = max(1, math.floor(num_running * factor))

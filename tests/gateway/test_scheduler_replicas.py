@@ -179,3 +179,15 @@ async def test_the_scheduler_judges_the_running_cap_on_unpaced_gaps_only(tmp_pat
         scheduler.on_tokens(slot, 1, 0.050)
     assert view.itl_ms == pytest.approx(50.0) and view.running_cap == 1
     scheduler.release(slot)
+
+
+def test_the_cap_is_cut_from_the_most_that_ran_while_the_gaps_were_left() -> None:
+    """A window of slow gaps left by 64 streams, judged as the burst drains to 2: cut from 64, not to 1."""
+    view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
+    view.slots = {str(i): object() for i in range(64)}  # type: ignore[misc]
+    for _ in range(120):
+        view.observe_gap(0.050, 1)
+    view.slots = {str(i): object() for i in range(2)}  # type: ignore[misc]
+    for _ in range(8):
+        view.observe_gap(0.050, 1)
+    assert view.running_cap == 51  # 64 x 40 / 50
