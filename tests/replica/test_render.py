@@ -193,33 +193,37 @@ def test_the_renderer_accepts_the_engines_smallest_values(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    ("flag", "rendered", "parsed"),
+    ("knob", "flag", "rendered", "parsed"),
     [
-        ([], str(EngineConfig.prefill_step_stretch), EngineConfig.prefill_step_stretch),
-        (["3"], "3.0", 3.0),
-        (["none"], "", None),
+        (
+            "prefill_step_stretch",
+            [],
+            str(EngineConfig.prefill_step_stretch),
+            EngineConfig.prefill_step_stretch,
+        ),
+        ("prefill_step_stretch", ["3"], "3.0", 3.0),
+        ("prefill_step_stretch", ["none"], "", None),
+        ("prefill_num_threads", [], "auto", len(os.sched_getaffinity(0))),
+        ("prefill_num_threads", ["2"], "2", 2),
+        ("prefill_num_threads", ["none"], "", None),
     ],
 )
-def test_the_prefill_step_stretch_renders_and_parses_back(
-    tmp_path: Path, flag: list[str], rendered: str, parsed: float | None
+def test_an_optional_engine_knob_renders_and_parses_back(
+    tmp_path: Path, knob: str, flag: list[str], rendered: str, parsed: float | None
 ) -> None:
-    args = ["--prefill-step-stretch", *flag] if flag else []
-    main(
-        [
-            "--out",
-            str(tmp_path),
-            "--checkpoint-dir",
-            str(_checkpoint(tmp_path)),
-            "--safety-classifier",
-            "",
-            *args,
-        ]
-    )
+    args = [f"--{knob.replace('_', '-')}", *flag] if flag else []
+    checkpoint = str(_checkpoint(tmp_path))
+    main(["--out", str(tmp_path), "--checkpoint-dir", checkpoint, "--safety-classifier", "", *args])
     text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
-    assert config.parameters["prefill_step_stretch"].string_value == rendered
+    assert config.parameters[knob].string_value == rendered
     raw = json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
-    assert parameters_from_config(raw).engine.prefill_step_stretch == parsed
+    assert getattr(parameters_from_config(raw).engine, knob) == parsed
+
+
+def test_a_bad_prefill_num_threads_is_refused_at_render_time(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="prefill_num_threads must be 'auto', None or in"):
+        CpuEngineModelSettings(checkpoint_dir=tmp_path, prefill_num_threads=0)
 
 
 def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
@@ -245,35 +249,3 @@ def test_the_render_command_takes_its_dtype_from_sluice_engine_dtype(
         assert "SLUICE_ENGINE_DTYPE='fp16'" in capsys.readouterr().err
     finally:
         get_settings.cache_clear()
-
-
-@pytest.mark.parametrize(
-    ("flag", "rendered", "parsed"),
-    [
-        ([], "auto", len(os.sched_getaffinity(0))),
-        (["2"], "2", 2),
-        (["none"], "", None),
-    ],
-)
-def test_the_prefill_num_threads_renders_and_parses_back(
-    tmp_path: Path, flag: list[str], rendered: str, parsed: int | None
-) -> None:
-    args = ["--prefill-num-threads", *flag] if flag else []
-    main(
-        [
-            "--out",
-            str(tmp_path),
-            "--checkpoint-dir",
-            str(_checkpoint(tmp_path)),
-            "--safety-classifier",
-            "",
-            *args,
-        ]
-    )
-    text = (tmp_path / "sluice-tiny" / "config.pbtxt").read_text()
-    config = text_format.Parse(text, model_config_pb2.ModelConfig())
-    assert config.parameters["prefill_num_threads"].string_value == rendered
-    raw = json_format.MessageToDict(config, preserving_proto_field_name=True)["parameters"]
-    assert parameters_from_config(raw).engine.prefill_num_threads == parsed
-    with pytest.raises(ValueError, match="prefill_num_threads must be 'auto', None or in"):
-        CpuEngineModelSettings(checkpoint_dir=tmp_path, prefill_num_threads=0)
