@@ -71,8 +71,8 @@ class _Op:
 
 class Outbox:
     """``open()`` → the pending records a previous process left (those it left open: ``gateway_lost``);
-    ``append_open(rec)`` → a running request's seq, once durable (``open_nowait``: at once, and a future
-    for the write); ``checkpoint(seq, ...)`` while it runs;
+    ``open_nowait(rec)`` → a running request's seq at once, and a future for its open line's write;
+    ``checkpoint(seq, ...)`` while it runs;
     ``append(rec, seq)`` → its final record's seq, once durable; ``mark_done(seq)`` after the ledger
     accepted it (or for an open request with nothing to bill); ``close()``.
 
@@ -128,21 +128,11 @@ class Outbox:
         await self._durable(seq, rec_line(seq, rec), Kind.REC)
         return seq
 
-    async def append_open(self, rec: UsageRecord) -> int:
-        """Record a request as running (``rec``: what it costs if nothing more is heard of it, before its
-        output tokens) and fsync it; its seq once on disk. Raises ``OSError`` if it could not be made
-        durable. A caller cancelled while waiting never learns the seq: the request is closed unbilled."""
-        seq, written = self.open_nowait(rec)
-        try:
-            await asyncio.shield(written)
-        except asyncio.CancelledError:
-            self.mark_done(seq)  # NOTE: the caller never dispatches it, so there is nothing to bill
-            raise
-        return seq
-
     def open_nowait(self, rec: UsageRecord) -> tuple[int, asyncio.Future[None]]:
-        """``append_open`` without the wait: the request's seq at once, and a future done once its open
-        line is on disk (with ``OSError`` if it could not be written). Its write starts now."""
+        """Record a request as running (``rec``: what it costs if nothing more is heard of it, before its
+        output tokens): its seq at once, and a future done once its open line is on disk (with ``OSError``
+        if it could not be written). Its write starts now; a caller that never sees the future done
+        still closes the seq with its final record (``append``) or ``mark_done``."""
         seq = self._new_seq()
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # NOTE: a write error nobody awaited (the request ended first; its final record says the rest) is

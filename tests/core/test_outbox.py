@@ -42,6 +42,13 @@ class CountingFsync:
         os.fsync(fd)
 
 
+async def append_open(box: Outbox, record: UsageRecord) -> int:
+    """Open a request and wait for its open line, as a request does before its first output."""
+    seq, written = box.open_nowait(record)
+    await written
+    return seq
+
+
 async def opened(directory: Path, **kw: object) -> tuple[Outbox, list[tuple[int, UsageRecord]]]:
     box = Outbox(directory, **kw)  # type: ignore[arg-type]
     return box, await box.open()
@@ -126,7 +133,7 @@ async def test_a_second_opener_is_refused_while_the_first_holds_it(tmp_path: Pat
 
 async def test_lines_hold_the_record_fields_and_no_text(tmp_path: Path) -> None:
     box, _ = await opened(tmp_path)
-    seq = await box.append_open(rec(1, output_tokens=0))
+    seq = await append_open(box, rec(1, output_tokens=0))
     box.checkpoint(seq, 5, T0)
     await box.append(rec(1), seq)
     await box.close()
@@ -171,10 +178,10 @@ async def test_lines_of_an_older_gateway_without_the_newer_fields_still_replay(t
 
 async def test_a_request_left_open_is_pending_as_gateway_lost_with_its_last_ckpt(tmp_path: Path) -> None:
     box, _ = await opened(tmp_path)
-    running = await box.append_open(rec(1, output_tokens=0))
-    closed = await box.append_open(rec(2, output_tokens=0))
-    discarded = await box.append_open(rec(3, output_tokens=0))
-    unchecked = await box.append_open(rec(4, output_tokens=0, request_class=RequestClass.BATCH))
+    running = await append_open(box, rec(1, output_tokens=0))
+    closed = await append_open(box, rec(2, output_tokens=0))
+    discarded = await append_open(box, rec(3, output_tokens=0))
+    unchecked = await append_open(box, rec(4, output_tokens=0, request_class=RequestClass.BATCH))
     for tokens in (64, 128, 150):
         box.checkpoint(running, tokens, T0 + timedelta(seconds=tokens))
     box.checkpoint(closed, 64, T0)
@@ -198,7 +205,7 @@ async def test_a_request_left_open_is_pending_as_gateway_lost_with_its_last_ckpt
 
 async def test_a_torn_checkpoint_leaves_the_previous_one(tmp_path: Path) -> None:
     box, _ = await opened(tmp_path)
-    seq = await box.append_open(rec(1, output_tokens=0))
+    seq = await append_open(box, rec(1, output_tokens=0))
     box.checkpoint(seq, 64, T0)
     await box.close()
     with open(tmp_path / FILE_NAME, "ab") as f:
@@ -209,7 +216,7 @@ async def test_a_torn_checkpoint_leaves_the_previous_one(tmp_path: Path) -> None
 
 async def test_compaction_keeps_open_requests_and_their_latest_checkpoint(tmp_path: Path) -> None:
     box, _ = await opened(tmp_path, compact_min_lines=50)
-    running = await box.append_open(rec(0, output_tokens=0))
+    running = await append_open(box, rec(0, output_tokens=0))
     for i in range(1, 40):  # many requests come and go while one long stream checkpoints
         seq = await box.append(rec(i))
         box.mark_done(seq)
@@ -231,7 +238,7 @@ async def test_checkpoints_of_many_streams_share_fsyncs(tmp_path: Path) -> None:
     """Group commit: 50 streams checkpointing while each fsync takes 2 ms cost far fewer fsyncs than lines."""
     fsync = CountingFsync(delay_s=0.002)
     box, _ = await opened(tmp_path, fsync=fsync)
-    seqs = await asyncio.gather(*(box.append_open(rec(i, output_tokens=0)) for i in range(50)))
+    seqs = await asyncio.gather(*(append_open(box, rec(i, output_tokens=0)) for i in range(50)))
     before = fsync.num_calls
 
     async def stream(seq: int) -> None:
@@ -253,7 +260,7 @@ async def test_checkpoints_arriving_one_at_a_time_wait_for_company(tmp_path: Pat
     within about lazy_flush_s without anything awaited, and an awaited line takes them along at once."""
     fsync = CountingFsync()
     box, _ = await opened(tmp_path, fsync=fsync, lazy_flush_s=0.05)
-    seqs = [await box.append_open(rec(i, output_tokens=0)) for i in range(3)]
+    seqs = [await append_open(box, rec(i, output_tokens=0)) for i in range(3)]
     before = fsync.num_calls
     for n in range(1, 41):  # 40 checkpoints over ~0.2 s
         box.checkpoint(seqs[n % 3], n, T0)
@@ -276,13 +283,13 @@ def test_open_requests_and_their_checkpoints_survive_kill_9(tmp_path: Path) -> N
         import asyncio, os, signal, sys
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_outbox import T0, rec
+        from test_outbox import T0, append_open, rec
         from gateway.metering.outbox import Outbox
 
         async def main():
             box = Outbox(Path({str(tmp_path)!r}))
             await box.open()
-            seq = await box.append_open(rec(1, output_tokens=0))
+            seq = await append_open(box, rec(1, output_tokens=0))
             box.checkpoint(seq, 64, T0)
             await box.append(rec(2))  # durable after the checkpoint: so is the checkpoint
             box.checkpoint(seq, 128, T0)  # queued, maybe never written
