@@ -26,6 +26,7 @@ import grpc
 import httpx
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import InferResult
 from tritonclient.utils import InferenceServerException
 
 from sluice.engine_client.base import Delta, EngineClient, GenerateRequest, ReplicaStats
@@ -126,34 +127,25 @@ class TritonEngineClient(EngineClient):
                         yield final
                     return
                 num_open = request.sampling.n  # answers not finished yet; the stream ends with the last
-                raw_responses = stream.responses()
-                if raw_responses is None:  # a client whose stream hides its gRPC call: through its results
-                    async for chunk in stream:
-                        reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
-                        yield _delta(chunk, reason)
-                        num_open -= reason is not None
-                        if num_open == 0:
-                            return
-                else:
-                    # NOTE: the call's protobufs decoded here rather than through the stream's iterator:
-                    # one async generator fewer between the gRPC call and the gateway, per response.
-                    async for response in raw_responses:
-                        chunk = chunk_from_response(response)
-                        if chunk.finish_reason is None:
-                            yield Delta(
-                                chunk.token_ids,
-                                index=chunk.index,
-                                logprobs=chunk.logprobs,
-                                prompt_logprobs=chunk.prompt_logprobs,
-                            )
-                            continue
-                        reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
-                        num_open -= reason is not None
-                        if num_open == 0:
-                            stream.finished()
-                        yield _delta(chunk, reason)
-                        if num_open == 0:
-                            return
+                # NOTE: the call's protobufs decoded here rather than through the stream's iterator: one
+                # async generator fewer between the gRPC call and the gateway, per response.
+                async for response in stream.responses():
+                    chunk = chunk_from_response(response)
+                    if chunk.finish_reason is None:
+                        yield Delta(
+                            chunk.token_ids,
+                            index=chunk.index,
+                            logprobs=chunk.logprobs,
+                            prompt_logprobs=chunk.prompt_logprobs,
+                        )
+                        continue
+                    reason = FinishReason(chunk.finish_reason) if chunk.finish_reason else None
+                    num_open -= reason is not None
+                    if num_open == 0:
+                        stream.finished()
+                    yield _delta(chunk, reason)
+                    if num_open == 0:
+                        return
             except InferenceServerException as exc:  # EngineError from the model's own response passes
                 raise _engine_error(exc) from None
             except grpc.RpcError as exc:  # the aio stream raises gRPC's own errors for transport failures
@@ -177,11 +169,10 @@ class _ResultStream(GenerateStream):
     """A stream whose responses are read as the model's raw output tensors (a dialect decodes them)."""
 
     async def outputs(self, names: tuple[str, ...]) -> AsyncGenerator[dict[str, np.ndarray | None], None]:
-        if self._call is None:
-            raise RuntimeError("use the stream inside `async with`")
-        async for result, error in self._call:
-            if error is not None:
-                raise error
+        async for response in self.responses():
+            if response.error_message:  # Triton's (or the backend's) error for the request, as text
+                raise InferenceServerException(msg=response.error_message)
+            result = InferResult(response.infer_response)
             yield {name: result.as_numpy(name) for name in names}
 
 

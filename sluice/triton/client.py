@@ -6,7 +6,13 @@ the client's side of the tensor contract in ``sluice.wire``.
             ...
 
 One gRPC stream per request: the client half-closes after its one request, and Triton ends the stream
-once the model has sent the response flagged final, so the ``async for`` ends by itself. Leaving the
+once the model has sent the response flagged final, so the ``async for`` ends by itself. The call is
+Triton's ``ModelStreamInfer`` made as a unary-stream call on the client's channel (``open_stream``): the
+request, built straight into its protobuf (``infer_request``, the bytes tritonclient's would have), goes
+out with the half-close in one batch, where tritonclient's ``stream_infer`` starts a task to consume an
+async iterator of request dicts and then writes and half-closes in two more round trips through gRPC's
+completion queue: a fifth less client CPU per stream (docs/benchmarks.md, "starting a stream"). On the
+wire the two are the same: HTTP/2 has no call types, only messages and a half-close. Leaving the
 loop early does not end the call (seen here: the model noticed only when the client closed, seconds
 later), so leaving the ``async with`` before the request finished cancels it explicitly; Triton then
 reports the request cancelled and the model aborts it in the engine within a step.
@@ -34,12 +40,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import InferResult
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 
 from sluice.wire import EngineError, EngineErrorKind, Guide, TokenLogprob
 
@@ -155,6 +162,41 @@ def to_infer_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferI
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def infer_request(
+    model_name: str, tensors: Mapping[str, np.ndarray], request_id: str = ""
+) -> service_pb2.ModelInferRequest:
+    """The ``ModelInferRequest`` of ``tensors``, built directly: what tritonclient builds from
+    ``to_infer_inputs(tensors)`` (its ``_get_inference_request``), without an ``InferInput`` per tensor."""
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    for name, array in tensors.items():
+        datatype = np_to_triton_dtype(array.dtype)
+        request.inputs.add(name=name, datatype=datatype, shape=array.shape)
+        if datatype == "BYTES":  # each element as its 4-byte little-endian length, then its bytes
+            serialized = serialize_byte_tensor(array)
+            request.raw_input_contents.append(serialized.item() if serialized.size > 0 else b"")
+        else:
+            request.raw_input_contents.append(array.tobytes())
+    return request
+
+
+MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def open_stream(
+    client: grpcclient.InferenceServerClient, request: service_pb2.ModelInferRequest, timeout_s: float | None
+) -> Any:
+    """Start ``request`` as Triton's ``ModelStreamInfer``, made as a unary-stream call (the module's
+    docstring says why): an async iterator of ``ModelStreamInferResponse`` protobufs with ``cancel()``.
+    NOTE: tritonclient's aio client keeps its channel as ``_channel`` and offers no other way to it."""
+    channel: grpc.aio.Channel = client._channel
+    method = channel.unary_stream(
+        MODEL_STREAM_INFER,
+        request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+    return method(request, timeout=timeout_s)
 
 
 def chunk_from_result(result: Any) -> TokenChunk:
@@ -317,52 +359,31 @@ class GenerateStream:
         drain_timeout_s: float = 2.0,
     ) -> None:
         self._client = client
-        self._request = {
-            "model_name": model_name,
-            "inputs": to_infer_inputs(tensors),
-            "request_id": request_id,
-        }
+        self._request = infer_request(model_name, tensors, request_id)
         self._timeout_s = timeout_s
         self._drain_timeout_s = drain_timeout_s
         self._call: Any = None
         self._finished = False  # a chunk with a finish reason was seen
 
     async def __aenter__(self) -> GenerateStream:
-        async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield self._request
-
-        self._call = self._client.stream_infer(one_request(), stream_timeout=self._timeout_s)
+        self._call = open_stream(self._client, self._request, self._timeout_s)
         return self
 
     def __aiter__(self) -> AsyncIterator[TokenChunk]:
         return self._chunks()
 
     async def _chunks(self) -> AsyncIterator[TokenChunk]:
-        if self._call is None:
-            raise RuntimeError("use GenerateStream inside `async with`")
-        responses = self.responses()
-        if responses is not None:
-            async for response in responses:
-                chunk = chunk_from_response(response)
-                self._finished = self._finished or chunk.finish_reason is not None
-                yield chunk
-            return
-        async for result, error in self._call:
-            if error is not None:
-                raise error
-            chunk = chunk_from_result(result)
+        async for response in self.responses():
+            chunk = chunk_from_response(response)
             self._finished = self._finished or chunk.finish_reason is not None
             yield chunk
 
-    def responses(self) -> AsyncIterator[Any] | None:
-        """The gRPC call's own stream of ``ModelStreamInferResponse`` protobufs (decode each with
-        ``chunk_from_response`` and report a finishing chunk with ``finished``), or None where the client's
-        stream does not expose it (then iterate the stream itself). NOTE: tritonclient's aio stream keeps
-        the call as ``_grpc_call``; reading it directly skips an ``InferResult`` per response."""
+    def responses(self) -> AsyncIterator[Any]:
+        """The call's ``ModelStreamInferResponse`` protobufs, for a caller that decodes them itself
+        (``chunk_from_response``) and reports a finishing chunk with ``finished``."""
         if self._call is None:
             raise RuntimeError("use GenerateStream inside `async with`")
-        call = getattr(self._call, "_grpc_call", None)
-        return call if call is not None and hasattr(call, "__aiter__") else None
+        return cast(AsyncIterator[Any], self._call)
 
     def finished(self) -> None:
         """A chunk with a finish reason was read (by a caller iterating ``responses``)."""

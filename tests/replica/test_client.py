@@ -1,13 +1,13 @@
 """GenerateStream cancels a request the consumer abandoned, and never one that already finished.
 
 Cancelling a finished request races the model's final response; Triton 2.51 was seen to crash on it.
-A fake stands in for tritonclient's aio call (named as one): only the call's iteration and cancel matter.
+A fake stands in for gRPC's aio call (named as one): only the call's iteration and cancel matter.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from sluice.triton.client import GenerateStream, TokenChunk, request_tensors
 
 
 class FakeCall:
-    """Yields (result, None) per chunk, then optionally hangs instead of ending; records cancel()."""
+    """Yields each chunk as its response, then optionally hangs instead of ending; records cancel()."""
 
     def __init__(self, chunks: list[TokenChunk], hang_at_end: bool = False) -> None:
         self.chunks = list(chunks)
@@ -29,10 +29,10 @@ class FakeCall:
     def __aiter__(self) -> FakeCall:
         return self
 
-    async def __anext__(self) -> tuple[TokenChunk, None]:
+    async def __anext__(self) -> TokenChunk:
         await asyncio.sleep(0)
         if self.chunks:
-            return self.chunks.pop(0), None
+            return self.chunks.pop(0)
         if self.hang_at_end:
             await asyncio.sleep(3600)
         self.ended = True
@@ -43,17 +43,27 @@ class FakeCall:
         return True
 
 
-class FakeClient:
+class FakeChannel:
+    """gRPC's aio channel (named as one): its unary-stream method starts the one call."""
+
     def __init__(self, call: FakeCall) -> None:
         self.call = call
 
-    def stream_infer(self, inputs: AsyncIterator[dict[str, Any]], stream_timeout: Any = None) -> FakeCall:
-        return self.call
+    def unary_stream(self, method: str, **serializers: Any) -> Callable[..., FakeCall]:
+        assert method == client_module.MODEL_STREAM_INFER
+        return lambda request, timeout=None: self.call
+
+
+class FakeClient:
+    """tritonclient's aio client (named as one): only its channel is used."""
+
+    def __init__(self, call: FakeCall) -> None:
+        self._channel = FakeChannel(call)
 
 
 @pytest.fixture(autouse=True)
 def chunks_are_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "chunk_from_result", lambda chunk: chunk)
+    monkeypatch.setattr(client_module, "chunk_from_response", lambda chunk: chunk)
 
 
 def stream(call: FakeCall, drain_timeout_s: float = 1.0) -> GenerateStream:

@@ -5,15 +5,24 @@ read from its field, never from its text; an error without the field is classifi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from tritonclient.grpc import _utils as tritonclient_utils
+from tritonclient.grpc import service_pb2
 
 from sluice.engine_client import EngineError, EngineErrorKind, EnginePriority, GenerateRequest, Sampling
 from sluice.engine_client.triton import kind_from_status
-from sluice.triton.client import GenerateStream, chunk_from_result, request_tensors
+from sluice.triton.client import (
+    GenerateStream,
+    chunk_from_result,
+    infer_request,
+    request_tensors,
+    to_infer_inputs,
+)
+from sluice.wire import Guide, GuideKind
 
 
 class FakeResult:
@@ -77,33 +86,41 @@ def test_an_error_without_the_field_is_classified_by_status_only(
 
 
 class OneResponseCall:
-    """tritonclient's aio stream (named as one), yielding one (result, error) pair and ending."""
+    """gRPC's aio call (named as one), yielding one response and ending."""
 
-    def __init__(self, result: FakeResult) -> None:
-        self.pairs = [(result, None)]
+    def __init__(self, response: Any) -> None:
+        self.responses = [response]
 
     def __aiter__(self) -> OneResponseCall:
         return self
 
-    async def __anext__(self) -> tuple[FakeResult, None]:
-        if not self.pairs:
+    async def __anext__(self) -> Any:
+        if not self.responses:
             raise StopAsyncIteration
-        return self.pairs.pop()
+        return self.responses.pop()
 
     def cancel(self) -> bool:
         return True
 
 
 class FakeClient:
-    def __init__(self, call: OneResponseCall) -> None:
-        self.call = call
+    """tritonclient's aio client (named as one): its channel's unary-stream method starts the call."""
 
-    def stream_infer(self, inputs: AsyncIterator[dict[str, Any]], stream_timeout: Any = None) -> Any:
-        return self.call
+    def __init__(self, call: OneResponseCall) -> None:
+        self._channel = SimpleNamespace(unary_stream=lambda method, **_: lambda request, timeout=None: call)
+
+
+def error_response(kind: bytes, message: bytes) -> Any:
+    """A ``ModelStreamInferResponse`` carrying the model's ``error_kind`` and ``error_message`` (BYTES)."""
+    infer = service_pb2.ModelInferResponse(model_name="m", model_version="1")
+    for name, value in (("error_kind", kind), ("error_message", message)):
+        infer.outputs.add(name=name, datatype="BYTES", shape=[1, 1])
+        infer.raw_output_contents.append(len(value).to_bytes(4, "little") + value)
+    return service_pb2.ModelStreamInferResponse(infer_response=infer)
 
 
 def test_the_stream_raises_the_replicas_error_kind() -> None:
-    refusal = FakeResult(error_kind=b"invalid_request", error_message=b"max_tokens must be at least 1")
+    refusal = error_response(b"invalid_request", b"max_tokens must be at least 1")
     tensors = request_tensors([1, 2], 0, cache_scope="acme")
 
     async def run() -> None:
@@ -125,3 +142,51 @@ def test_a_request_carries_its_priority_as_the_wire_enum() -> None:
     assert GenerateRequest("r", [1], Sampling(4), cache_scope="a").priority is EnginePriority.UNDER_SHARE
     with pytest.raises(ValueError, match="priority must be one of 0, 1, 2, got 3"):
         GenerateRequest("r", [1], Sampling(4), priority=3, cache_scope="a")  # type: ignore[arg-type]
+
+
+def test_a_request_is_the_protobuf_tritonclient_would_send() -> None:
+    """``infer_request`` builds the request straight from the tensors; tritonclient's own builder
+    (``tritonclient/grpc/_utils.py``, ``_get_inference_request`` over ``InferInput``s, what its
+    ``stream_infer`` sends) is the authority for the bytes on the wire: every tensor kind the gateway
+    sends (INT32, BOOL, FP32, UINT64, BYTES; a prompt, scalars, lists and a guide's text)."""
+    tensors = request_tensors(
+        [3, 1000, 8191],
+        64,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        seed=2**63 + 5,
+        end_id=2,
+        stop_token_ids=[2, 7],
+        priority=1,
+        cache_scope="acme",
+        ignore_eos=True,
+        min_p=0.05,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.1,
+        logit_bias=[(5, -100.0), (9, 2.5)],
+        guide=Guide(GuideKind.JSON_SCHEMA, '{"type": "object"}'),
+        logprobs=3,
+        n=2,
+        prompt_logprobs=True,
+    )
+    theirs = tritonclient_utils._get_inference_request(
+        model_name="sluice-tiny",
+        inputs=to_infer_inputs(tensors),
+        model_version="",
+        request_id="req-1",
+        outputs=None,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
+    ours = infer_request("sluice-tiny", tensors, "req-1")
+    assert ours.SerializeToString(deterministic=True) == theirs.SerializeToString(deterministic=True)
+    empty = {"cache_scope": np.array([[b""]], dtype=np.object_)}
+    assert infer_request("m", empty) == tritonclient_utils._get_inference_request(
+        "m", to_infer_inputs(empty), "", "", None, 0, False, False, 0, None, None
+    )
