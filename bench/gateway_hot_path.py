@@ -6,7 +6,9 @@
 - detokenize: ``IncrementalDetokenizer.push`` of one token (as before: a generator and a join per call;
   now: one dict lookup) and ``tokenizers.decoders.DecodeStream.step``, per token of a mixed text;
 - SSE chunk: ``_sse(shape.text(text))`` (a chunk struct per token) against ``shape.text_sse(text)``;
-- deadline: ``asyncio.timeout`` around each wait against the request's one ``_Deadline``.
+- deadline: ``asyncio.timeout`` around each wait against the request's one ``_Deadline``;
+- replica view: a request's dispatch, first token and release on a replica holding 30 or 1,000 streams,
+  the view recounting its slots (as before) against counts kept as slots come and go.
 
 The whole path's figure (what these add up to with the gRPC receive, the HTTP write and the rest) is
 bench/gateway_capacity.py's, A/B against the old tree with ``--gateway-root``.
@@ -35,10 +37,15 @@ from bench.servers import REPO_ROOT
 from gateway.openai.controller import CompletionShape, _sse
 from gateway.openai.generation import _Deadline
 from gateway.openai.job import TextEvent
+from gateway.scheduling.replicas import ReplicaView, Slot
+from sluice.domain import RequestClass
 from sluice.engine_client import Delta, Sampling
+from sluice.policy.fair_queue import WaitingRequest
+from sluice.policy.load import PriorityLoad, ReplicaLoad
 from sluice.text.detokenizer import TokenBytes
 from sluice.text.tokenizer import TextCodec
 from sluice.triton.client import chunk_from_response, chunk_from_result
+from sluice.wire import EnginePriority
 
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé 日本語 emoji 🎉🎉 done. " * 20
 
@@ -90,6 +97,80 @@ def deadline_us(number: int) -> tuple[float, float]:
         return (with_timeout - bare) / number * 1e6, (with_deadline - bare) / number * 1e6
 
     return asyncio.run(main())
+
+
+class OldReplicaView(ReplicaView):
+    """The replica view as it was: ``load`` recounted its slots, and every add and remove re-marked each
+    slot's pacing over every tenant (O(slots) per dispatch and release)."""
+
+    def add(self, slot: Slot) -> None:
+        super().add(slot)
+        self._old_mark_paced()
+
+    def remove(self, request_id: str) -> Slot | None:
+        slot = super().remove(request_id)
+        if slot is not None:
+            self._old_mark_paced()
+        return slot
+
+    def _old_mark_paced(self) -> None:
+        self.old_paced: dict[str, bool] = {}
+        top: dict[str, int] = {}
+        for slot in self.slots.values():
+            top[slot.tenant_id] = min(top.get(slot.tenant_id, slot.priority), slot.priority)
+        for slot in self.slots.values():
+            self.old_paced[slot.request_id] = any(
+                p < slot.priority for t, p in top.items() if t != slot.tenant_id
+            )
+
+    def load(self, key: str) -> ReplicaLoad:
+        slots = self.slots.values()
+        reserved = sum(s.kv_tokens for s in slots)
+        num_prefilling = sum(1 for s in slots if not s.has_first_token)
+        counts = [[0, 0, 0] for _ in EnginePriority]
+        for slot in slots:
+            count = counts[slot.priority]
+            count[0] += 1
+            count[1] += not slot.has_first_token
+            count[2] += slot.kv_tokens
+        return ReplicaLoad(
+            key,
+            min(self.free_kv_tokens, self.total_kv_tokens - reserved),
+            self.total_kv_tokens,
+            num_prefilling,
+            len(self.slots),
+            itl_ms=self.itl_ms,
+            by_priority=tuple(PriorityLoad(*count) for count in counts),
+        )
+
+
+def dispatch_us(view_class: type[ReplicaView], num_streams: int, repeat: int) -> float:
+    """µs of a request's own view work on a replica holding ``num_streams``: added at dispatch (the
+    dispatch pass reads the load before and after), its first token, released (the pass reads it again)."""
+    view = view_class(cast(Any, SimpleNamespace(replica="r")))
+    view.total_kv_tokens = view.free_kv_tokens = 10**9
+    now = time.monotonic()
+
+    def slot(i: int) -> Slot:
+        request = WaitingRequest(
+            f"r{i}", f"t{i % 10}", 1.0, RequestClass.INTERACTIVE, 128, 128, now, now + 60
+        )
+        return Slot(request, now, view.engine, "r", EnginePriority(i % 3))
+
+    for i in range(num_streams):
+        view.add(slot(i))
+    new = slot(num_streams)
+
+    def one_request() -> None:
+        view.load("r")
+        view.add(new)
+        view.load("r")
+        view.first_token(new)
+        new.has_first_token = False
+        view.remove(new.request_id)
+        view.load("r")
+
+    return per_call_us(one_request, 2_000, repeat)
 
 
 def measure(checkpoint_dir: Path, repeat: int) -> list[tuple[str, float, float]]:
@@ -148,6 +229,14 @@ def measure(checkpoint_dir: Path, repeat: int) -> list[tuple[str, float, float]]
             per_call_us(lambda: shape.text_sse(fox), 50_000, repeat),
         )
     )
+    for num_streams in (30, 1_000):
+        rows.append(
+            (
+                f"a request's replica-view work, {num_streams:,} streams on the replica",
+                dispatch_us(OldReplicaView, num_streams, repeat),
+                dispatch_us(ReplicaView, num_streams, repeat),
+            )
+        )
     timeout_us, deadline_wait_us = min(deadline_us(50_000) for _ in range(repeat))
     rows.append(("deadline around a wait", timeout_us, deadline_wait_us))
     return rows

@@ -46,11 +46,7 @@ class Slot:
     replica_key: str  # the scheduler's key of the replica it was dispatched to
     # Decided at dispatch from the tenant's standing (sluice.policy.dispatch_pass); sent to the engine.
     priority: EnginePriority = EnginePriority.UNDER_SHARE
-    has_first_token: bool = False
-    # Another tenant's work of a higher priority shares the replica, so the replica sends this stream at
-    # most once per its yield interval (the CPU engine's ``YieldPacer``): its gaps are the replica's
-    # choice, not its pace, and do not count towards its inter-token latency. Kept by ``ReplicaView``.
-    paced: bool = False
+    has_first_token: bool = False  # set by ``ReplicaView.first_token`` (it counts the ones without)
 
     @property
     def request_id(self) -> str:
@@ -84,7 +80,13 @@ class ReplicaView:
     # The batch bounded by the inter-token target (sluice.policy.batch_bound); None: not bounded yet.
     bound: BatchBound = field(default_factory=BatchBound)
     running_cap: int | None = None
-    slots: dict[str, Slot] = field(default_factory=dict)
+    slots: dict[str, Slot] = field(default_factory=dict)  # through add and remove only
+    # Kept as slots come and go, so a dispatch's reads cost the same with 10 streams or 1,000: per engine
+    # priority [requests, of them without a first token, their KV tokens]; per tenant, its requests at
+    # each priority; per priority, how many tenants have it as their highest (lowest number) live.
+    _by_priority: list[list[int]] = field(init=False)
+    _tenant_priorities: dict[str, list[int]] = field(default_factory=dict)
+    _num_tenants_topped_at: list[int] = field(init=False)
     _recent_gaps_ms: deque[float] = field(init=False)
     _num_gaps_unestimated: int = 0
     _num_gaps_unjudged: int = 0  # since the cap was last judged: a window of them judges it again
@@ -92,6 +94,8 @@ class ReplicaView:
 
     def __post_init__(self) -> None:
         self._recent_gaps_ms = deque(maxlen=self.bound.num_gaps_between_moves)
+        self._by_priority = [[0, 0, 0] for _ in EnginePriority]
+        self._num_tenants_topped_at = [0 for _ in EnginePriority]
 
     # ----- taking work -----
     @property
@@ -124,37 +128,63 @@ class ReplicaView:
 
     # ----- the requests it holds -----
     def add(self, slot: Slot) -> None:
+        assert slot.request_id not in self.slots
         self.slots[slot.request_id] = slot
-        self._mark_paced()
+        self._count(slot, +1)
 
     def remove(self, request_id: str) -> Slot | None:
         slot = self.slots.pop(request_id, None)
         if slot is not None:
-            self._mark_paced()
+            self._count(slot, -1)
         return slot
 
-    def _mark_paced(self) -> None:
-        """``Slot.paced`` by the replica's own rule: a stream is held while another tenant has live work
-        of a higher priority (lower number). Once per dispatch and release, not per token."""
-        top: dict[str, int] = {}  # tenant -> the highest priority it has live
-        for slot in self.slots.values():
-            top[slot.tenant_id] = min(top.get(slot.tenant_id, slot.priority), slot.priority)
-        for slot in self.slots.values():
-            slot.paced = any(p < slot.priority for t, p in top.items() if t != slot.tenant_id)
+    def first_token(self, slot: Slot) -> None:
+        """``slot``'s request has its first token (it no longer waits inside the replica)."""
+        if not slot.has_first_token:
+            slot.has_first_token = True
+            if self.slots.get(slot.request_id) is slot:
+                self._by_priority[slot.priority][1] -= 1
+
+    def paced(self, slot: Slot) -> bool:
+        """Whether the replica paces ``slot``'s stream, by its own rule: another tenant has live work of a
+        higher priority (a lower number), so the replica sends this stream at most once per its yield
+        interval (the CPU engine's ``YieldPacer``). Its gaps are then the replica's choice, not its pace,
+        and do not count towards its inter-token latency."""
+        own = self._tenant_priorities.get(slot.tenant_id)
+        own_top = _top(own) if own is not None else None
+        return any(
+            self._num_tenants_topped_at[p] > (1 if own_top == p else 0) for p in range(slot.priority)
+        )
+
+    def _count(self, slot: Slot, sign: int) -> None:
+        counts = self._by_priority[slot.priority]
+        counts[0] += sign
+        counts[1] += sign * (not slot.has_first_token)
+        counts[2] += sign * slot.kv_tokens
+        tenant = self._tenant_priorities.setdefault(slot.tenant_id, [0 for _ in EnginePriority])
+        top_before = _top(tenant)
+        tenant[slot.priority] += sign
+        top_after = _top(tenant)
+        if top_after != top_before:
+            if top_before is not None:
+                self._num_tenants_topped_at[top_before] -= 1
+            if top_after is not None:
+                self._num_tenants_topped_at[top_after] += 1
+        if top_after is None:
+            del self._tenant_priorities[slot.tenant_id]
 
     # ----- load -----
     def load(self, key: str) -> ReplicaLoad:
         """The replica's load for the dispatch policy: its last read, corrected by what this gateway
         dispatched since and by the requests it holds that have no first token yet."""
-        slots = self.slots.values()
         total = self.total_kv_tokens
         if total:
-            reserved = sum(s.kv_tokens for s in slots)
+            reserved = sum(counts[2] for counts in self._by_priority)
             free = self.free_kv_tokens - self.dispatched_kv_tokens_since_read
             free = min(free, total - reserved)  # never promise more than this gateway has not reserved
         else:  # not read yet: the KV gate is open (the replica's own admission still applies)
             free = _UNKNOWN_KV_TOKENS
-        num_prefilling = sum(1 for s in slots if not s.has_first_token)
+        num_prefilling = sum(counts[1] for counts in self._by_priority)
         return ReplicaLoad(
             replica_id=key,
             free_kv_tokens=free,
@@ -162,13 +192,13 @@ class ReplicaView:
             num_waiting=max(self.num_waiting, num_prefilling),
             num_running=len(self.slots),
             itl_ms=self.itl_ms if self.slots else None,
-            by_priority=_by_priority(slots),
+            by_priority=tuple(PriorityLoad(*counts) for counts in self._by_priority),
             running_cap=self.running_cap,
         )
 
     def observe_gap(self, gap_s: float, num_tokens: int) -> bool:
         """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests (not a paced
-        one: ``Slot.paced``). True when the running cap grew (the caller may dispatch more).
+        one: ``paced``). True when the running cap grew (the caller may dispatch more).
 
         NOTE: the gap itself, not the gap per token: a replica that sends a stream's tokens together once
         per send budget is as smooth as its gaps, and the target is the gap a client waits."""
@@ -204,15 +234,9 @@ class ReplicaView:
         self.dispatched_kv_tokens_since_read = 0
 
 
-def _by_priority(slots: Iterable[Slot]) -> tuple[PriorityLoad, ...]:
-    """This gateway's requests on the replica per engine priority (``ReplicaLoad.by_priority``)."""
-    counts = [[0, 0, 0] for _ in EnginePriority]
-    for slot in slots:
-        count = counts[slot.priority]
-        count[0] += 1
-        count[1] += not slot.has_first_token
-        count[2] += slot.kv_tokens
-    return tuple(PriorityLoad(*count) for count in counts)
+def _top(counts_by_priority: list[int]) -> int | None:
+    """The highest priority (lowest number) with a request, None for none."""
+    return next((p for p, n in enumerate(counts_by_priority) if n), None)
 
 
 def p95(values_ms: Iterable[float]) -> float:

@@ -278,10 +278,13 @@ class ModelScheduler:
         self._queue.charge_output(slot.tenant_id, slot.request_class, num_tokens, now)
         view = self._replicas.get(slot.replica_key)
         grew = False
-        if view is not None and gap_s is not None and num_tokens > 0 and not slot.paced:
+        if view is not None and gap_s is not None and num_tokens > 0 and not view.paced(slot):
             grew = view.observe_gap(gap_s, num_tokens)
         if not slot.has_first_token:
-            slot.has_first_token = True
+            if view is not None:
+                view.first_token(slot)
+            else:  # its replica left the table: nothing counts it
+                slot.has_first_token = True
             self._dispatch_pass(now)  # one fewer request waiting inside the replica
         elif grew:
             self._dispatch_pass(now)  # its running cap grew: room for one more

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from fakes import ScriptedFakeEngine
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
@@ -156,29 +158,72 @@ def test_a_stream_the_replica_paces_for_another_tenant_is_marked_so_its_gaps_are
     own_first = _slot(view, "g-first", "globex", EnginePriority.UNDER_SHARE)
     for slot in (*flood, own_first):
         view.add(slot)
-    assert not any(s.paced for s in flood)  # one tenant's own priorities: nothing is held
+    assert not any(view.paced(s) for s in flood)  # one tenant's own priorities: nothing is held
     quiet = _slot(view, "a1", "acme", EnginePriority.UNDER_SHARE)
     view.add(quiet)
-    assert all(s.paced for s in flood) and not own_first.paced and not quiet.paced
+    assert all(view.paced(s) for s in flood) and not view.paced(own_first) and not view.paced(quiet)
     assert view.remove("a1") is quiet and view.remove("a1") is None
-    assert not any(s.paced for s in flood)
+    assert not any(view.paced(s) for s in flood)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "first", "remove"]), st.integers(0, 11), st.integers(0, 3)),
+        max_size=60,
+    )
+)
+def test_the_views_running_counts_are_what_its_slots_add_up_to(steps: list[tuple[str, int, int]]) -> None:
+    """``load`` and ``paced`` read counts kept as slots come and go (so a dispatch costs the same with
+    1,000 streams as with 10); after any sequence of adds, first tokens and removals they are what
+    recounting the slots gives, and ``paced`` is the replica's rule taken over every other tenant."""
+    view = ReplicaView(_engine("a"))
+    view.total_kv_tokens, view.free_kv_tokens = 10_000, 9_000
+    for action, i, tenant in steps:
+        request_id = f"r{i}"
+        if action == "add" and request_id not in view.slots:
+            priority = EnginePriority(i % 3)
+            request = WaitingRequest(request_id, f"t{tenant}", 1.0, RequestClass.INTERACTIVE, i, 8 * i, 0, 30)
+            view.add(Slot(request, 0.0, view.engine, "a#1", priority))
+        elif action == "first" and request_id in view.slots:
+            view.first_token(view.slots[request_id])
+        elif action == "remove":
+            view.remove(request_id)
+    slots = list(view.slots.values())
+    load = view.load("a#1")
+    for priority in EnginePriority:
+        mine = [s for s in slots if s.priority == priority]
+        got = load.by_priority[priority]
+        assert got.num_in_flight == len(mine)
+        assert got.num_waiting == sum(not s.has_first_token for s in mine)
+        assert got.kv_tokens == sum(s.kv_tokens for s in mine)
+    assert load.free_kv_tokens == min(9_000, 10_000 - sum(s.kv_tokens for s in slots))
+    assert load.num_running == len(slots)
+    for slot in slots:
+        others = [s.priority for s in slots if s.tenant_id != slot.tenant_id]
+        assert view.paced(slot) == any(p < slot.priority for p in others)
 
 
 async def test_the_scheduler_judges_the_running_cap_on_unpaced_gaps_only(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path, checkpoint_dir=tmp_path)
     scheduler = ModelScheduler("m", (), settings, GatewayMetrics(), version="1")
     await scheduler.add_replica(_engine("a"), "a#1")
-    slot = await scheduler.wait_for_dispatch(_queued("r1"))
-    slot.paced = True  # as ReplicaView marks it while another tenant's higher-priority work is live
+    view = scheduler._replicas["a#1"]
+    # Another tenant's higher-priority request on the replica: the replica paces this stream.
+    above = _slot(view, "g1", "globex", EnginePriority.UNDER_SHARE)
+    slot = _slot(view, "a1", "acme", EnginePriority.OVER_SHARE)
+    view.add(above)
+    view.add(slot)
+    assert view.paced(slot)
     for _ in range(1_000):
         scheduler.on_tokens(slot, 1, 0.050)
-    view = scheduler._replicas["a#1"]
     assert view.itl_ms is None and view.running_cap is None
-    slot.paced = False
+    view.remove("g1")
+    assert not view.paced(slot)
     for _ in range(BatchBound().num_gaps_between_moves):
         scheduler.on_tokens(slot, 1, 0.050)
     assert view.itl_ms == pytest.approx(50.0) and view.running_cap == 1
-    scheduler.release(slot)
+    view.remove("a1")
 
 
 def test_the_cap_is_cut_from_the_most_that_ran_while_the_gaps_were_left() -> None:
