@@ -97,6 +97,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("gateway-capacity", "bench.gateway_capacity", ("--write-docs",),
           ("--streams", "50", "--window-s", "5"), 6),
     Bench("gateway-hot-path", "bench.gateway_hot_path", ("--write-docs",), ("--repeat", "1"), 1),
+    Bench("grpc-client", "bench.grpc_client", ("--write-docs",),
+          ("--rounds", "1", "--requests", "200", "--streams", "20"), 3),
     Bench("goodput", "bench.goodput",
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--quick"), 15),

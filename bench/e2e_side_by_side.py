@@ -70,7 +70,7 @@ from sluice.stores.tenants.base import dev_tenant
 BENCH_LOG = Path(".sluice/bench/devstack.log")
 BENCH_STATE = Path(".sluice/bench/state")  # the stack's own: the developer's .sluice tenants are not touched
 NONE_TENANT, NONE_API_KEY = "bench-none", "sk-bench-none"
-SWEEP_PLOT = REPO_ROOT / "docs" / "img" / "e2e-vs-vllm.png"  # and its numbers, .json beside it
+IMAGES = REPO_ROOT / "docs" / "img"
 VLLM_SERVE_ARGS = "--dtype bfloat16 --max-model-len 2048 --max-num-seqs 64, VLLM_CPU_KVCACHE_SPACE=2 (GiB)"
 
 
@@ -308,7 +308,13 @@ def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
     return results
 
 
-def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], command: str) -> str:
+def sweep_plot(section: str) -> Path:
+    """The section's own plot (its numbers in a .json beside it): a run on another kind of CPU adds its
+    section and its plot, and leaves the others' as they are."""
+    return IMAGES / (re.sub(r"[^a-z0-9]+", "-", section.lower()).strip("-") + ".png")
+
+
+def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], command: str, plot: Path) -> str:
     """The section for docs/benchmarks.md: what ran where, and the table."""
     cpu = f"CPU: {cpu_description()}; flags: {cpu_flags()}"
     return "\n".join(
@@ -352,18 +358,18 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             "",
             cpu_table(results, max(args.concurrency)),
             "",
-            f"![TTFT and inter-token latency against load]({SWEEP_PLOT.relative_to(REPO_ROOT / 'docs')}) "
+            f"![TTFT and inter-token latency against load]({plot.relative_to(REPO_ROOT / 'docs')}) "
             f"(each point the median over the rounds; {load_average()} at the end of the run)",
         ]
     )
 
 
-def save_sweep_plot(results: list[RunResult], command: str) -> None:
+def save_sweep_plot(results: list[RunResult], command: str, plot: Path) -> None:
     """TTFT and inter-token latency against concurrency per target (docs/img), with the runs' numbers."""
     runs = [{k: v for k, v in dataclasses.asdict(r).items() if k != "cpu"} for r in results]
-    plots.save_json(SWEEP_PLOT, {"command": command, "cpu": cpu_description(), "load": load_average(),
-                                 "runs": runs})  # fmt: skip
-    plots.load_sweep(runs, SWEEP_PLOT, f"Sluice beside vLLM: {cpu_description()}, {load_average()}")
+    plots.save_json(plot, {"command": command, "cpu": cpu_description(), "load": load_average(),
+                           "runs": runs})  # fmt: skip
+    plots.load_sweep(runs, plot, f"Sluice beside vLLM: {cpu_description()}, {load_average()}")
 
 
 def section_name(args: argparse.Namespace) -> str:
@@ -466,8 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(["", *target_lines(results), *share_bound_lines(results, 32, machine_cores())]))
     print("\n" + cpu_table(results, max(args.concurrency)))
     if args.write_docs:
-        save_sweep_plot(results, command)
-        write_section(section_name(args), report(setup, args, results, command))
+        plot = sweep_plot(section_name(args))
+        save_sweep_plot(results, command, plot)
+        write_section(section_name(args), report(setup, args, results, command, plot))
         log(f"wrote section {section_name(args)!r} of docs/benchmarks.md")
     return 0
 

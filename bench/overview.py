@@ -112,7 +112,7 @@ class Plot:
 
 
 PLOTS = (
-    Plot("img/e2e-vs-vllm.png", "TTFT and inter-token latency against load, beside vLLM", read_sweep),
+    Plot("img/e2e-vs-vllm-sweep.png", "TTFT and inter-token latency against load, beside vLLM", read_sweep),
     Plot("img/noisy-tenant.png", "Fairness under a noisy tenant", read_noisy),
     Plot("img/cancel-to-free.png", "Cancel-to-free latency", read_cancel),
     *(

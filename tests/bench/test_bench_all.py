@@ -108,8 +108,8 @@ def test_each_plot_is_drawn_and_read_from_its_numbers(tmp_path: Path) -> None:
              "ttft_p95_ms": 20.0 * c, "itl_p50_ms": 1.0, "itl_p95_ms": 2.0 if t == "sluice" else 3.0,
              "tokens_per_s": 100.0 * c}
             for t in ("sluice", "vllm") for c in (1, 8) for r in (0, 1)]  # fmt: skip
-    plots.save_json(img / "e2e-vs-vllm.png", {"runs": runs, "load": "load average 1 / 1 / 1"})
-    plots.load_sweep(runs, img / "e2e-vs-vllm.png", "test")
+    plots.save_json(img / "e2e-vs-vllm-sweep.png", {"runs": runs, "load": "load average 1 / 1 / 1"})
+    plots.load_sweep(runs, img / "e2e-vs-vllm-sweep.png", "test")
     phases = {
         "unloaded": {"ttft_at_s": [0.1, 0.2], "ttft_ms": [10.0, 12.0],
                      "tokens_per_s": {"acme": 50.0, "globex": 0}},
@@ -118,7 +118,7 @@ def test_each_plot_is_drawn_and_read_from_its_numbers(tmp_path: Path) -> None:
     }  # fmt: skip
     plots.save_json(img / "noisy-tenant.png", {"phases": phases, "ttft_bound_ms": 250.0})
     plots.noisy_tenant(phases, img / "noisy-tenant.png", 250.0)
-    for name in ("cancel-to-free", "e2e-vs-vllm", "noisy-tenant"):
+    for name in ("cancel-to-free", "e2e-vs-vllm-sweep", "noisy-tenant"):
         assert (img / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = "\n".join(overview.plot_lines(tmp_path))
     assert "freed on the replica 25 ms after" in text and "4 of 5 streams freed" in text
