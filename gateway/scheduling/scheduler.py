@@ -81,7 +81,7 @@ class ModelScheduler:
         self._redispatched: FairQueue[asyncio.Future[Slot]] = FairQueue(self._queue.config, fair=fair)
         self._queue_depth = QueueDepthConfig()
         self._dispatch = DispatchConfig(
-            itl_target_ms=settings.itl_target_ms,
+            itl_target_ms=settings.itl_setpoint_ms,
             max_waiting_per_replica=settings.max_waiting_per_replica,
             yield_kv_reserve_fraction=settings.yield_kv_reserve_fraction,
             batch_itl_fraction=settings.batch_itl_fraction,
@@ -98,7 +98,7 @@ class ModelScheduler:
         self._drain = RateMeter(window_s=10.0)
         self._task: asyncio.Task[None] | None = None
         self._on_drained = on_drained
-        self._bound = BatchBound(itl_target_ms=settings.itl_target_ms)
+        self._bound = BatchBound(itl_target_ms=settings.itl_setpoint_ms)
         self._replicas = {e.replica: ReplicaView(e, bound=self._bound) for e in engines}
         self._num_in_flight = InFlight()  # dispatched, not yet released
         self._weights: dict[str, float] = {}

@@ -236,3 +236,17 @@ def test_the_cap_is_cut_from_the_most_that_ran_while_the_gaps_were_left() -> Non
     for _ in range(8):
         view.observe_gap(0.050, 1)
     assert view.running_cap == 51  # 64 x 40 / 50
+
+
+def test_the_gateway_holds_its_read_of_the_gaps_the_headroom_under_the_target(tmp_path: Path) -> None:
+    """The client reads a gap after the gateway's SSE write and its own read: the batch bound and the
+    dispatch gate judge the gateway's read against the target less the headroom (the engine's render
+    and the deadline estimates keep the target itself)."""
+    settings = Settings(
+        state_dir=tmp_path, checkpoint_dir=tmp_path, itl_target_ms=40.0, itl_headroom_fraction=0.1
+    )
+    scheduler = ModelScheduler("m", (), settings, GatewayMetrics(), version="1")
+    assert settings.itl_setpoint_ms == pytest.approx(36.0)
+    assert scheduler._bound.itl_target_ms == pytest.approx(36.0)
+    assert scheduler._dispatch.itl_target_ms == pytest.approx(36.0)
+    assert Settings(state_dir=tmp_path, checkpoint_dir=tmp_path).itl_setpoint_ms == pytest.approx(37.0)
