@@ -308,10 +308,14 @@ def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
     return results
 
 
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 def sweep_plot(section: str) -> Path:
     """The section's own plot (its numbers in a .json beside it): a run on another kind of CPU adds its
     section and its plot, and leaves the others' as they are."""
-    return IMAGES / (re.sub(r"[^a-z0-9]+", "-", section.lower()).strip("-") + ".png")
+    return IMAGES / f"{_slug(section)}.png"
 
 
 def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], command: str, plot: Path) -> str:
@@ -376,7 +380,7 @@ def section_name(args: argparse.Namespace) -> str:
     """One section per kind of CPU, so a run on another machine adds its table instead of replacing."""
     if args.section:
         return str(args.section)
-    return "e2e-vs-vllm " + re.sub(r"[^a-z0-9]+", "-", cpu_description().lower()).strip("-")
+    return "e2e-vs-vllm " + _slug(cpu_description())
 
 
 def bench_tenants() -> list[tuple[Tenant, str]]:
