@@ -74,11 +74,14 @@ def self_cpu_s() -> float:
 
 @dataclass(frozen=True)
 class CpuSplit:
-    """One run's CPU by part: seconds over ``wall_s``, and the ``output_tokens`` it made."""
+    """One run's CPU by part: seconds over ``wall_s``, the ``output_tokens`` it made and the ``num_chunks``
+    of text the client read (0: not counted, as for the engine alone). Per token depends on how many
+    tokens a chunk carries (a replica's send budget sets that); per chunk is what each message costs."""
 
     wall_s: float
     cpu_s: Mapping[str, float]
     output_tokens: int
+    num_chunks: int = 0
 
     def cores(self, part: str) -> float:
         return self.cpu_s.get(part, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
@@ -89,6 +92,18 @@ class CpuSplit:
     @property
     def total_us_per_token(self) -> float:
         return sum(self.us_per_token(p) for p in self.cpu_s)
+
+    def us_per_chunk(self, part: str | None) -> float | None:
+        """One part's (None: all parts') CPU microseconds per text chunk; None where chunks were not
+        counted."""
+        if not self.num_chunks:
+            return None
+        cpu_s = sum(self.cpu_s.values()) if part is None else self.cpu_s.get(part, 0.0)
+        return cpu_s * 1e6 / self.num_chunks
+
+    @property
+    def tokens_per_chunk(self) -> float | None:
+        return self.output_tokens / self.num_chunks if self.num_chunks else None
 
 
 def share_bound_us_per_token(num_cores: int, engine_alone_tokens_per_s: float, share: float) -> float:
@@ -133,7 +148,7 @@ class CpuMeter:
     def start(self) -> None:
         self._began = (time.monotonic(), self_cpu_s(), self._sample())
 
-    def stop(self, output_tokens: int) -> CpuSplit:
+    def stop(self, output_tokens: int, num_chunks: int = 0) -> CpuSplit:
         if self._began is None:
             raise RuntimeError("CpuMeter.stop before start")
         began_s, self_before, before = self._began
@@ -142,4 +157,4 @@ class CpuMeter:
         for pid, (part, cpu) in after.items():
             cpu_s[part] = cpu_s.get(part, 0.0) + cpu - before.get(pid, (part, 0.0))[1]
         self._began = None
-        return CpuSplit(wall_s, cpu_s, output_tokens)
+        return CpuSplit(wall_s, cpu_s, output_tokens, num_chunks)

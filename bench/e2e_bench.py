@@ -49,6 +49,7 @@ class Summary:
     itl_ms: list[float]
     # Per request: (last text chunk - first) / (tokens - 1), which chunks arriving in bursts do not skew.
     tpot_ms: list[float] = field(default_factory=list)
+    num_chunks: int = 0  # chunks carrying text, over every request
 
     @property
     def tokens_per_s(self) -> float:
@@ -155,16 +156,22 @@ async def run_load(
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - began
-    timelines.sort(key=lambda t: t.sent_s)  # in the order sent: the first `concurrency` are the first wave
+    return summary_of(label, concurrency, elapsed, timelines)
+
+
+def summary_of(label: str, concurrency: int, elapsed_s: float, timelines: list[Timeline]) -> Summary:
+    """One run's figures from its requests' timelines."""
+    timelines = sorted(timelines, key=lambda t: t.sent_s)  # in the order sent: the first wave first
     return Summary(
         label=label,
         concurrency=concurrency,
         num_requests=len(timelines),
-        elapsed_s=elapsed,
+        elapsed_s=elapsed_s,
         output_tokens=sum(t.completion_tokens for t in timelines),
         ttft_ms=[(t.chunk_times_s[0] - t.sent_s) * 1000 for t in timelines if t.chunk_times_s],
         itl_ms=[float(d) * 1000 for t in timelines for d in np.diff(t.chunk_times_s)],
         tpot_ms=[v for v in map(request_tpot_ms, timelines) if v is not None],
+        num_chunks=sum(len(t.chunk_times_s) for t in timelines),
     )
 
 

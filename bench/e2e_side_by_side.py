@@ -284,7 +284,7 @@ def measure(
         RunResult.from_samples(
             target, concurrency, round_index, s.tokens_per_s, s.ttft_ms, s.itl_ms, s.tpot_ms
         ),
-        cpu=meter.stop(s.output_tokens),
+        cpu=meter.stop(s.output_tokens, s.num_chunks),
     )
 
 

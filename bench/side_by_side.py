@@ -257,28 +257,39 @@ def _median_us_per_token(splits: Sequence[CpuSplit], part: str | None) -> float:
     return statistics.median(s.total_us_per_token if part is None else s.us_per_token(part) for s in splits)
 
 
+def _median_us_per_chunk(splits: Sequence[CpuSplit], part: str | None) -> str:
+    """The median over runs of one part's CPU microseconds per text chunk (``None``: all parts), or "-"
+    where no run counted its chunks."""
+    values = [v for v in (s.us_per_chunk(part) for s in splits) if v is not None]
+    return f"{statistics.median(values):,.0f}" if values else "-"
+
+
 def cpu_table(results: Sequence[RunResult], concurrency: int) -> str:
     """Where the cores went at ``concurrency`` streams: per target measured, per part of its processes,
-    the median over runs of the cores it kept busy and its CPU microseconds per output token. Empty if
-    no run measured its CPU."""
+    the median over runs of the cores it kept busy, its CPU microseconds per output token and per text
+    chunk the client read (a chunk is one message through the whole path; how many tokens it carries is
+    on the **all** row). Empty if no run measured its CPU."""
     targets = [t for t in (SLUICE, SLUICE_DEFAULT, VLLM, ENGINE) if _cpu_splits(results, t, concurrency)]
     if not targets:
         return ""
     rows = [
-        "| target | part | cores busy | CPU µs per output token |",
-        "|---|---|---|---|",
+        "| target | part | cores busy | CPU µs per output token | CPU µs per text chunk |",
+        "|---|---|---|---|---|",
     ]
     for target in targets:
         splits = _cpu_splits(results, target, concurrency)
+        label = TARGET_LABELS[target]
         parts = sorted({p for s in splits for p in s.cpu_s}, key=lambda p: -_median_us_per_token(splits, p))
         # A part that was idle through the run (a model no request used) is left out; "all" counts it.
         for part in (p for p in parts if _median_us_per_token(splits, p) >= 0.5):
             cores = statistics.median(s.cores(part) for s in splits)
-            us = _median_us_per_token(splits, part)
-            rows.append(f"| {TARGET_LABELS[target]} | {part} | {cores:.2f} | {us:,.0f} |")
+            us, us_chunk = _median_us_per_token(splits, part), _median_us_per_chunk(splits, part)
+            rows.append(f"| {label} | {part} | {cores:.2f} | {us:,.0f} | {us_chunk} |")
         total_cores = statistics.median(sum(s.cores(p) for p in s.cpu_s) for s in splits)
-        us = _median_us_per_token(splits, None)
-        rows.append(f"| {TARGET_LABELS[target]} | **all** | {total_cores:.2f} | {us:,.0f} |")
+        us, us_chunk = _median_us_per_token(splits, None), _median_us_per_chunk(splits, None)
+        per_chunk = [v for v in (s.tokens_per_chunk for s in splits) if v is not None]
+        all_label = f"**all** ({statistics.median(per_chunk):.2f} tokens a chunk)" if per_chunk else "**all**"
+        rows.append(f"| {label} | {all_label} | {total_cores:.2f} | {us:,.0f} | {us_chunk} |")
     return "\n".join(rows)
 
 

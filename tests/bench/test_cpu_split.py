@@ -75,14 +75,17 @@ def _run(target: str, tokens_per_s: float, cpu: CpuSplit) -> RunResult:
 
 def test_the_cpu_table_and_the_bound_line_read_the_medians_of_the_runs() -> None:
     results = [
-        _run(SLUICE, 2_000, CpuSplit(10.0, {"gateway": 4.0, CLIENT: 2.0, "engine": 8.0}, 20_000)),
-        _run(SLUICE, 2_000, CpuSplit(10.0, {"gateway": 6.0, CLIENT: 2.0, "engine": 8.0}, 20_000)),
+        _run(SLUICE, 2_000, CpuSplit(10.0, {"gateway": 4.0, CLIENT: 2.0, "engine": 8.0}, 20_000, 10_000)),
+        _run(SLUICE, 2_000, CpuSplit(10.0, {"gateway": 6.0, CLIENT: 2.0, "engine": 8.0}, 20_000, 5_000)),
         _run(ENGINE, 8_000, CpuSplit(2.0, {"engine (this process)": 3.2}, 16_000)),
     ]
     table = cpu_table(results, 32)
-    assert "| Sluice (safety none) | gateway | 0.50 | 250 |" in table  # median of 200 and 300 us
-    assert "| Sluice (safety none) | **all** | 1.50 | 750 |" in table
-    assert "| engine alone | engine (this process) | 1.60 | 200 |" in table
+    # per token: the median of 200 and 300 us; per chunk: of 400 (10,000 chunks) and 1,200 (5,000)
+    assert "| Sluice (safety none) | gateway | 0.50 | 250 | 800 |" in table
+    # 2 and 4 tokens a chunk; 1,400 and 3,200 us a chunk for all parts
+    assert "| Sluice (safety none) | **all** (3.00 tokens a chunk) | 1.50 | 750 | 2,300 |" in table
+    assert "| engine alone | engine (this process) | 1.60 | 200 | - |" in table  # no chunks counted
+    assert "| engine alone | **all** | 1.60 | 200 | - |" in table
     assert cpu_table(results, 1) == ""
     (line,) = share_bound_lines(results, 32, num_cores=2)
     # 75% of 8,000 tok/s on 2 cores leaves 333 us a token; 750 us a token buys at most 2e6/750/8000 = 33%.
@@ -118,4 +121,4 @@ def test_the_meter_counts_a_servers_descendants_and_this_process() -> None:
 def test_a_part_idle_through_the_runs_is_left_out_of_the_table() -> None:
     split = CpuSplit(10.0, {"gateway": 2.0, "Python backend: sluice-guard": 0.0, CLIENT: 1.0}, 10_000)
     table = cpu_table([_run(SLUICE, 1_000, split)], 32)
-    assert "sluice-guard" not in table and "| Sluice (safety none) | gateway | 0.20 | 200 |" in table
+    assert "sluice-guard" not in table and "| Sluice (safety none) | gateway | 0.20 | 200 | - |" in table
