@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.goodput_core import CONCURRENCY, Point, Slo, goodput, median_points
 from bench.report import DOCS, cpu_description, cpu_flags, pct
 
 SECTION = "overview"
@@ -72,6 +73,40 @@ def read_sweep(data: Mapping[str, Any]) -> str:
     )
 
 
+def read_goodput(data: Mapping[str, Any]) -> str:
+    """Issue 22's headline from the goodput bench's concurrency sweep: each server's goodput (the most
+    tok/s at a point within the SLO) and the two at the most streams swept."""
+    points = median_points([Point(**run) for run in data["runs"]])
+    slo = Slo(**data["slo"])
+    best = {t: goodput(points, t, slo) for t in ("sluice", "vllm")}
+    if best["sluice"] is None or best["vllm"] is None:
+        ratio = "no ratio: a server met the SLO at no point"
+    else:
+        ratio = f"{best['sluice'].tokens_per_s / best['vllm'].tokens_per_s:.2f}x"
+
+    def at(point: Point | None) -> str:
+        return (
+            "none within it"
+            if point is None
+            else f"{point.tokens_per_s:,.0f} tok/s at {point.load:g} streams"
+        )
+
+    top = max(p.load for p in points if p.sweep == CONCURRENCY)
+    most = {p.target: p for p in points if p.sweep == CONCURRENCY and p.load == top}
+    sluice, vllm = most.get("sluice"), most.get("vllm")
+    at_top = (
+        f"; at {top:g} streams {sluice.tokens_per_s:,.0f} against {vllm.tokens_per_s:,.0f} tok/s, ITL p95 "
+        f"{sluice.itl_p95_ms:.1f} against {vllm.itl_p95_ms:.1f} ms"
+        if sluice is not None and vllm is not None
+        else ""
+    )
+    return (
+        f"on {data.get('cpu', 'a CPU not recorded')}, closed-loop streams, within {slo.text()}: Sluice "
+        f"{at(best['sluice'])} against vLLM's {at(best['vllm'])} ({ratio}){at_top}; "
+        f"{data.get('load', 'load not recorded')}"
+    )
+
+
 def read_noisy(data: Mapping[str, Any]) -> str:
     unloaded, flooded = data["phases"]["unloaded"], data["phases"]["during the flood"]
     quiet, flooder = list(flooded["tokens_per_s"])
@@ -112,6 +147,7 @@ class Plot:
 
 
 PLOTS = (
+    Plot("img/goodput-concurrency.png", "Goodput beside vLLM (issue 22's headline)", read_goodput),
     Plot("img/e2e-vs-vllm-sweep.png", "TTFT and inter-token latency against load, beside vLLM", read_sweep),
     Plot("img/noisy-tenant.png", "Fairness under a noisy tenant", read_noisy),
     Plot("img/cancel-to-free.png", "Cancel-to-free latency", read_cancel),
