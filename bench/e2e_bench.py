@@ -50,6 +50,9 @@ class Summary:
     # Per request: (last text chunk - first) / (tokens - 1), which chunks arriving in bursts do not skew.
     tpot_ms: list[float] = field(default_factory=list)
     num_chunks: int = 0  # chunks carrying text, over every request
+    # The gaps of the requests sent after the first wave (the first `concurrency`, sent together at the
+    # start, whose prefills meet each other's): a steady load's inter-token latency.
+    later_itl_ms: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -172,6 +175,7 @@ def summary_of(label: str, concurrency: int, elapsed_s: float, timelines: list[T
         itl_ms=[float(d) * 1000 for t in timelines for d in np.diff(t.chunk_times_s)],
         tpot_ms=[v for v in map(request_tpot_ms, timelines) if v is not None],
         num_chunks=sum(len(t.chunk_times_s) for t in timelines),
+        later_itl_ms=[float(d) * 1000 for t in timelines[concurrency:] for d in np.diff(t.chunk_times_s)],
     )
 
 
