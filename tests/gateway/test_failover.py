@@ -35,6 +35,7 @@ from metrics_text import read_metric
 from ports import free_ports
 from prometheus_client import CollectorRegistry
 
+from gateway.scheduling.scheduler import ModelScheduler
 from replicas.health import HealthChecker, ReplicaStates
 from replicas.launcher import TritonServer, TritonServerConfig
 from replicas.render import CpuEngineModelSettings, render_model_repository
@@ -189,6 +190,17 @@ def _producing(server: TritonServer) -> bool:
     return active - waiting >= 3
 
 
+def _holds_both(scheduler: ModelScheduler, endpoint: str, until_s: float) -> bool:
+    """Whether, before ``until_s``, the gateway holds on ``endpoint`` a request with tokens and one
+    without (polled every 0.5 ms: the second lasts a few ms)."""
+    while time.monotonic() < until_s:
+        with_tokens, without = scheduler.in_flight_at(endpoint)
+        if with_tokens >= 1 and without >= 1:
+            return True
+        time.sleep(0.0005)
+    return False
+
+
 def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
     """Stop (SIGSTOP) a replica mid-generation and return its id, once the gateway holds on it, frozen,
     both a stream with tokens and a request with none: at the kill the first fails after its text and the
@@ -211,6 +223,11 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
         replica_id = producing[0]
         server = fleet.servers[replica_id]
         assert server.pid is not None
+        # Frozen the moment the gateway holds both on it: a request waits on a replica only between its
+        # dispatch and its first token (the gateway sends no more than the replica runs), a few ms on a
+        # fast CPU, which a freeze at an arbitrary moment rarely meets (seen: 15 tries in 30 s, none).
+        if not _holds_both(scheduler, server.grpc_url, until_s=min(deadline_s, time.monotonic() + 1.0)):
+            continue
         os.killpg(server.pid, signal.SIGSTOP)  # tritonserver and its Python backend stub
         # Settled: what the gateway holds on it unchanged for 0.3 s (its buffered tokens read).
         held, settled_s, frozen_until_s = (
