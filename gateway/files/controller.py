@@ -84,7 +84,8 @@ async def _store_errors(what: str) -> AsyncIterator[None]:
     except UnknownFileError as exc:
         raise file_not_found(str(exc)) from None
     except ObjectStoreUnavailable as exc:
-        log.warning("%s: the file store is unavailable: %s", what, exc)
+        # NOTE: the store reports its outage once each way (sluice.stores.files.base.reported); not each call.
+        log.debug("%s: the file store is unavailable: %s", what, exc)
         raise OpenAIError(
             503,
             "Files cannot be reached now: the file store is unavailable. Retry later.",

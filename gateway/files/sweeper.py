@@ -40,7 +40,8 @@ class FileSweeper:
         try:
             expired = await self._files.sweep_expired()
         except ObjectStoreUnavailable as exc:
-            log.warning("file sweep: the file store is unavailable (%s); trying again next sweep", exc)
+            # NOTE: the store reports its outage once each way (sluice.stores.files.base.reported).
+            log.debug("file sweep: the file store is unavailable (%s); trying again next sweep", exc)
             return 0
         if expired:
             per_tenant = Counter(f.tenant_id for f in expired)

@@ -5,6 +5,7 @@ bucket never seeing each other's keys, and a store that cannot answer raising Ob
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -222,6 +223,28 @@ async def test_a_directory_that_cannot_be_written_is_object_store_unavailable(tm
     for call in (store.get("a/b"), store.list("a/")):
         with pytest.raises(ObjectStoreUnavailable, match="no longer a directory"):
             await call
+
+
+async def test_an_outage_is_reported_by_the_store_once_each_way(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = LocalObjectStore(tmp_path / "files")
+    await store.open()
+    await store.put("a/b", b"x")
+    (tmp_path / "files").rename(tmp_path / "moved")
+    with caplog.at_level(logging.DEBUG, logger="sluice.stores.files.local"):
+        for _ in range(3):
+            with pytest.raises(ObjectStoreUnavailable):
+                await store.list("a/")
+        (tmp_path / "moved").rename(tmp_path / "files")
+        with pytest.raises(ObjectNotFound):  # an answer: the outage is over
+            await store.get("a/missing")
+        assert await store.get("a/b") == b"x"
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "sluice.stores.files.local"]
+    assert [level for level, _ in logged] == ["WARNING", "DEBUG", "DEBUG", "INFO"], logged
+    started = logged[0][1]
+    assert started.startswith(f"file store at {tmp_path / 'files'} unavailable") and "503" in started
+    assert "available again after" in logged[-1][1]
 
 
 def test_files_url_names_a_bucket_and_a_prefix() -> None:

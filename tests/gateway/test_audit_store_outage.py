@@ -172,9 +172,9 @@ async def test_the_sweeper_skips_a_sweep_while_s3_is_down_and_sweeps_at_the_next
         now[0] += timedelta(hours=2)
         sweeper = FileSweeper(catalog, 60.0, on_expired=swept.append)
         s3_proxy.cut()
-        with caplog.at_level(logging.WARNING, logger="gateway.files.sweeper"):
+        with caplog.at_level(logging.WARNING, logger="sluice.stores.files.s3"):
             assert await sweeper.sweep_once() == 0
-        assert "the file store is unavailable" in caplog.text
+        assert f"file store s3://{bucket}/sluice unavailable" in caplog.text  # the store's own report
         s3_proxy.restore()
         assert await sweeper.sweep_once() == 1
         assert swept == [1]

@@ -9,8 +9,13 @@ Keys are ``/``-separated relative paths of safe characters (``check_key``); the 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from sluice.names import is_object_key
+from sluice.outages import OutageLog
+
+T = TypeVar("T")
 
 
 class ObjectNotFound(LookupError):
@@ -19,6 +24,22 @@ class ObjectNotFound(LookupError):
 
 class ObjectStoreUnavailable(ConnectionError):
     """The store cannot answer now (S3 unreachable, disk error): retry later."""
+
+
+async def reported(outage: OutageLog, call: Awaitable[T]) -> T:
+    """``call``'s result, the store's outage reported on ``outage`` once each way (a WARNING when
+    ``ObjectStoreUnavailable`` starts one, an INFO when an answer ends it): the store is the one owner of
+    that report (``sluice.outages``), so the file endpoints and the sweeper that meet it log at DEBUG."""
+    try:
+        result = await call
+    except ObjectStoreUnavailable as exc:
+        outage.down(exc, "file requests get 503 and expired files wait for a later sweep")
+        raise
+    except ObjectNotFound:  # an answer: the store is up
+        outage.up()
+        raise
+    outage.up()
+    return result
 
 
 def check_key(key: str) -> None:

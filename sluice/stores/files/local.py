@@ -9,6 +9,7 @@ Blocking file I/O runs in a worker thread, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -16,9 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from sluice.stores.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable, check_key
+from sluice.outages import OutageLog
+from sluice.stores.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable, check_key, reported
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _TEMP_SUFFIX = "~tmp"  # "~" is outside the key alphabet (sluice.stores.files.base.check_key)
 
@@ -26,36 +29,41 @@ _TEMP_SUFFIX = "~tmp"  # "~" is outside the key alphabet (sluice.stores.files.ba
 class LocalObjectStore(ObjectStore):
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._outage = OutageLog(log, f"file store at {root}")
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({str(self.root)!r})"
 
     async def open(self) -> None:
-        await asyncio.to_thread(self._guarded, self.root.mkdir, parents=True, exist_ok=True)
+        await self._run(self.root.mkdir, parents=True, exist_ok=True)
 
     async def close(self) -> None:
         return None
 
     async def put(self, key: str, data: bytes) -> None:
         check_key(key)
-        await asyncio.to_thread(self._guarded, self._put, self.root / key, data)
+        await self._run(self._put, self.root / key, data)
 
     async def get(self, key: str) -> bytes:
         check_key(key)
-        return await asyncio.to_thread(self._guarded, self._get, key)
+        return await self._run(self._get, key)
 
     async def copy(self, src_key: str, dst_key: str) -> None:
         check_key(src_key)
         check_key(dst_key)
-        await asyncio.to_thread(self._guarded, self._copy, src_key, self.root / dst_key)
+        await self._run(self._copy, src_key, self.root / dst_key)
 
     async def delete(self, key: str) -> None:
         check_key(key)
-        await asyncio.to_thread(self._guarded, self._delete, self.root / key)
+        await self._run(self._delete, self.root / key)
 
     async def list(self, prefix: str) -> list[str]:
         _check_prefix(prefix)
-        return await asyncio.to_thread(self._guarded, _list_keys, self.root, prefix)
+        return await self._run(_list_keys, self.root, prefix)
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in a worker thread (``_guarded``), the store's outage reported."""
+        return await reported(self._outage, asyncio.to_thread(self._guarded, fn, *args, **kwargs))
 
     def _guarded(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)``, with an OSError (but a missing key's) as ObjectStoreUnavailable."""

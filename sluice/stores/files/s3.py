@@ -10,13 +10,16 @@ naming the bucket, key and S3's error code.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sluice.stores.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable, check_key
+from sluice.outages import OutageLog
+from sluice.stores.files.base import ObjectNotFound, ObjectStore, ObjectStoreUnavailable, check_key, reported
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 # S3's bucket naming rules (3-63 lowercase letters, digits, '.', '-'; alphanumeric at both ends).
@@ -41,6 +44,7 @@ class S3ObjectStore(ObjectStore):
         self._max_attempts = max_attempts
         self._list_page_keys = list_page_keys
         self._client: Any = None
+        self._outage = OutageLog(log, f"file store s3://{self.bucket}/{self.prefix}")
 
     def __repr__(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
@@ -112,7 +116,7 @@ class S3ObjectStore(ObjectStore):
     async def _call(self, what: str, fn: Callable[[], T], missing: str | None = None) -> T:
         if self._client is None:
             raise RuntimeError(f"{self!r} is not open")
-        return await asyncio.to_thread(self._translated, what, fn, missing)
+        return await reported(self._outage, asyncio.to_thread(self._translated, what, fn, missing))
 
     def _translated(self, what: str, fn: Callable[[], T], missing: str | None) -> T:
         with self._errors(what, missing):
