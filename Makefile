@@ -49,6 +49,7 @@ test: install checkpoint
 
 lint: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy cpu_engine sluice sluice_client replicas gateway control_plane build_engines bench
 
 # The first-GPU-node check (`sluice trtllm-smoke`, docs/operations.md "Building engines"): inside the NGC

@@ -152,9 +152,7 @@ class ReplicaView:
         and do not count towards its inter-token latency."""
         own = self._tenant_priorities.get(slot.tenant_id)
         own_top = _top(own) if own is not None else None
-        return any(
-            self._num_tenants_topped_at[p] > (1 if own_top == p else 0) for p in range(slot.priority)
-        )
+        return any(self._num_tenants_topped_at[p] > (1 if own_top == p else 0) for p in range(slot.priority))
 
     def _count(self, slot: Slot, sign: int) -> None:
         counts = self._by_priority[slot.priority]
