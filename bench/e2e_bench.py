@@ -165,6 +165,7 @@ async def run_load(
 def summary_of(label: str, concurrency: int, elapsed_s: float, timelines: list[Timeline]) -> Summary:
     """One run's figures from its requests' timelines."""
     timelines = sorted(timelines, key=lambda t: t.sent_s)  # in the order sent: the first wave first
+    gaps_ms = [[float(d) * 1000 for d in np.diff(t.chunk_times_s)] for t in timelines]  # per request
     return Summary(
         label=label,
         concurrency=concurrency,
@@ -172,10 +173,10 @@ def summary_of(label: str, concurrency: int, elapsed_s: float, timelines: list[T
         elapsed_s=elapsed_s,
         output_tokens=sum(t.completion_tokens for t in timelines),
         ttft_ms=[(t.chunk_times_s[0] - t.sent_s) * 1000 for t in timelines if t.chunk_times_s],
-        itl_ms=[float(d) * 1000 for t in timelines for d in np.diff(t.chunk_times_s)],
+        itl_ms=[gap for gaps in gaps_ms for gap in gaps],
         tpot_ms=[v for v in map(request_tpot_ms, timelines) if v is not None],
         num_chunks=sum(len(t.chunk_times_s) for t in timelines),
-        later_itl_ms=[float(d) * 1000 for t in timelines[concurrency:] for d in np.diff(t.chunk_times_s)],
+        later_itl_ms=[gap for gaps in gaps_ms[concurrency:] for gap in gaps],
     )
 
 
