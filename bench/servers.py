@@ -181,7 +181,8 @@ class SluiceStack:
 
     With ``state_dir`` (and the ``checkpoint_dir`` the gateway tokenizes with), the stack keeps its state
     there (``SLUICE_STATE_DIR``); without, in the default ``.sluice`` as ``make run`` does. With ``ports``,
-    it serves on those (``base_url`` is then ignored: the gateway's own); without, on ``make run``'s."""
+    it serves on those (``base_url`` is then ignored: the gateway's own); without, on ``make run``'s.
+    ``env``: settings for this stack alone (``SLUICE_...`` variables), over the caller's environment."""
 
     def __init__(
         self,
@@ -192,8 +193,10 @@ class SluiceStack:
         state_dir: Path | None = None,
         checkpoint_dir: Path | None = None,
         ports: StackPorts | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.model_repository = model_repository
+        self.env = dict(env or {})
         self.ports = ports
         self.base_url = ports.base_url if ports is not None else base_url  # http://host:port, no /v1
         self.log_path = log_path
@@ -231,7 +234,7 @@ class SluiceStack:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "SLUICE_DEV_TENANTS": "true", **self._state_env()}
+        env = {**os.environ, "SLUICE_DEV_TENANTS": "true", **self._state_env(), **self.env}
         with self.log_path.open("wb") as out:
             # NOTE: its own session, so a Ctrl-C at the terminal reaches only us; our finally stops it once.
             http_port = [] if self.ports is None else ["--triton-http-port", str(self.ports.triton_http)]

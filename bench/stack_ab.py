@@ -12,6 +12,13 @@ default, at the whole inter-token target, and off:
     .venv/bin/python -m bench.stack_ab --concurrency 16 32 --rounds 3 \\
         default=.sluice/model_repository off=/tmp/repo-off
 
+A variant may also change the stack's settings (`--env NAME:SLUICE_KEY=VALUE`, repeatable), e.g. the
+inter-token headroom over the same repository:
+
+    .venv/bin/python -m bench.stack_ab --concurrency 64 \
+        default=.sluice/model_repository wide=.sluice/model_repository \
+        --env wide:SLUICE_ITL_HEADROOM_FRACTION=0.15
+
 Stop `make run` first: each stack takes its ports. Prints one line per run and, per concurrency and
 variant, the medians over the rounds. The tenant is bench-none (safety policy none, no token budget or
 concurrency cap), as in bench.goodput.
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +48,7 @@ MODEL = "sluice-tiny"
 class Variant:
     name: str
     repository: Path
+    env: dict[str, str] = field(default_factory=dict)  # the stack's settings for this variant
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,30 @@ def parse_variant(text: str) -> Variant:
     return Variant(name, repository)
 
 
+def parse_env(text: str) -> tuple[str, str, str]:
+    """``NAME:KEY=VALUE`` -> (variant name, key, value)."""
+    name, sep, setting = text.partition(":")
+    key, eq, value = setting.partition("=")
+    if not sep or not name or not eq or not key.startswith("SLUICE_"):
+        raise argparse.ArgumentTypeError(f"expected NAME:SLUICE_KEY=VALUE, got {text!r}")
+    return name, key, value
+
+
+def with_env(variants: list[Variant], settings: list[tuple[str, str, str]]) -> list[Variant]:
+    """``variants`` with each ``--env`` setting added to the variant it names (a name none has: an error)."""
+    by_name = {v.name: replace(v, env=dict(v.env)) for v in variants}
+    if len(by_name) < len(variants):
+        raise SystemExit("two variants share a name")
+    for name, key, value in settings:
+        if name not in by_name:
+            raise SystemExit(f"--env {name}:{key}: no variant is named {name!r}")
+        by_name[name].env[key] = value
+    return [by_name[v.name] for v in variants]
+
+
 def run_once(variant: Variant, args: argparse.Namespace, concurrency: int, seed: int) -> RunFigures:
-    stack = SluiceStack(variant.repository, GATEWAY_URL, Path(f".sluice/bench/stack_ab/{variant.name}.log"))
+    log_path = Path(f".sluice/bench/stack_ab/{variant.name}.log")
+    stack = SluiceStack(variant.repository, GATEWAY_URL, log_path, env=variant.env)
     for tenant, key in goodput_tenants():
         stack.put_tenant(tenant, key)
     try:
@@ -114,6 +144,10 @@ def run_once(variant: Variant, args: argparse.Namespace, concurrency: int, seed:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variants", nargs="+", type=parse_variant, help="NAME=MODEL_REPOSITORY")
+    ap.add_argument(
+        "--env", type=parse_env, action="append", default=[], metavar="NAME:SLUICE_KEY=VALUE",
+        help="a setting of the stack for one variant (repeatable)",
+    )  # fmt: skip
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests-per-stream", type=int, default=4)
@@ -121,8 +155,12 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=8192, help="prompt ids are drawn from 3..vocab")
     args = ap.parse_args()
+    args.variants = with_env(args.variants, args.env)
     print(machine_line())
     print(f"{load_average()} before the run")
+    for variant in args.variants:
+        if variant.env:
+            print(f"{variant.name}: {' '.join(f'{k}={v}' for k, v in sorted(variant.env.items()))}")
     figures: dict[tuple[int, str], list[RunFigures]] = {}
     for concurrency in args.concurrency:
         for round_index in range(args.rounds):
