@@ -53,6 +53,7 @@ class Summary:
     # The gaps of the requests sent after the first wave (the first `concurrency`, sent together at the
     # start, whose prefills meet each other's): a steady load's inter-token latency.
     later_itl_ms: list[float] = field(default_factory=list)
+    later_ttft_ms: list[float] = field(default_factory=list)  # the same requests' TTFT
 
     @property
     def tokens_per_s(self) -> float:
@@ -166,17 +167,22 @@ def summary_of(label: str, concurrency: int, elapsed_s: float, timelines: list[T
     """One run's figures from its requests' timelines."""
     timelines = sorted(timelines, key=lambda t: t.sent_s)  # in the order sent: the first wave first
     gaps_ms = [[float(d) * 1000 for d in np.diff(t.chunk_times_s)] for t in timelines]  # per request
+
+    def ttft_ms(timelines: list[Timeline]) -> list[float]:  # of the requests with text
+        return [(t.chunk_times_s[0] - t.sent_s) * 1000 for t in timelines if t.chunk_times_s]
+
     return Summary(
         label=label,
         concurrency=concurrency,
         num_requests=len(timelines),
         elapsed_s=elapsed_s,
         output_tokens=sum(t.completion_tokens for t in timelines),
-        ttft_ms=[(t.chunk_times_s[0] - t.sent_s) * 1000 for t in timelines if t.chunk_times_s],
+        ttft_ms=ttft_ms(timelines),
         itl_ms=[gap for gaps in gaps_ms for gap in gaps],
         tpot_ms=[v for v in map(request_tpot_ms, timelines) if v is not None],
         num_chunks=sum(len(t.chunk_times_s) for t in timelines),
         later_itl_ms=[gap for gaps in gaps_ms[concurrency:] for gap in gaps],
+        later_ttft_ms=ttft_ms(timelines[concurrency:]),
     )
 
 

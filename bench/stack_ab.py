@@ -69,7 +69,7 @@ class RunFigures:
             summary.output_tokens / summary.elapsed_s,
             pct(summary.ttft_ms, 50),
             pct(summary.ttft_ms, 95),
-            pct(summary.ttft_ms[summary.concurrency :], 95),
+            pct(summary.later_ttft_ms, 95),
             pct(summary.itl_ms, 50),
             pct(summary.itl_ms, 95),
             pct(summary.later_itl_ms, 95),

@@ -17,5 +17,7 @@ def test_a_runs_summary_counts_text_chunks_and_keeps_the_first_wave_first() -> N
     assert summary.itl_ms == pytest.approx([40.0, 20.0, 40.0])
     assert summary.tpot_ms == pytest.approx([20.0, 12.0])  # (last - first) / (tokens - 1)
     assert summary.tokens_per_s == pytest.approx(4.5)
-    # The first wave is the first 2 sent (early, then the silent one): only `late`'s gaps come after it.
+    # The first wave is the first 2 sent (early, then the silent one): only `late` comes after it.
     assert summary.later_itl_ms == pytest.approx([20.0, 40.0])
+    # Its TTFT too: the silent request of the first wave does not shift the slice onto `late`'s neighbour.
+    assert summary.later_ttft_ms == pytest.approx([500.0])
