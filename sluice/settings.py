@@ -122,10 +122,11 @@ class Settings(BaseSettings):
     # and rendered replicas keep their steps and send budgets inside it (replicas.render).
     itl_target_ms: float = Field(ITL_TARGET_MS, gt=0, le=10_000)
     # The gateway reads a stream's gaps before its SSE write and the client's read, which add a little
-    # on a busy machine (measured: the client's p95 1-3 ms above the gateway's at 64 streams on 2 cores).
-    # The dispatch gate and the batch bound hold the gateway's read this share under the target
-    # (``itl_setpoint_ms``), so what a client reads meets it (docs/benchmarks.md, issue 22, Zen 3).
-    itl_headroom_fraction: float = Field(0.075, ge=0, lt=1)
+    # on a busy machine (measured: the client's p95 1-3 ms above the gateway's at 64 streams on 2 cores),
+    # and a run's p95 swings a few ms around the setpoint the cap holds. The dispatch gate and the batch
+    # bound hold the gateway's read this share under the target (``itl_setpoint_ms``, 34 ms at 40), so
+    # what a client reads meets it (docs/benchmarks.md, issue 22: Zen 3, then the Xeon's setpoint sweep).
+    itl_headroom_fraction: float = Field(0.15, ge=0, lt=1)
     prefill_tokens_per_s: float = Field(5_000.0, gt=0)  # estimate, for "can it still meet its deadline"
     max_waiting_per_replica: int = Field(8, ge=1, le=10_000)  # dispatched, no first token yet
     # Batch work and tenants over their fair share yield: they leave this much KV free, and need the

@@ -249,4 +249,4 @@ def test_the_gateway_holds_its_read_of_the_gaps_the_headroom_under_the_target(tm
     assert settings.itl_setpoint_ms == pytest.approx(36.0)
     assert scheduler._bound.itl_target_ms == pytest.approx(36.0)
     assert scheduler._dispatch.itl_target_ms == pytest.approx(36.0)
-    assert Settings(state_dir=tmp_path, checkpoint_dir=tmp_path).itl_setpoint_ms == pytest.approx(37.0)
+    assert Settings(state_dir=tmp_path, checkpoint_dir=tmp_path).itl_setpoint_ms == pytest.approx(34.0)
