@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from control_plane.sim.calibration import Calibration
 from control_plane.sim.workload import SimRequest
-from sluice.policy.batch_bound import BatchBound, next_running_cap
+from sluice.policy.batch_bound import BatchBound, first_running_cap, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
 
@@ -73,6 +73,11 @@ class Replica:
         self._unjudged_gaps: list[tuple[float, int]] = []  # (gap ms, how many) since the cap was judged
         self._num_unjudged_gaps = 0
         self._most_running_unjudged = 0  # the most requests running while those gaps were left
+        # The windows judged since the cap last moved (at most batch_bound.num_windows_judged): each one's
+        # gaps, their number and the most requests running while they were left.
+        self._windows_since_move: deque[tuple[list[tuple[float, int]], int, int]] = deque(
+            maxlen=config.batch_bound.num_windows_judged
+        )
         self.busy_s = 0.0
         self._step: tuple[int, list[tuple[SimRequest, int]], float] | None = None
         self._load: ReplicaLoad | None = None
@@ -200,7 +205,9 @@ class Replica:
         return duration_s
 
     def _judge_cap(self, gap_ms: float, num_gaps: int) -> None:
-        """The batch bound, as the gateway keeps it: judged once per window of new gaps, on those gaps."""
+        """The batch bound, as the gateway keeps it: bounded at the batch it ran once its estimate (here the
+        last step, as ``load`` reports it) is over the target, then judged once per window of new gaps, on
+        the gaps since the cap last moved (at most ``num_windows_judged`` windows)."""
         if num_gaps == 0:
             return
         self._unjudged_gaps.append((gap_ms, num_gaps))
@@ -208,11 +215,23 @@ class Replica:
         num_running = sum(counts[0] for counts in self._by_priority)
         self._most_running_unjudged = max(self._most_running_unjudged, num_running)
         bound = self.config.batch_bound
+        if self.running_cap is None:
+            self.running_cap = first_running_cap(self._most_running_unjudged, gap_ms, bound)
+            if self.running_cap is not None:  # a move: the next judgement reads the gaps from here on
+                self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged = [], 0, 0
+                self._windows_since_move.clear()
+                return
         if self._num_unjudged_gaps < bound.num_gaps_between_moves:
             return
-        p95_ms = _weighted_p95(self._unjudged_gaps, self._num_unjudged_gaps)
-        self.running_cap = next_running_cap(self.running_cap, self._most_running_unjudged, p95_ms, bound)
+        windows = self._windows_since_move
+        windows.append((self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged))
         self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged = [], 0, 0
+        gaps = [pair for window_gaps, _, _ in windows for pair in window_gaps]
+        p95_ms = _weighted_p95(gaps, sum(num for _, num, _ in windows))
+        cap = next_running_cap(self.running_cap, max(most for _, _, most in windows), p95_ms, bound)
+        if cap != self.running_cap:
+            windows.clear()
+        self.running_cap = cap
 
     def end_step(self) -> StepResult:
         assert self._step is not None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
-from sluice.policy.batch_bound import BatchBound, next_running_cap
+from sluice.policy.batch_bound import BatchBound, first_running_cap, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 from sluice.policy.fair_queue import Waiting
 
@@ -91,9 +91,16 @@ class ReplicaView:
     _num_gaps_unestimated: int = 0
     _num_gaps_unjudged: int = 0  # since the cap was last judged: a window of them judges it again
     _most_running_unjudged: int = 0  # the most requests held while those gaps were left
+    # What the next judgement reads: the gaps since the cap last moved (at most bound.num_windows_judged
+    # windows), and the most requests held during each of those windows.
+    _gaps_since_move_ms: deque[float] = field(init=False)
+    _most_running_since_move: deque[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self._recent_gaps_ms = deque(maxlen=self.bound.num_gaps_between_moves)
+        window, num_windows = self.bound.num_gaps_between_moves, self.bound.num_windows_judged
+        self._gaps_since_move_ms = deque(maxlen=window * num_windows)
+        self._most_running_since_move = deque(maxlen=num_windows)
         self._by_priority = [[0, 0, 0] for _ in EnginePriority]
         self._num_tenants_topped_at = [0 for _ in EnginePriority]
 
@@ -202,6 +209,7 @@ class ReplicaView:
         per send budget is as smooth as its gaps, and the target is the gap a client waits."""
         del num_tokens  # what the gap carried does not shorten the wait
         self._recent_gaps_ms.append(gap_s * 1000)
+        self._gaps_since_move_ms.append(gap_s * 1000)
         self._num_gaps_unestimated += 1
         self._num_gaps_unjudged += 1
         self._most_running_unjudged = max(self._most_running_unjudged, len(self.slots))
@@ -209,20 +217,45 @@ class ReplicaView:
         if self.itl_ms is None or judge or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
             self.itl_ms = p95(self._recent_gaps_ms)
             self._num_gaps_unestimated = 0
+            if self.running_cap is None and self._bound_when_slow():
+                return False  # bounded just now: the next window judges it
         if not judge:
             return False
-        # NOTE: judged on a window of gaps all left since the last judgement, so one slow window is not
-        # cut twice, and a cut is seen to work (or not) before the next.
-        num_running, self._num_gaps_unjudged, self._most_running_unjudged = self._most_running_unjudged, 0, 0
-        cap = next_running_cap(self.running_cap, num_running, self.itl_ms, self.bound)
+        # NOTE: judged on gaps all left since the last move, so one slow window is not cut twice, and a cut
+        # is seen to work (or not) before the next; while the cap holds, on up to num_windows_judged windows.
+        self._most_running_since_move.append(self._most_running_unjudged)
+        self._num_gaps_unjudged, self._most_running_unjudged = 0, 0
+        num_running, judged_p95_ms = max(self._most_running_since_move), p95(self._gaps_since_move_ms)
+        cap = next_running_cap(self.running_cap, num_running, judged_p95_ms, self.bound)
         grew = self.running_cap is not None and cap is not None and cap > self.running_cap
         if cap != self.running_cap:
             log.debug(
-                "replica %s: running cap %s -> %s (up to %d running, inter-token p95 %.1f ms)",
-                self.engine.replica, self.running_cap, cap, num_running, self.itl_ms,
+                "replica %s: running cap %s -> %s (up to %d running, inter-token p95 %.1f ms over %d gaps)",
+                self.engine.replica, self.running_cap, cap, num_running, judged_p95_ms,
+                len(self._gaps_since_move_ms),
             )  # fmt: skip
+            self._gaps_since_move_ms.clear()
+            self._most_running_since_move.clear()
         self.running_cap = cap
         return grew
+
+    def _bound_when_slow(self) -> bool:
+        """An unbounded replica whose estimate went over the target is bounded at the batch it ran (True)."""
+        assert self.itl_ms is not None
+        most_running = max(self._most_running_unjudged, len(self.slots))
+        cap = first_running_cap(most_running, self.itl_ms, self.bound)
+        if cap is not None:
+            log.debug(
+                "replica %s: bounded at %d running (inter-token p95 %.1f ms)",
+                self.engine.replica,
+                cap,
+                self.itl_ms,
+            )
+            self.running_cap = cap  # a move: the next judgement reads the gaps from here on
+            self._num_gaps_unjudged, self._most_running_unjudged = 0, 0
+            self._gaps_since_move_ms.clear()
+            self._most_running_since_move.clear()
+        return cap is not None
 
     def apply_stats(self, stats: ReplicaStats, now_s: float) -> None:
         self.total_kv_tokens = stats.num_kv_tokens_total

@@ -14,6 +14,20 @@ the order is decided, instead of every stream slowing together. Both moves wait 
 judged on were left after the previous move (``BatchBound.num_gaps_between_moves``), so one slow window
 is not cut twice.
 
+A judgement reads every gap left since the previous move, up to ``num_windows_judged`` windows of them:
+right after a move, the one window that shows whether it worked; while the cap holds, a longer record.
+So one slow step (a burst of prefills makes every running stream's gap long at once: at 16 streams that
+is 6% of a 256-gap window, enough to put its p95 over) does not cut a cap that the windows before it
+showed sound, and the requests that cut would have queued do not wait windows for it to grow back (their
+TTFT); slow steps that keep coming still cut it.
+
+A replica starts unbounded (``None``): the dispatch gate then takes work while its inter-token estimate
+is under the target. The moment the estimate goes over, the replica is bounded at the batch it ran
+(``first_running_cap``), not closed: a gate that took nothing until the slow gaps left the estimate's
+window let a steady 16-stream load drain from 10 running to 1 in ~400 ms (one slow step put the p95 of
+256 gaps 0.3 ms over), its arrivals queued behind it (the TTFT tail of 8-16 streams); bounded, each
+request that ends is replaced and the windows judge the cap from there.
+
 Pure: the owner of a replica's view keeps the cap (``None``: not bounded yet) and feeds it each new p95.
 """
 
@@ -29,21 +43,24 @@ class BatchBound:
     grow_below_fraction: float = 0.9  # the cap grows only while the p95 is under this share of the target
     max_growth_factor: float = 1.25  # per judgement
     max_cut_fraction: float = 0.25  # per judgement
-    # The cap is judged once per this many gaps, on those gaps alone: about 0.1-0.3 s of a busy replica.
+    # The cap is judged once per this many gaps (a window): about 0.1-0.3 s of a busy replica.
     num_gaps_between_moves: int = 256
+    # A judgement reads the gaps since the previous move, at most this many windows of them (see above).
+    num_windows_judged: int = 2
 
     def __post_init__(self) -> None:
         if self.itl_target_ms <= 0 or not 0 < self.grow_below_fraction <= 1:
             raise ValueError("itl_target_ms must be > 0 and grow_below_fraction in (0, 1]")
-        if self.num_gaps_between_moves < 1:
-            raise ValueError("num_gaps_between_moves must be >= 1")
+        if self.num_gaps_between_moves < 1 or self.num_windows_judged < 1:
+            raise ValueError("num_gaps_between_moves and num_windows_judged must be >= 1")
         if self.max_growth_factor < 1 or not 0 < self.max_cut_fraction < 1:
             raise ValueError("max_growth_factor must be >= 1 and max_cut_fraction in (0, 1)")
 
 
 def next_running_cap(cap: int | None, num_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
     """The replica's running cap after a p95 of ``itl_p95_ms`` over gaps left while up to ``num_running``
-    requests ran (the most during the window judged, not the count at the moment of judging: a window
+    requests ran (the gaps judged: since the previous move, at most ``bound.num_windows_judged`` windows;
+    ``num_running``, the most while they were left, not the count at the moment of judging: a window
     that ends as a burst drains would otherwise cut the cap to the few still running; seen after a wave
     of 64 short requests, the cap fell to 1 and took seconds of windows to grow back)."""
     if itl_p95_ms > bound.itl_target_ms:
@@ -55,3 +72,10 @@ def next_running_cap(cap: int | None, num_running: int, itl_p95_ms: float, bound
         scaled = math.floor(cap * min(bound.max_growth_factor, grow_below_ms / max(itl_p95_ms, 1e-9)))
         return max(cap + 1, scaled)
     return cap
+
+
+def first_running_cap(most_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
+    """The cap of a replica not bounded yet whose inter-token estimate is now ``itl_p95_ms``, with up to
+    ``most_running`` requests running since its last judgement: that batch once the estimate is over the
+    target, else None (still unbounded)."""
+    return most_running if most_running > 0 and itl_p95_ms > bound.itl_target_ms else None

@@ -99,9 +99,12 @@ def test_a_simulated_replica_keeps_the_gateways_batch_bound_from_its_own_gaps() 
         request = _request(1_000, 200)
         request.request_id = f"r{i}"
         replica.submit(request)
-    while replica.running_cap is None and (duration_s := replica.start_step()) is not None:
-        del duration_s
+    caps = []
+    while (replica.running_cap is None or replica.running_cap >= 40) and replica.start_step() is not None:
         replica.end_step()
+        caps.append(replica.running_cap)
+    # Bounded at the batch it ran the moment a step went over the target, then cut by the windows.
+    assert caps[caps.index(40) - 1] is None
     assert replica.running_cap is not None and 1 <= replica.running_cap < 40
     assert replica.load().running_cap == replica.running_cap
 
@@ -112,6 +115,19 @@ def _summary(tmp_path: Path, scenario: str, options: Options = SMALL) -> dict:
     assert (tmp_path / f"{scenario}.png").stat().st_size > 0
     assert json.loads((tmp_path / f"{scenario}.json").read_text()) == json.loads(json.dumps(summary))
     return summary
+
+
+def test_a_simulated_replica_judges_its_cap_on_the_gaps_since_it_last_moved() -> None:
+    """The gateway's rule (sluice.policy.batch_bound): one window with a slow step among sound ones does
+    not cut the cap; a second in a row does."""
+    config = ReplicaConfig(batch_bound=BatchBound(num_gaps_between_moves=100))
+    replica = Replica("r0", seed_calibration(), config)
+    replica.running_cap = 16
+    replica._judge_cap(10.0, 100)  # a sound window
+    for expected_cap in (16, 1):  # 8 of 200 slow, then 16 of 200 (nothing running: cut to 1)
+        replica._judge_cap(80.0, 8)
+        replica._judge_cap(10.0, 92)
+        assert replica.running_cap == expected_cap
 
 
 def test_steady_searches_replicas_from_the_roofline_bound(tmp_path: Path) -> None:

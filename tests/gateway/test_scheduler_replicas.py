@@ -128,18 +128,64 @@ def test_p95_is_the_nearest_rank() -> None:
 
 
 def test_a_replicas_running_cap_follows_its_gaps() -> None:
-    """Slow gaps with 64 running: the cap drops to what would have met the target; fast gaps while the cap
-    holds the batch back: it grows, once per window of new gaps (not on every estimate)."""
+    """Slow gaps with 64 running: bounded at once at the batch it runs, then, once a window of gaps is in,
+    the cap drops to what would have met the target; fast gaps while the cap holds the batch back: it
+    grows, once per window of new gaps (not on every estimate)."""
     view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
     view.slots = {str(i): object() for i in range(64)}  # type: ignore[misc]
+    assert not view.observe_gap(0.080, 1)
+    assert view.running_cap == 64  # the first estimate is over the target: bounded, not closed
     for _ in range(127):
         assert not view.observe_gap(0.080, 1)
-    assert view.running_cap is None  # the first window is not full yet
+    assert view.running_cap == 64  # the first window since is not full yet
     view.observe_gap(0.080, 1)
     assert view.running_cap == 48  # 64 x 40 / 80 = 32, but a quarter off at most
     view.slots = {str(i): object() for i in range(60)}  # type: ignore[misc]  # more than the cap (a race)
     grew = [view.observe_gap(0.010, 1) for _ in range(256)]
     assert view.running_cap == 75 and sum(grew) == 2  # once per window of fast gaps: 48 x 1.25 x 1.25
+
+
+def _window(view: ReplicaView, num_slow: int, size: int = 128) -> None:
+    """One window of gaps: ``num_slow`` of 80 ms among 10 ms ones."""
+    for i in range(size):
+        view.observe_gap(0.080 if i < num_slow else 0.010, 1)
+
+
+def test_an_unbounded_replica_is_bounded_at_the_batch_it_ran_when_its_estimate_goes_over() -> None:
+    """Not closed to new work until the slow gaps leave the estimate: each request that ends is replaced
+    (a closed gate let 10 running drain to 1 in ~400 ms at 16 streams, its arrivals queued)."""
+    view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=256))
+    view.slots = {str(i): object() for i in range(10)}  # type: ignore[misc]
+    for _ in range(240):
+        view.observe_gap(0.010, 1)
+    assert view.running_cap is None  # under the target: unbounded
+    view.slots = {str(i): object() for i in range(8)}  # type: ignore[misc]  # two ended, not replaced yet
+    for _ in range(16):
+        view.observe_gap(0.045, 1)  # 16 of 256 over: the next estimate is 45 ms
+    assert view.itl_ms == pytest.approx(45.0)
+    assert view.running_cap == 10  # the most that ran since the last judgement, not the 8 left now
+
+
+def test_one_slow_window_does_not_cut_a_cap_the_windows_before_it_showed_sound() -> None:
+    """One slow step makes every running stream's gap long at once: 10 of a window of 128 (8%) puts its
+    p95 over the target. While the cap holds, a judgement reads the gaps since it last moved (two windows
+    at most): one such window among fast ones does not cut; two in a row do. Right after a move, the one
+    window since it is all there is."""
+    view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
+    view.slots = {str(i): object() for i in range(16)}  # type: ignore[misc]
+    view.running_cap = 16  # holding the batch at 16: a fast window would grow it
+    _window(view, num_slow=0)
+    assert view.running_cap == 20  # grew (a move): the record starts again
+    view.slots = {str(i): object() for i in range(12)}  # type: ignore[misc]  # under the cap: it holds
+    _window(view, num_slow=0)
+    assert view.running_cap == 20
+    _window(view, num_slow=10)  # 10 of 256 since the move: p95 10 ms
+    assert view.running_cap == 20
+    _window(view, num_slow=10)  # 20 of the last 256: p95 80 ms
+    assert view.running_cap == 9  # 12 running x 0.75 (a quarter at most)
+    view.slots = {str(i): object() for i in range(9)}  # type: ignore[misc]
+    _window(view, num_slow=10)  # right after the cut this window alone is read: 10 of 128
+    assert view.running_cap == 6  # 9 x 0.75: the cut did not hold the p95, so it is cut again at once
 
 
 def _slot(view: ReplicaView, request_id: str, tenant: str, priority: EnginePriority) -> Slot:
@@ -230,6 +276,8 @@ def test_the_cap_is_cut_from_the_most_that_ran_while_the_gaps_were_left() -> Non
     """A window of slow gaps left by 64 streams, judged as the burst drains to 2: cut from 64, not to 1."""
     view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
     view.slots = {str(i): object() for i in range(64)}  # type: ignore[misc]
+    view.observe_gap(0.050, 1)
+    assert view.running_cap == 64  # bounded at the batch it ran: the window is judged from here
     for _ in range(120):
         view.observe_gap(0.050, 1)
     view.slots = {str(i): object() for i in range(2)}  # type: ignore[misc]
