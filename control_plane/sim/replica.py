@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from control_plane.sim.calibration import Calibration
 from control_plane.sim.workload import SimRequest
-from sluice.policy.batch_bound import BatchBound, first_running_cap, next_running_cap
+from sluice.policy.batch_bound import BatchBound, held_cap, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
 
@@ -93,15 +93,19 @@ class Replica:
         if self._load is None:
             blocked_kv = sum(r.kv_tokens for r in self.blocked)
             num_partial = len(self.prefill_queue) - self.num_unscheduled
+            itl_ms = None if self.last_step_s is None else self.last_step_s * 1000.0  # the last step's
+            # Not bounded yet but over the target: held at the batch it runs, as the gateway holds it.
+            num_running = sum(counts[0] for counts in self._by_priority)
+            held = None if itl_ms is None else held_cap(num_running, itl_ms, self.config.batch_bound)
             self._load = ReplicaLoad(
                 replica_id=self.replica_id,
                 free_kv_tokens=max(0, self.capacity_tokens - self.reserved_tokens - blocked_kv),
                 total_kv_tokens=self.capacity_tokens,
                 num_waiting=self.num_unscheduled + len(self.blocked),
                 num_running=self.num_decoding + num_partial,
-                itl_ms=None if self.last_step_s is None else self.last_step_s * 1000.0,  # the last step's
+                itl_ms=itl_ms,
                 by_priority=tuple(PriorityLoad(*counts) for counts in self._by_priority),
-                running_cap=self.running_cap,
+                running_cap=self.running_cap if self.running_cap is not None else held,
             )
         return self._load
 
@@ -205,9 +209,8 @@ class Replica:
         return duration_s
 
     def _judge_cap(self, gap_ms: float, num_gaps: int) -> None:
-        """The batch bound, as the gateway keeps it: bounded at the batch it ran once its estimate (here the
-        last step, as ``load`` reports it) is over the target, then judged once per window of new gaps, on
-        the gaps since the cap last moved (at most ``num_windows_judged`` windows)."""
+        """The batch bound, as the gateway keeps it: judged once per window of new gaps, on the gaps since
+        the cap last moved (at most ``num_windows_judged`` windows)."""
         if num_gaps == 0:
             return
         self._unjudged_gaps.append((gap_ms, num_gaps))
@@ -215,12 +218,6 @@ class Replica:
         num_running = sum(counts[0] for counts in self._by_priority)
         self._most_running_unjudged = max(self._most_running_unjudged, num_running)
         bound = self.config.batch_bound
-        if self.running_cap is None:
-            self.running_cap = first_running_cap(self._most_running_unjudged, gap_ms, bound)
-            if self.running_cap is not None:  # a move: the next judgement reads the gaps from here on
-                self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged = [], 0, 0
-                self._windows_since_move.clear()
-                return
         if self._num_unjudged_gaps < bound.num_gaps_between_moves:
             return
         windows = self._windows_since_move

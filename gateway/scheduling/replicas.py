@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
-from sluice.policy.batch_bound import BatchBound, first_running_cap, next_running_cap
+from sluice.policy.batch_bound import BatchBound, held_cap, next_running_cap
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 from sluice.policy.fair_queue import Waiting
 
@@ -80,6 +80,8 @@ class ReplicaView:
     # The batch bounded by the inter-token target (sluice.policy.batch_bound); None: not bounded yet.
     bound: BatchBound = field(default_factory=BatchBound)
     running_cap: int | None = None
+    # Not bounded yet, but its estimate is over the target: held at the batch it ran (batch_bound.held_cap).
+    held_cap: int | None = None
     slots: dict[str, Slot] = field(default_factory=dict)  # through add and remove only
     # Kept as slots come and go, so a dispatch's reads cost the same with 10 streams or 1,000: per engine
     # priority [requests, of them without a first token, their KV tokens]; per tenant, its requests at
@@ -198,12 +200,12 @@ class ReplicaView:
             num_running=len(self.slots),
             itl_ms=self.itl_ms if self.slots else None,
             by_priority=tuple(PriorityLoad(*counts) for counts in self._by_priority),
-            running_cap=self.running_cap,
+            running_cap=self.running_cap if self.running_cap is not None else self.held_cap,
         )
 
     def observe_gap(self, gap_s: float, num_tokens: int) -> bool:
         """``num_tokens`` arrived ``gap_s`` after the previous delta of one of its requests (not a paced
-        one: ``paced``). True when the running cap grew (the caller may dispatch more).
+        one: ``paced``). True when the running cap grew or a hold ended (the caller may dispatch more).
 
         NOTE: the gap itself, not the gap per token: a replica that sends a stream's tokens together once
         per send budget is as smooth as its gaps, and the target is the gap a client waits."""
@@ -217,17 +219,22 @@ class ReplicaView:
         if self.itl_ms is None or judge or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
             self.itl_ms = p95(self._recent_gaps_ms)
             self._num_gaps_unestimated = 0
-            if self.running_cap is None and self._bound_when_slow():
-                return False  # bounded just now: the next window judges it
+            held_before, self.held_cap = self.held_cap, None
+            if self.running_cap is None:
+                most_running = max(self._most_running_unjudged, len(self.slots))
+                self.held_cap = held_cap(most_running, self.itl_ms, self.bound)
+            released = held_before is not None and self.held_cap is None and self.running_cap is None
+        else:
+            released = False
         if not judge:
-            return False
+            return released
         # NOTE: judged on gaps all left since the last move, so one slow window is not cut twice, and a cut
         # is seen to work (or not) before the next; while the cap holds, on up to num_windows_judged windows.
         self._most_running_since_move.append(self._most_running_unjudged)
         self._num_gaps_unjudged, self._most_running_unjudged = 0, 0
         num_running, judged_p95_ms = max(self._most_running_since_move), p95(self._gaps_since_move_ms)
         cap = next_running_cap(self.running_cap, num_running, judged_p95_ms, self.bound)
-        grew = self.running_cap is not None and cap is not None and cap > self.running_cap
+        grew = released or (self.running_cap is not None and cap is not None and cap > self.running_cap)
         if cap != self.running_cap:
             log.debug(
                 "replica %s: running cap %s -> %s (up to %d running, inter-token p95 %.1f ms over %d gaps)",
@@ -237,25 +244,9 @@ class ReplicaView:
             self._gaps_since_move_ms.clear()
             self._most_running_since_move.clear()
         self.running_cap = cap
-        return grew
-
-    def _bound_when_slow(self) -> bool:
-        """An unbounded replica whose estimate went over the target is bounded at the batch it ran (True)."""
-        assert self.itl_ms is not None
-        most_running = max(self._most_running_unjudged, len(self.slots))
-        cap = first_running_cap(most_running, self.itl_ms, self.bound)
         if cap is not None:
-            log.debug(
-                "replica %s: bounded at %d running (inter-token p95 %.1f ms)",
-                self.engine.replica,
-                cap,
-                self.itl_ms,
-            )
-            self.running_cap = cap  # a move: the next judgement reads the gaps from here on
-            self._num_gaps_unjudged, self._most_running_unjudged = 0, 0
-            self._gaps_since_move_ms.clear()
-            self._most_running_since_move.clear()
-        return cap is not None
+            self.held_cap = None  # bounded: the cap holds it now
+        return grew
 
     def apply_stats(self, stats: ReplicaStats, now_s: float) -> None:
         self.total_kv_tokens = stats.num_kv_tokens_total

@@ -21,12 +21,13 @@ is 6% of a 256-gap window, enough to put its p95 over) does not cut a cap that t
 showed sound, and the requests that cut would have queued do not wait windows for it to grow back (their
 TTFT); slow steps that keep coming still cut it.
 
-A replica starts unbounded (``None``): the dispatch gate then takes work while its inter-token estimate
-is under the target. The moment the estimate goes over, the replica is bounded at the batch it ran
-(``first_running_cap``), not closed: a gate that took nothing until the slow gaps left the estimate's
-window let a steady 16-stream load drain from 10 running to 1 in ~400 ms (one slow step put the p95 of
-256 gaps 0.3 ms over), its arrivals queued behind it (the TTFT tail of 8-16 streams); bounded, each
-request that ends is replaced and the windows judge the cap from there.
+A replica starts unbounded (``None``) until a judged window is over the target. While it is, and its
+inter-token estimate is over the target, it is held at the batch it ran (``held_cap``): it takes no
+more, but each request that ends is replaced, and once the estimate is back under it is free again. A
+gate that took nothing while the estimate was over let a steady 16-stream load drain from 10 running to
+1 in ~400 ms (one slow step put the p95 of 256 gaps 0.3 ms over), its arrivals queued behind it (the TTFT
+tail of 8-16 streams). The hold is not a cap: a cap set on such a moment outlives it, and at 8-16
+streams its windows are slow to fill, so growing it back took seconds of queued arrivals.
 
 Pure: the owner of a replica's view keeps the cap (``None``: not bounded yet) and feeds it each new p95.
 """
@@ -74,8 +75,8 @@ def next_running_cap(cap: int | None, num_running: int, itl_p95_ms: float, bound
     return cap
 
 
-def first_running_cap(most_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
-    """The cap of a replica not bounded yet whose inter-token estimate is now ``itl_p95_ms``, with up to
-    ``most_running`` requests running since its last judgement: that batch once the estimate is over the
-    target, else None (still unbounded)."""
+def held_cap(most_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
+    """What a replica not bounded yet, whose inter-token estimate is now ``itl_p95_ms`` with up to
+    ``most_running`` requests running since its last judgement, is held at: that batch while the estimate
+    is over the target, else None (it takes work by its latency alone)."""
     return most_running if most_running > 0 and itl_p95_ms > bound.itl_target_ms else None

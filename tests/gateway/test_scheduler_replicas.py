@@ -128,16 +128,15 @@ def test_p95_is_the_nearest_rank() -> None:
 
 
 def test_a_replicas_running_cap_follows_its_gaps() -> None:
-    """Slow gaps with 64 running: bounded at once at the batch it runs, then, once a window of gaps is in,
+    """Slow gaps with 64 running: held at the batch it runs at once, then, once a window of gaps is in,
     the cap drops to what would have met the target; fast gaps while the cap holds the batch back: it
     grows, once per window of new gaps (not on every estimate)."""
     view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
     view.slots = {str(i): object() for i in range(64)}  # type: ignore[misc]
-    assert not view.observe_gap(0.080, 1)
-    assert view.running_cap == 64  # the first estimate is over the target: bounded, not closed
     for _ in range(127):
         assert not view.observe_gap(0.080, 1)
-    assert view.running_cap == 64  # the first window since is not full yet
+    assert view.running_cap is None  # the first window is not full yet
+    assert view.held_cap == 64 and view.load("a").running_cap == 64  # but it takes no more
     view.observe_gap(0.080, 1)
     assert view.running_cap == 48  # 64 x 40 / 80 = 32, but a quarter off at most
     view.slots = {str(i): object() for i in range(60)}  # type: ignore[misc]  # more than the cap (a race)
@@ -151,19 +150,24 @@ def _window(view: ReplicaView, num_slow: int, size: int = 128) -> None:
         view.observe_gap(0.080 if i < num_slow else 0.010, 1)
 
 
-def test_an_unbounded_replica_is_bounded_at_the_batch_it_ran_when_its_estimate_goes_over() -> None:
+def test_an_unbounded_replica_over_the_target_is_held_at_the_batch_it_ran_not_closed() -> None:
     """Not closed to new work until the slow gaps leave the estimate: each request that ends is replaced
-    (a closed gate let 10 running drain to 1 in ~400 ms at 16 streams, its arrivals queued)."""
-    view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=256))
+    (a closed gate let 10 running drain to 1 in ~400 ms at 16 streams, its arrivals queued); free again
+    once the estimate is back under, with no cap left behind."""
+    view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=1024))
     view.slots = {str(i): object() for i in range(10)}  # type: ignore[misc]
-    for _ in range(240):
+    for _ in range(241):  # estimated on the 1st gap, then every 16th
         view.observe_gap(0.010, 1)
-    assert view.running_cap is None  # under the target: unbounded
+    assert view.held_cap is None and view.load("a").running_cap is None  # under the target: unbounded
     view.slots = {str(i): object() for i in range(8)}  # type: ignore[misc]  # two ended, not replaced yet
     for _ in range(16):
-        view.observe_gap(0.045, 1)  # 16 of 256 over: the next estimate is 45 ms
+        assert not view.observe_gap(0.045, 1)  # 16 of 257 over: the estimate is 45 ms (no window judged yet)
     assert view.itl_ms == pytest.approx(45.0)
-    assert view.running_cap == 10  # the most that ran since the last judgement, not the 8 left now
+    assert view.held_cap == 10  # the most that ran since the last judgement, not the 8 left now
+    assert view.load("a").running_cap == 10 and view.running_cap is None
+    released = [view.observe_gap(0.010, 1) for _ in range(64)]  # 16 of 321 over: under 5%, the p95 is 10 ms
+    assert view.itl_ms == pytest.approx(10.0) and view.held_cap is None and view.running_cap is None
+    assert released == [False] * 63 + [True]  # free again: the caller may dispatch
 
 
 def test_one_slow_window_does_not_cut_a_cap_the_windows_before_it_showed_sound() -> None:
@@ -276,8 +280,6 @@ def test_the_cap_is_cut_from_the_most_that_ran_while_the_gaps_were_left() -> Non
     """A window of slow gaps left by 64 streams, judged as the burst drains to 2: cut from 64, not to 1."""
     view = ReplicaView(_engine("a"), bound=BatchBound(itl_target_ms=40.0, num_gaps_between_moves=128))
     view.slots = {str(i): object() for i in range(64)}  # type: ignore[misc]
-    view.observe_gap(0.050, 1)
-    assert view.running_cap == 64  # bounded at the batch it ran: the window is judged from here
     for _ in range(120):
         view.observe_gap(0.050, 1)
     view.slots = {str(i): object() for i in range(2)}  # type: ignore[misc]
