@@ -1,6 +1,6 @@
 """Failover end to end (issue 12, deliverable 4): two real tritonservers serving version 1 of the dev model,
 a gateway routing by a PostgreSQL registry (its usage ledger in the same database), the control plane's
-health checker over that registry, and 30 streams from the official openai client in flight when one
+health checker over that registry, and 40 streams from the official openai client in flight when one
 replica's whole process group (tritonserver and its Python backend stub) is killed with SIGKILL.
 
 The replicas run at most 4 sequences each and the gateway leaves at most 4 more waiting in each. The replica
@@ -44,7 +44,7 @@ from sluice.stores.registry.postgres import PostgresRegistry
 from sluice.weights_digest import weights_digest
 
 ACTOR = "test-failover"
-NUM_STREAMS = 30
+NUM_STREAMS = 40  # a loaded suite needs several tries before the streams run out (seen: one in 30 s)
 MAX_TOKENS = 256  # long enough that requests pile up inside the replicas faster than they drain
 HEALTH_INTERVAL_S = 1.0
 T = TypeVar("T")
@@ -240,8 +240,10 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
             now = scheduler.in_flight_at(server.grpc_url)
             if now != held:
                 held, settled_s = now, time.monotonic()
-            elif time.monotonic() - settled_s >= 0.3 and held[0] >= 1 and held[1] >= 1:
-                return replica_id
+            elif time.monotonic() - settled_s >= 0.3:
+                if held[0] >= 1 and held[1] >= 1:
+                    return replica_id
+                break  # settled without both (the waiting one got its first token first): try again at once
         os.killpg(server.pid, signal.SIGCONT)  # its streams ended or none waits on it: look again
         tried.append((replica_id, held))
     raise AssertionError(
@@ -249,7 +251,7 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
     )
 
 
-def test_killing_one_of_two_replicas_with_30_streams_in_flight(fleet: Fleet) -> None:
+def test_killing_one_of_two_replicas_with_40_streams_in_flight(fleet: Fleet) -> None:
     gateway = fleet.gateway
     client = gateway.client(timeout=60)
     outcomes = [StreamResult() for _ in range(NUM_STREAMS)]
