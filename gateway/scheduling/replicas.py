@@ -220,9 +220,8 @@ class ReplicaView:
             self.itl_ms = p95(self._recent_gaps_ms)
             self._num_gaps_unestimated = 0
             held_before, self.held_cap = self.held_cap, None
-            if self.running_cap is None:
-                most_running = max(self._most_running_unjudged, len(self.slots))
-                self.held_cap = held_cap(most_running, self.itl_ms, self.bound)
+            if self.running_cap is None:  # _most_running_unjudged counts this gap's slots already
+                self.held_cap = held_cap(self._most_running_unjudged, self.itl_ms, self.bound)
             released = held_before is not None and self.held_cap is None and self.running_cap is None
         else:
             released = False
