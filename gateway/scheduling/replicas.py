@@ -81,7 +81,7 @@ class ReplicaView:
     bound: BatchBound = field(default_factory=BatchBound)
     running_cap: int | None = None
     # Not bounded yet, but its estimate is over the target: held at the batch it ran (batch_bound.held_cap).
-    held_cap: int | None = None
+    held_at: int | None = None
     slots: dict[str, Slot] = field(default_factory=dict)  # through add and remove only
     # Kept as slots come and go, so a dispatch's reads cost the same with 10 streams or 1,000: per engine
     # priority [requests, of them without a first token, their KV tokens]; per tenant, its requests at
@@ -200,7 +200,7 @@ class ReplicaView:
             num_running=len(self.slots),
             itl_ms=self.itl_ms if self.slots else None,
             by_priority=tuple(PriorityLoad(*counts) for counts in self._by_priority),
-            running_cap=self.running_cap if self.running_cap is not None else self.held_cap,
+            running_cap=self.running_cap if self.running_cap is not None else self.held_at,
         )
 
     def observe_gap(self, gap_s: float, num_tokens: int) -> bool:
@@ -219,10 +219,10 @@ class ReplicaView:
         if self.itl_ms is None or judge or self._num_gaps_unestimated >= _GAPS_PER_ESTIMATE:
             self.itl_ms = p95(self._recent_gaps_ms)
             self._num_gaps_unestimated = 0
-            held_before, self.held_cap = self.held_cap, None
+            held_before, self.held_at = self.held_at, None
             if self.running_cap is None:  # _most_running_unjudged counts this gap's slots already
-                self.held_cap = held_cap(self._most_running_unjudged, self.itl_ms, self.bound)
-            released = held_before is not None and self.held_cap is None and self.running_cap is None
+                self.held_at = held_cap(self._most_running_unjudged, self.itl_ms, self.bound)
+            released = held_before is not None and self.held_at is None and self.running_cap is None
         else:
             released = False
         if not judge:
@@ -244,7 +244,7 @@ class ReplicaView:
             self._most_running_since_move.clear()
         self.running_cap = cap
         if cap is not None:
-            self.held_cap = None  # bounded: the cap holds it now
+            self.held_at = None  # bounded: the cap holds it now
         return grew
 
     def apply_stats(self, stats: ReplicaStats, now_s: float) -> None:

@@ -136,7 +136,7 @@ def test_a_replicas_running_cap_follows_its_gaps() -> None:
     for _ in range(127):
         assert not view.observe_gap(0.080, 1)
     assert view.running_cap is None  # the first window is not full yet
-    assert view.held_cap == 64 and view.load("a").running_cap == 64  # but it takes no more
+    assert view.held_at == 64 and view.load("a").running_cap == 64  # but it takes no more
     view.observe_gap(0.080, 1)
     assert view.running_cap == 48  # 64 x 40 / 80 = 32, but a quarter off at most
     view.slots = {str(i): object() for i in range(60)}  # type: ignore[misc]  # more than the cap (a race)
@@ -158,15 +158,15 @@ def test_an_unbounded_replica_over_the_target_is_held_at_the_batch_it_ran_not_cl
     view.slots = {str(i): object() for i in range(10)}  # type: ignore[misc]
     for _ in range(241):  # estimated on the 1st gap, then every 16th
         view.observe_gap(0.010, 1)
-    assert view.held_cap is None and view.load("a").running_cap is None  # under the target: unbounded
+    assert view.held_at is None and view.load("a").running_cap is None  # under the target: unbounded
     view.slots = {str(i): object() for i in range(8)}  # type: ignore[misc]  # two ended, not replaced yet
     for _ in range(16):
         assert not view.observe_gap(0.045, 1)  # 16 of 257 over: the estimate is 45 ms (no window judged yet)
     assert view.itl_ms == pytest.approx(45.0)
-    assert view.held_cap == 10  # the most that ran since the last judgement, not the 8 left now
+    assert view.held_at == 10  # the most that ran since the last judgement, not the 8 left now
     assert view.load("a").running_cap == 10 and view.running_cap is None
     released = [view.observe_gap(0.010, 1) for _ in range(64)]  # 16 of 321 over: under 5%, the p95 is 10 ms
-    assert view.itl_ms == pytest.approx(10.0) and view.held_cap is None and view.running_cap is None
+    assert view.itl_ms == pytest.approx(10.0) and view.held_at is None and view.running_cap is None
     assert released == [False] * 63 + [True]  # free again: the caller may dispatch
 
 
