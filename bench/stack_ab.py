@@ -15,9 +15,9 @@ default, at the whole inter-token target, and off:
 A variant may also change the stack's settings (`--env NAME:SLUICE_KEY=VALUE`, repeatable), e.g. the
 inter-token headroom over the same repository:
 
-    .venv/bin/python -m bench.stack_ab --concurrency 64 \
-        default=.sluice/model_repository wide=.sluice/model_repository \
-        --env wide:SLUICE_ITL_HEADROOM_FRACTION=0.15
+    .venv/bin/python -m bench.stack_ab --concurrency 64 \\
+        default=.sluice/model_repository narrow=.sluice/model_repository \\
+        --env narrow:SLUICE_ITL_HEADROOM_FRACTION=0.075
 
 Stop `make run` first: each stack takes its ports. Prints one line per run and, per concurrency and
 variant, the medians over the rounds. The tenant is bench-none (safety policy none, no token budget or
