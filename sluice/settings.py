@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     # service_tier "flex") cost (1 - batch_discount) of the price.
     prices: str | None = None
     batch_discount: float = Field(0.5, ge=0, lt=1)
-    # Failover (issue 12): a request whose replica fails before its first token is dispatched again to
+    # Failover (issue 12): a request whose replica fails before the client saw output is dispatched again to
     # another replica, at most max_redispatches times (0: never); a replica a request could not reach
     # takes nothing new from this gateway until it answers a readiness check, asked every
     # replica_suspension_ms.

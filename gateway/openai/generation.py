@@ -10,10 +10,12 @@ raised (``OpenAIError``) before the first event, so it can still be an HTTP erro
 reaches it as a cancellation at its current ``await``.
 
 Failover: a replica that cannot be reached (``EngineErrorKind.UNAVAILABLE``: refused, reset, died) is
-suspended in the scheduler at once. If the request had no token yet and another replica takes work, it
+suspended in the scheduler at once. If the client has seen nothing of the output yet (no token, or tokens
+whose text the stop strings or the output screen still held back) and another replica takes work, it
 goes back to the head of the queue and on to another replica (``_next_delta``), at most
 ``max_redispatches`` times and never past its deadline, keeping its usage record, quota grant and
-idempotency attempt: the client sees a later first token. Otherwise it fails with the replica's error.
+idempotency attempt: the client sees a later first token, and is billed for the output it was sent, not
+the lost replica's tokens it never saw. Otherwise it fails with the replica's error.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class _Ending:
     finish_reason: str | None = None
     error: str | None = None
     num_output_tokens: int = 0
+    output_sent: bool = False  # an event of the output went to the caller: it cannot be taken back
     num_cached_tokens: int | None = None  # from the final delta: prompt tokens its prefix cache served
     reached_replica: bool = False
     num_dispatches: int = 0  # to a replica: 1 + its re-dispatches
@@ -93,6 +96,7 @@ class _Ending:
     slot: Slot | None = None
     usage: OpenUsage | None = None  # open in the usage outbox from dispatch to the final record
     answers: list[_Answer] = field(default_factory=list)  # n of them, once admitted
+    policy: SafetyPolicy | None = None  # the tenant's, once admitted
     engine_deltas: AsyncGenerator[Delta, None] | None = None
 
 
@@ -216,6 +220,7 @@ async def generate_text(
                     if end.attempt is not None:
                         end.texts.append(emit)
                     prompt, answer.prompt_logprobs = answer.prompt_logprobs, ()
+                    end.output_sent = True
                     yield TextEvent(emit, answer.index, answer.take_logprobs(), prompt)
                 if end.verdict is not None:
                     break
@@ -269,15 +274,9 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
         replay = await lookup_attempt(gw, job)
         if replay is not None:
             return replay
-    policy = _safety_policy(job, gw)
+    end.policy = policy = _safety_policy(job, gw)
     await _screen_prompt(job, gw, policy)
-    codec, holdback = job.target.codec, gw.settings.safety_holdback_chars
-    end.answers = [
-        _Answer(
-            i, codec.detokenizer(), StopMatcher(job.stop), policy.output_screen(holdback), codec.eos_token_ids
-        )
-        for i in range(job.sampling.n)
-    ]
+    end.answers = _new_answers(job, gw, policy)
     end.grant = await acquire_quota(
         gw.quota,
         gw.metrics,
@@ -303,6 +302,16 @@ async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None
     # last checkpoint would stand for the whole output of the run the batch reports.
     end.reached_replica = True
     return None
+
+
+def _new_answers(job: Job, gw: GatewayState, policy: SafetyPolicy) -> list[_Answer]:
+    codec, holdback = job.target.codec, gw.settings.safety_holdback_chars
+    return [
+        _Answer(
+            i, codec.detokenizer(), StopMatcher(job.stop), policy.output_screen(holdback), codec.eos_token_ids
+        )
+        for i in range(job.sampling.n)
+    ]
 
 
 async def _settle(job: Job, gw: GatewayState, timing: Timing, end: _Ending) -> None:
@@ -402,9 +411,9 @@ class _Deadline:
 
 
 async def _next_delta(job: Job, gw: GatewayState, end: _Ending, timing: Timing) -> Delta:
-    """The generation's next delta. A replica that cannot be reached is suspended; before the request's
-    first token it is replaced (``_redispatch``) while re-dispatches are left and another replica takes
-    work, else its error is raised."""
+    """The generation's next delta. A replica that cannot be reached is suspended; while the client has
+    seen none of the output it is replaced (``_redispatch``) if re-dispatches are left and another replica
+    takes work, else its error is raised."""
     scheduler = job.target.scheduler
     while True:
         assert end.engine_deltas is not None and end.slot is not None
@@ -416,15 +425,15 @@ async def _next_delta(job: Job, gw: GatewayState, end: _Ending, timing: Timing) 
             scheduler.suspend(end.slot)  # it takes nothing new from this gateway until it answers again
             end.failed_replicas.append(end.slot.engine.replica)
             if (
-                end.num_output_tokens > 0
+                end.output_sent
                 or end.num_dispatches > gw.settings.max_redispatches
                 or not scheduler.takes_work_besides(end.slot)  # none to go to: fail fast
             ):
                 raise
-            await _redispatch(job, end, timing, exc)
+            await _redispatch(job, gw, end, timing, exc)
 
 
-async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError) -> None:
+async def _redispatch(job: Job, gw: GatewayState, end: _Ending, timing: Timing, lost: EngineError) -> None:
     """Back to the head of the queue, then the engine call on the replica it is dispatched to next. Raises
     ``lost`` when its deadline drops it first (the error it would have had without a re-dispatch)."""
     assert end.engine_deltas is not None and end.slot is not None
@@ -447,6 +456,13 @@ async def _redispatch(job: Job, end: _Ending, timing: Timing, lost: EngineError)
     except (OpenAIError, TimeoutError):  # dropped at its deadline
         raise lost from None
     end.num_dispatches += 1
+    # The lost replica's tokens, if any, were held back whole (by the stop strings or the output screen):
+    # the answers start again, the client is billed for what it is sent (a gateway crash before the new
+    # output passes the old checkpoint still bills that checkpoint: the outbox's counts only grow).
+    assert end.policy is not None
+    end.answers[:] = _new_answers(job, gw, end.policy)  # in place: the generation's loop holds the list
+    end.num_output_tokens = 0
+    timing.restart()
     end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))
     timing.engine_start_s = time.monotonic()
 

@@ -160,6 +160,11 @@ class Timing:
                 parts.append(f"replica-ttft;dur={(self.first_token_s - self.engine_start_s) * 1000:.3f}")
         return ", ".join(parts)
 
+    def restart(self) -> None:
+        """Forget the tokens seen: the generation starts again on another replica (none of them was sent)."""
+        self.first_token_s = self.last_token_s = None
+        self.gaps_s.clear()
+
     def observe(self, now: float, num_tokens: int) -> None:
         if num_tokens == 0:
             return

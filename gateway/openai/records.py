@@ -30,7 +30,7 @@ class Ended:
     reached_replica: bool
     engine: EngineClient | None = None  # the replica it was dispatched to last; None: never dispatched
     num_cached_tokens: int | None = None  # prompt tokens the replica's prefix cache served; None: unknown
-    num_dispatches: int = 0  # to a replica: 1 + its re-dispatches after a replica failed before a token
+    num_dispatches: int = 0  # to a replica: 1 + its re-dispatches after a replica failed before any output
     failed_replicas: tuple[str, ...] = ()  # replicas that could not be reached, in order
     # The client left: output tokens its replica had made that the gateway never read (in num_output_tokens).
     num_unread_tokens: int = 0

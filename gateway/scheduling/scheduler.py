@@ -18,8 +18,8 @@ yet (waiting or in prefill inside the replica), and the inter-token gaps it obse
 
 Failover: a replica a request could not reach (a connection-level error) is ``suspend``ed at once: out of
 the dispatch pass until it answers a readiness check (``gateway.scheduling.replicas``). A request that
-lost its replica before its first token comes back through ``wait_for_dispatch(..., redispatch=True)``: it
-goes ahead of the fair queue (with its arrival, tenant, class and deadline) and on to another replica.
+lost its replica before sending any output comes back through ``wait_for_dispatch(..., redispatch=True)``:
+it goes ahead of the fair queue (with its arrival, tenant, class and deadline) and on to another replica.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class ModelScheduler:
         ``OpenAIError`` (429) if it is refused or dropped; if the caller is cancelled while waiting, the
         request leaves the queue.
 
-        ``redispatch``: its replica lost it before its first token (released, and suspended by the
+        ``redispatch``: its replica lost it before it sent any output (released, and suspended by the
         caller). It waits ahead of the fair queue, is never refused for the queue's length, and is counted
         in ``sluice_gateway_redispatches``; a deadline it can no longer meet still drops it (429)."""
         now = time.monotonic()

@@ -2,7 +2,8 @@
 could not reach is suspended at once and resumes only once it answers ready; a re-dispatched request goes
 ahead of the fair queue and is still dropped at its deadline; the last replica taking work is never
 suspended. Through the API (a static gateway over fake replicas): a request that lost its replica before
-its first token completes on another with one usage row; one that keeps losing it fails with 503 after
+its first token completes on another with one usage row, as does one whose tokens' text was all held
+back (billed for the other's output only); one that keeps losing it fails with 503 after
 SLUICE_MAX_REDISPATCHES and no usage row, as does one with no other replica (at once) and one that finds
 no room on the others before its deadline; one that loses it mid-stream ends with an error event the
 openai SDK raises and a usage row of the tokens it had."""
@@ -280,6 +281,37 @@ def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and
         row = gateway.usage_row(request_id)
         assert row["output_tokens"] == 3 and row["status"] == "failed"
         assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
+    finally:
+        gateway.stop()
+
+
+def test_a_stream_whose_text_was_all_held_back_when_its_replica_was_lost_completes_on_another(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    # Two tokens ("abab") in, all of it a prefix of the stop string: held back, the client saw nothing.
+    engines = [_fake(codec, "a", lost_after=2), _fake(codec, "b")]
+    gateway = _gateway(tmp_path, dev_checkpoint, engines)
+    try:
+        stream = gateway.client().completions.create(
+            model=MODEL,
+            prompt="hello",
+            max_tokens=6,
+            stop=["ababababZ"],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == "ab" * 6  # b's 6 tokens only
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+        assert [e.num_calls for e in engines] == [1, 1]
+        request_id = chunks[0].id
+        row = gateway.usage_row(request_id)
+        assert row["output_tokens"] == 6 and row["status"] == "finished"  # not the 2 the client never saw
+        assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
+        [record] = [r for r in gateway.telemetry() if r["request_id"] == request_id]
+        assert (
+            record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"] and record["replica"] == "b"
+        )
     finally:
         gateway.stop()
 
