@@ -45,7 +45,7 @@ run: install checkpoint repository
 	SLUICE_DEV_TENANTS=$${SLUICE_DEV_TENANTS:-true} exec $(PY) -m gateway.devstack --model-repository $(STATE)/model_repository
 
 test: install checkpoint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: install
 	$(PY) -m ruff check .

@@ -180,13 +180,17 @@ def test_responses_name_the_version_that_served_them(fleet: Fleet) -> None:
 def test_a_ten_percent_canary_is_sticky_and_keeps_its_conversations_at_fifty(fleet: Fleet) -> None:
     fleet.route({"1": 9_000, "2": 1_000})
     conversations = [f"conv-{i}" for i in range(1_000)]
-    with ThreadPoolExecutor(8) as pool:  # every conversation's first request, through the API
-        served = list(
-            pool.map(lambda c: _complete(fleet.gateway, c).headers["sluice-model-version"], conversations)
-        )
-    at_ten = dict(zip(conversations, served, strict=True))
+    at_ten = {c: fleet.version_of(c) for c in conversations}  # the router's own choice
     assert 70 <= Counter(at_ten.values())["2"] <= 130  # 10 +- 3% of 1,000 conversations
-    assert all(fleet.version_of(c) == v for c, v in at_ten.items())  # what the router says it does
+    # Through the API, the first request of 200 of them (50 on the canary) goes where the router says.
+    # NOTE: not all 1,000: ~1 min of a slow CI host for what 200 show.
+    on_canary = [c for c in conversations if at_ten[c] == "2"][:50]
+    through_api = on_canary + [c for c in conversations if c not in on_canary][:150]
+    with ThreadPoolExecutor(8) as pool:
+        served = list(
+            pool.map(lambda c: _complete(fleet.gateway, c).headers["sluice-model-version"], through_api)
+        )
+    assert dict(zip(through_api, served, strict=True)) == {c: at_ten[c] for c in through_api}
     # Through the API: each of 40 conversations, asked twice, stays where the router put it.
     sample = conversations[:30] + [c for c in conversations if at_ten[c] == "2"][:10]
     for conversation in sample:
