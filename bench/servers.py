@@ -182,7 +182,8 @@ class SluiceStack:
     With ``state_dir`` (and the ``checkpoint_dir`` the gateway tokenizes with), the stack keeps its state
     there (``SLUICE_STATE_DIR``); without, in the default ``.sluice`` as ``make run`` does. With ``ports``,
     it serves on those (``base_url`` is then ignored: the gateway's own); without, on ``make run``'s.
-    ``env``: settings for this stack alone (``SLUICE_...`` variables), over the caller's environment."""
+    ``env``: settings for this stack alone (``SLUICE_...`` variables, or the engine's ``OMP_NUM_THREADS``),
+    over the caller's environment."""
 
     def __init__(
         self,

@@ -12,8 +12,8 @@ default, at the whole inter-token target, and off:
     .venv/bin/python -m bench.stack_ab --concurrency 16 32 --rounds 3 \\
         default=.sluice/model_repository off=/tmp/repo-off
 
-A variant may also change the stack's settings (`--env NAME:SLUICE_KEY=VALUE`, repeatable), e.g. the
-inter-token headroom over the same repository:
+A variant may also change the stack's settings (`--env NAME:SLUICE_KEY=VALUE`, repeatable; also
+`OMP_NUM_THREADS`, the engine's threads), e.g. the inter-token headroom over the same repository:
 
     .venv/bin/python -m bench.stack_ab --concurrency 64 \\
         default=.sluice/model_repository narrow=.sluice/model_repository \\
@@ -94,12 +94,17 @@ def parse_variant(text: str) -> Variant:
     return Variant(name, repository)
 
 
+# Besides SLUICE_ settings, what a variant may set: the engine's OpenMP threads (the launcher's default is
+# one fewer than the cores; an OMP_NUM_THREADS in the stack's environment wins, replicas.launcher).
+OTHER_KEYS = frozenset({"OMP_NUM_THREADS"})
+
+
 def parse_env(text: str) -> tuple[str, str, str]:
-    """``NAME:KEY=VALUE`` -> (variant name, key, value)."""
+    """``NAME:KEY=VALUE`` -> (variant name, key, value); the key a SLUICE_ setting or one of OTHER_KEYS."""
     name, sep, setting = text.partition(":")
     key, eq, value = setting.partition("=")
-    if not sep or not name or not eq or not key.startswith("SLUICE_"):
-        raise argparse.ArgumentTypeError(f"expected NAME:SLUICE_KEY=VALUE, got {text!r}")
+    if not sep or not name or not eq or not (key.startswith("SLUICE_") or key in OTHER_KEYS):
+        raise argparse.ArgumentTypeError(f"expected NAME:SLUICE_KEY=VALUE (or OMP_NUM_THREADS), got {text!r}")
     return name, key, value
 
 
