@@ -277,7 +277,7 @@ def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and
         with pytest.raises(openai.APIError, match="unavailable"):
             for chunk in stream:
                 request_id = chunk.id
-        assert [e.num_calls for e in engines] == [1, 0]  # it had tokens: not re-dispatched
+        assert [e.num_calls for e in engines] == [1, 0]  # it had sent output: not re-dispatched
         row = gateway.usage_row(request_id)
         assert row["output_tokens"] == 3 and row["status"] == "failed"
         assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
