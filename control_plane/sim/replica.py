@@ -89,13 +89,18 @@ class Replica:
         self._by_priority = [[0, 0, 0] for _ in EnginePriority]
 
     # ----- the gateway's view -----
+    @property
+    def _num_handed_over(self) -> int:
+        """Requests handed over and not finished: what the gateway counts as running here."""
+        return sum(counts[0] for counts in self._by_priority)
+
     def load(self) -> ReplicaLoad:
         if self._load is None:
             blocked_kv = sum(r.kv_tokens for r in self.blocked)
             num_partial = len(self.prefill_queue) - self.num_unscheduled
             itl_ms = None if self.last_step_s is None else self.last_step_s * 1000.0  # the last step's
             # Not bounded yet but over the target: held at the batch it runs, as the gateway holds it.
-            num_running = sum(counts[0] for counts in self._by_priority)
+            num_running = self._num_handed_over
             held = None if itl_ms is None else held_cap(num_running, itl_ms, self.config.batch_bound)
             self._load = ReplicaLoad(
                 replica_id=self.replica_id,
@@ -215,8 +220,7 @@ class Replica:
             return
         self._unjudged_gaps.append((gap_ms, num_gaps))
         self._num_unjudged_gaps += num_gaps
-        num_running = sum(counts[0] for counts in self._by_priority)
-        self._most_running_unjudged = max(self._most_running_unjudged, num_running)
+        self._most_running_unjudged = max(self._most_running_unjudged, self._num_handed_over)
         bound = self.config.batch_bound
         if self._num_unjudged_gaps < bound.num_gaps_between_moves:
             return
