@@ -95,7 +95,7 @@ async def _generate(jobs: list[Job], gw: GatewayState) -> Any:
     shape = ChatShape(job) if job.route == "/v1/chat/completions" else CompletionShape(jobs)
     answers: dict[int, Answer] = {}
     finish: FinishEvent | None = None
-    streams = [generate_text(j, gw, Timing(j.arrival_s)) for j in jobs]
+    streams = [generate_text(j, gw, Timing(j.arrival_s), collected=True) for j in jobs]
     async with aclosing(merged(streams, job.sampling.n)) as events:
         async for event in events:
             if isinstance(event, TextEvent):

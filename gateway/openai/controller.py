@@ -338,8 +338,9 @@ async def _respond(
     job = jobs[0]
     timing = Timing(job.arrival_s)
     quota_taken = QuotaTaken()
-    streams = [generate_text(job, gw, timing, quota_taken)]
-    streams += [generate_text(other, gw, Timing(other.arrival_s)) for other in jobs[1:]]
+    collected = not stream  # the whole answer goes back at once: a lost replica is replaced until the end
+    streams = [generate_text(job, gw, timing, quota_taken, collected=collected)]
+    streams += [generate_text(o, gw, Timing(o.arrival_s), collected=collected) for o in jobs[1:]]
     events = merged(streams, job.sampling.n)
     try:
         if stream:

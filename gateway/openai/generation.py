@@ -15,7 +15,10 @@ whose text the stop strings or the output screen still held back) and another re
 goes back to the head of the queue and on to another replica (``_next_delta``), at most
 ``max_redispatches`` times and never past its deadline, keeping its usage record, quota grant and
 idempotency attempt: the client sees a later first token, and is billed for the output it was sent, not
-the lost replica's tokens it never saw. Otherwise it fails with the replica's error.
+the lost replica's tokens it never saw. Otherwise it fails with the replica's error. A caller that reads the
+whole answer before anything goes back (``collected``: a non-streaming response, a batch line) gets its
+text events only with the finish, so for it nothing is sent until the end and a lost replica is replaced
+at any point of the answer.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class _Ending:
     error: str | None = None
     num_output_tokens: int = 0
     output_sent: bool = False  # an event of the output went to the caller: it cannot be taken back
+    # The caller collects the whole answer: its text events wait here for the finish (None: streamed).
+    held_events: list[TextEvent] | None = None
     num_cached_tokens: int | None = None  # from the final delta: prompt tokens its prefix cache served
     reached_replica: bool = False
     num_dispatches: int = 0  # to a replica: 1 + its re-dispatches
@@ -153,14 +158,21 @@ class _Answer:
 
 
 async def generate_text(
-    job: Job, gw: GatewayState, timing: Timing, quota_taken: QuotaTaken | None = None
+    job: Job,
+    gw: GatewayState,
+    timing: Timing,
+    quota_taken: QuotaTaken | None = None,
+    *,
+    collected: bool = False,
 ) -> AsyncGenerator[Event, None]:
     """Admit the request, then yield its text as it is produced and one ``FinishEvent``.
     Raises ``OpenAIError`` if refused before any event, ``EngineError`` if the replica fails.
 
     ``timing`` is filled in as tokens arrive (``Timing(job.arrival_s)``); ``quota_taken``, if given, gets the
-    quota grant of a request that will generate, before the first event (for the rate-limit headers)."""
-    end = _Ending()
+    quota grant of a request that will generate, before the first event (for the rate-limit headers).
+    ``collected``: the caller reads the whole answer before any of it goes back, so the text events are
+    yielded together just before the finish (and a replica lost before then can be replaced)."""
+    end = _Ending(held_events=[] if collected else None)
     deadline: _Deadline | None = None
     try:
         replay = await _admit(job, gw, end)
@@ -220,14 +232,20 @@ async def generate_text(
                     if end.attempt is not None:
                         end.texts.append(emit)
                     prompt, answer.prompt_logprobs = answer.prompt_logprobs, ()
-                    end.output_sent = True
-                    yield TextEvent(emit, answer.index, answer.take_logprobs(), prompt)
+                    event = TextEvent(emit, answer.index, answer.take_logprobs(), prompt)
+                    if end.held_events is not None:
+                        end.held_events.append(event)
+                    else:
+                        end.output_sent = True
+                        yield event
                 if end.verdict is not None:
                     break
             if end.finish_reason is None and all(a.finish_reason is not None for a in answers):
                 end.outcome = end.outcome or Outcome.FINISHED
                 end.finish_reason = answers[0].finish_reason
         assert end.finish_reason is not None
+        for event in end.held_events or ():
+            yield event
         yield FinishEvent(
             end.finish_reason,
             len(job.prompt_token_ids),
@@ -242,7 +260,8 @@ async def generate_text(
         end.outcome, end.error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
         # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
         end.reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or end.num_output_tokens > 0
-        for answer in end.answers if end.verdict is None else ():  # what is held back and safe goes
+        sends_rest = end.verdict is None and end.held_events is None  # a collected answer fails whole
+        for answer in end.answers if sends_rest else ():  # what is held back and safe goes
             if answer.screen is None or answer.finish_reason is not None:
                 continue
             rest, _ = _screened(answer.screen, "", ended=True)
@@ -444,7 +463,7 @@ async def _redispatch(job: Job, gw: GatewayState, end: _Ending, timing: Timing, 
     # names its replica if the request fails while waiting.
     scheduler.release(end.slot)
     log.info(
-        "request %s lost replica %s before its first token: dispatching it again",
+        "request %s lost replica %s before any output went back: dispatching it again",
         job.request_id,
         end.slot.replica_key,
     )
@@ -461,6 +480,9 @@ async def _redispatch(job: Job, gw: GatewayState, end: _Ending, timing: Timing, 
     # output passes the old checkpoint still bills that checkpoint: the outbox's counts only grow).
     assert end.policy is not None
     end.answers[:] = _new_answers(job, gw, end.policy)  # in place: the generation's loop holds the list
+    if end.held_events is not None:
+        end.held_events.clear()
+    end.texts.clear()  # what an Idempotency-Key's replay would have sent of the lost answer
     end.num_output_tokens = 0
     timing.restart()
     end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))

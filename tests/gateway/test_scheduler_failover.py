@@ -316,6 +316,26 @@ def test_a_stream_whose_text_was_all_held_back_when_its_replica_was_lost_complet
         gateway.stop()
 
 
+def test_a_whole_answer_whose_replica_was_lost_mid_answer_completes_on_another_and_bills_that_answer(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    # Non-streaming: nothing goes back before the end, so 3 tokens in is still "nothing sent".
+    engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b")]
+    gateway = _gateway(tmp_path, dev_checkpoint, engines)
+    try:
+        completion = gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6)
+        assert completion.choices[0].text == "ab" * 6  # b's answer alone, none of a's 3 tokens
+        assert completion.usage is not None and completion.usage.completion_tokens == 6
+        assert [e.num_calls for e in engines] == [1, 1]
+        row = gateway.usage_row(completion.id)
+        assert row["output_tokens"] == 6 and row["status"] == "finished"
+        assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == completion.id]) == 1
+        [record] = [r for r in gateway.telemetry() if r["request_id"] == completion.id]
+        assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"]
+    finally:
+        gateway.stop()
+
+
 def test_a_redispatched_request_that_finds_no_room_before_its_deadline_fails_with_the_replicas_error(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
