@@ -86,6 +86,7 @@ class _Ending:
     finish_reason: str | None = None
     error: str | None = None
     num_output_tokens: int = 0
+    num_lost_tokens: int = 0  # made by replicas lost before any output was sent: not billed
     output_sent: bool = False  # an event of the output went to the caller: it cannot be taken back
     # The caller collects the whole answer: its text events wait here for the finish (None: streamed).
     held_events: list[TextEvent] | None = None
@@ -258,8 +259,11 @@ async def generate_text(
         raise
     except EngineError as exc:
         end.outcome, end.error = Outcome.FAILED, f"{exc.kind}: {exc.message}"
-        # A replica that could not be reached ran nothing: no usage row (telemetry still records it).
-        end.reached_replica = exc.kind is not EngineErrorKind.UNAVAILABLE or end.num_output_tokens > 0
+        # A replica that could not be reached ran nothing: no usage row (telemetry still records it), unless
+        # one before it ran the prompt (its tokens were lost, the prompt is billed).
+        end.reached_replica = (
+            exc.kind is not EngineErrorKind.UNAVAILABLE or end.num_output_tokens + end.num_lost_tokens > 0
+        )
         sends_rest = end.verdict is None and end.held_events is None  # a collected answer fails whole
         for answer in end.answers if sends_rest else ():  # what is held back and safe goes
             if answer.screen is None or answer.finish_reason is not None:
@@ -483,6 +487,7 @@ async def _redispatch(job: Job, gw: GatewayState, end: _Ending, timing: Timing, 
     if end.held_events is not None:
         end.held_events.clear()
     end.texts.clear()  # what an Idempotency-Key's replay would have sent of the lost answer
+    end.num_lost_tokens += end.num_output_tokens
     end.num_output_tokens = 0
     timing.restart()
     end.engine_deltas = end.slot.engine.generate(_engine_request(job, end.slot.priority))

@@ -336,6 +336,25 @@ def test_a_whole_answer_whose_replica_was_lost_mid_answer_completes_on_another_a
         gateway.stop()
 
 
+def test_a_request_whose_replica_ran_its_prompt_is_billed_the_prompt_when_the_next_replica_is_unreachable(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    # a made 3 tokens nobody saw (not billed), then b could not be reached: a ran the prompt, so one row.
+    engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b", num_unreachable_calls=1)]
+    gateway = _gateway(tmp_path, dev_checkpoint, engines)
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6)
+        assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
+        assert [e.num_calls for e in engines] == [1, 1]
+        [record] = gateway.telemetry()
+        assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a", "b"]
+        [row] = gateway.usage(limit="100")["data"]
+        assert row["output_tokens"] == 0 and row["prompt_tokens"] > 0 and row["status"] == "failed"
+    finally:
+        gateway.stop()
+
+
 def test_a_redispatched_request_that_finds_no_room_before_its_deadline_fails_with_the_replicas_error(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
