@@ -3,14 +3,18 @@ could not reach is suspended at once and resumes only once it answers ready; a r
 ahead of the fair queue and is still dropped at its deadline; the last replica taking work is never
 suspended. Through the API (a static gateway over fake replicas): a request that lost its replica before
 its first token completes on another with one usage row, as does one whose tokens' text was all held
-back (billed for the other's output only); one that keeps losing it fails with 503 after
+back (billed for the other's output only), and a non-streaming request or a batch line that lost it
+mid-answer (their answer goes back whole); one that keeps losing it fails with 503 after
 SLUICE_MAX_REDISPATCHES and no usage row, as does one with no other replica (at once) and one that finds
-no room on the others before its deadline; one that loses it mid-stream ends with an error event the
-openai SDK raises and a usage row of the tokens it had."""
+no room on the others before its deadline, though one whose lost replica ran its prompt keeps a row of
+it; one that loses it mid-stream ends with an error event the openai SDK raises and a usage row of the
+tokens it had."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -332,6 +336,38 @@ def test_a_whole_answer_whose_replica_was_lost_mid_answer_completes_on_another_a
         assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == completion.id]) == 1
         [record] = [r for r in gateway.telemetry() if r["request_id"] == completion.id]
         assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"]
+    finally:
+        gateway.stop()
+
+
+def test_a_batch_line_whose_replica_was_lost_mid_answer_completes_on_another(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b")]
+    gateway = _gateway(
+        tmp_path, dev_checkpoint, engines, batch_poll_interval_s=0.2, batch_flush_interval_s=0.2
+    )
+    try:
+        client = gateway.client()
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 6}
+        line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": body})
+        upload = client.files.create(file=("in.jsonl", io.BytesIO(line.encode() + b"\n")), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h"
+        )
+        deadline = time.monotonic() + 30
+        while (batch := client.batches.retrieve(batch.id)).status not in {"completed", "failed"}:
+            assert time.monotonic() < deadline, batch.status
+            time.sleep(0.1)
+        assert batch.status == "completed" and batch.output_file_id is not None
+        [out] = [json.loads(raw) for raw in client.files.content(batch.output_file_id).text.splitlines()]
+        assert out["response"]["status_code"] == 200
+        assert out["response"]["body"]["choices"][0]["text"] == "ab" * 6  # b's answer alone
+        assert [e.num_calls for e in engines] == [1, 1]
+        [record] = [r for r in gateway.telemetry() if r.get("batch_id") == batch.id]
+        assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"]
+        [row] = [r for r in gateway.usage(limit="100")["data"] if r["request_id"].startswith(batch.id)]
+        assert row["output_tokens"] == 6 and row["status"] == "finished"
     finally:
         gateway.stop()
 
