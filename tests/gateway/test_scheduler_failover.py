@@ -16,7 +16,8 @@ import asyncio
 import io
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -199,25 +200,35 @@ def _fake(codec: TextCodec, name: str, **kwargs: Any) -> UnreachableFakeEngine:
     return engine
 
 
+@contextmanager
 def _gateway(
     tmp_path: Path, dev_checkpoint: Path, engines: list[UnreachableFakeEngine], **overrides: Any
-) -> RunningGateway:
+) -> Iterator[RunningGateway]:
     """A gateway whose model has ``engines`` as its replicas; the first is dispatched to first (the
-    router's ties go to the smallest replica id: name them in order)."""
+    router's ties go to the smallest replica id: name them in order). Stopped on leaving."""
     gateway = start_gateway(tmp_path, dev_checkpoint, engine=engines[0], **overrides)
-    loop = gateway.server.servers[0].get_loop()  # the gateway's event loop, which owns its schedulers
-    for engine in engines[1:]:
-        added = gateway.gw.router.pools.add_static(MODEL, "1", engine)
-        asyncio.run_coroutine_threadsafe(added, loop).result(10)
-    return gateway
+    try:
+        loop = gateway.server.servers[0].get_loop()  # the gateway's event loop, which owns its schedulers
+        for engine in engines[1:]:
+            added = gateway.gw.router.pools.add_static(MODEL, "1", engine)
+            asyncio.run_coroutine_threadsafe(added, loop).result(10)
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def _billed_once(gateway: RunningGateway, request_id: str) -> dict[str, Any]:
+    """The request's one usage row: a re-dispatch keeps its record, so never a second."""
+    row = gateway.usage_row(request_id)
+    assert [r["request_id"] for r in gateway.usage(limit="100")["data"]].count(request_id) == 1
+    return row
 
 
 def test_a_request_that_lost_its_replica_before_a_token_completes_with_one_usage_row(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
     lost, other = _fake(codec, "a", num_unreachable_calls=1), _fake(codec, "b")
-    gateway = _gateway(tmp_path, dev_checkpoint, [lost, other])
-    try:
+    with _gateway(tmp_path, dev_checkpoint, [lost, other]) as gateway:
         stream = gateway.client().completions.create(
             model=MODEL, prompt="hello", max_tokens=6, stream=True, stream_options={"include_usage": True}
         )
@@ -225,23 +236,20 @@ def test_a_request_that_lost_its_replica_before_a_token_completes_with_one_usage
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
         request_id = chunks[0].id
         assert [r.request_id for r in lost.requests + other.requests] == [request_id] * 2
-        rows = [r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]
-        assert len(rows) == 1 and rows[0]["output_tokens"] == 6 and rows[0]["status"] == "finished"
+        row = _billed_once(gateway, request_id)
+        assert row["output_tokens"] == 6 and row["status"] == "finished"
         [record] = [r for r in gateway.telemetry() if r["request_id"] == request_id]
         assert (
             record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"] and record["replica"] == "b"
         )
         assert read_metric(gateway.base_url + "/metrics", "sluice_gateway_redispatches_total") == 1
-    finally:
-        gateway.stop()
 
 
 def test_a_request_that_keeps_losing_its_replica_gets_503_after_its_redispatches_and_no_usage_row(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
     engines = [_fake(codec, name, num_unreachable_calls=100) for name in ("a", "b", "c")]
-    gateway = _gateway(tmp_path, dev_checkpoint, engines, max_redispatches=1)
-    try:
+    with _gateway(tmp_path, dev_checkpoint, engines, max_redispatches=1) as gateway:
         with pytest.raises(openai.APIStatusError) as failed:
             gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
         assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
@@ -251,42 +259,33 @@ def test_a_request_that_keeps_losing_its_replica_gets_503_after_its_redispatches
         assert record["outcome"] == "failed" and record["num_dispatches"] == 2
         assert record["failed_replicas"] == ["a", "b"]
         assert gateway.usage(limit="100")["data"] == []
-    finally:
-        gateway.stop()
 
 
 def test_with_no_other_replica_a_request_that_lost_its_replica_fails_at_once(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
     engine = _fake(codec, "a", num_unreachable_calls=1)  # it would answer the next call: not waited for
-    gateway = _gateway(tmp_path, dev_checkpoint, [engine])
-    try:
+    with _gateway(tmp_path, dev_checkpoint, [engine]) as gateway:
         with pytest.raises(openai.APIStatusError) as failed:
             gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
         assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
         assert engine.num_calls == 1
         assert gateway.usage(limit="100")["data"] == []
-    finally:
-        gateway.stop()
 
 
 def test_a_stream_that_loses_its_replica_mid_stream_ends_with_an_error_event_and_bills_its_tokens(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
     engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b")]
-    gateway = _gateway(tmp_path, dev_checkpoint, engines)
-    try:
+    with _gateway(tmp_path, dev_checkpoint, engines) as gateway:
         stream = gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=20, stream=True)
         request_id = ""
         with pytest.raises(openai.APIError, match="unavailable"):
             for chunk in stream:
                 request_id = chunk.id
         assert [e.num_calls for e in engines] == [1, 0]  # it had sent output: not re-dispatched
-        row = gateway.usage_row(request_id)
+        row = _billed_once(gateway, request_id)
         assert row["output_tokens"] == 3 and row["status"] == "failed"
-        assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
-    finally:
-        gateway.stop()
 
 
 def test_a_stream_whose_text_was_all_held_back_when_its_replica_was_lost_completes_on_another(
@@ -294,8 +293,7 @@ def test_a_stream_whose_text_was_all_held_back_when_its_replica_was_lost_complet
 ) -> None:
     # Two tokens ("abab") in, all of it a prefix of the stop string: held back, the client saw nothing.
     engines = [_fake(codec, "a", lost_after=2), _fake(codec, "b")]
-    gateway = _gateway(tmp_path, dev_checkpoint, engines)
-    try:
+    with _gateway(tmp_path, dev_checkpoint, engines) as gateway:
         stream = gateway.client().completions.create(
             model=MODEL,
             prompt="hello",
@@ -309,15 +307,12 @@ def test_a_stream_whose_text_was_all_held_back_when_its_replica_was_lost_complet
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
         assert [e.num_calls for e in engines] == [1, 1]
         request_id = chunks[0].id
-        row = gateway.usage_row(request_id)
+        row = _billed_once(gateway, request_id)
         assert row["output_tokens"] == 6 and row["status"] == "finished"  # not the 2 the client never saw
-        assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == request_id]) == 1
         [record] = [r for r in gateway.telemetry() if r["request_id"] == request_id]
         assert (
             record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"] and record["replica"] == "b"
         )
-    finally:
-        gateway.stop()
 
 
 def test_a_whole_answer_whose_replica_was_lost_mid_answer_completes_on_another_and_bills_that_answer(
@@ -325,29 +320,24 @@ def test_a_whole_answer_whose_replica_was_lost_mid_answer_completes_on_another_a
 ) -> None:
     # Non-streaming: nothing goes back before the end, so 3 tokens in is still "nothing sent".
     engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b")]
-    gateway = _gateway(tmp_path, dev_checkpoint, engines)
-    try:
+    with _gateway(tmp_path, dev_checkpoint, engines) as gateway:
         completion = gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6)
         assert completion.choices[0].text == "ab" * 6  # b's answer alone, none of a's 3 tokens
         assert completion.usage is not None and completion.usage.completion_tokens == 6
         assert [e.num_calls for e in engines] == [1, 1]
-        row = gateway.usage_row(completion.id)
+        row = _billed_once(gateway, completion.id)
         assert row["output_tokens"] == 6 and row["status"] == "finished"
-        assert len([r for r in gateway.usage(limit="100")["data"] if r["request_id"] == completion.id]) == 1
         [record] = [r for r in gateway.telemetry() if r["request_id"] == completion.id]
         assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"]
-    finally:
-        gateway.stop()
 
 
 def test_a_batch_line_whose_replica_was_lost_mid_answer_completes_on_another(
     tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
 ) -> None:
     engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b")]
-    gateway = _gateway(
+    with _gateway(
         tmp_path, dev_checkpoint, engines, batch_poll_interval_s=0.2, batch_flush_interval_s=0.2
-    )
-    try:
+    ) as gateway:
         client = gateway.client()
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 6}
         line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": body})
@@ -368,8 +358,6 @@ def test_a_batch_line_whose_replica_was_lost_mid_answer_completes_on_another(
         assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"]
         [row] = [r for r in gateway.usage(limit="100")["data"] if r["request_id"].startswith(batch.id)]
         assert row["output_tokens"] == 6 and row["status"] == "finished"
-    finally:
-        gateway.stop()
 
 
 def test_a_request_whose_replica_ran_its_prompt_is_billed_the_prompt_when_the_next_replica_is_unreachable(
@@ -377,8 +365,7 @@ def test_a_request_whose_replica_ran_its_prompt_is_billed_the_prompt_when_the_ne
 ) -> None:
     # a made 3 tokens nobody saw (not billed), then b could not be reached: a ran the prompt, so one row.
     engines = [_fake(codec, "a", lost_after=3), _fake(codec, "b", num_unreachable_calls=1)]
-    gateway = _gateway(tmp_path, dev_checkpoint, engines)
-    try:
+    with _gateway(tmp_path, dev_checkpoint, engines) as gateway:
         with pytest.raises(openai.APIStatusError) as failed:
             gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6)
         assert failed.value.status_code == 503 and failed.value.code == "replica_unavailable"
@@ -387,8 +374,6 @@ def test_a_request_whose_replica_ran_its_prompt_is_billed_the_prompt_when_the_ne
         assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a", "b"]
         [row] = gateway.usage(limit="100")["data"]
         assert row["output_tokens"] == 0 and row["prompt_tokens"] > 0 and row["status"] == "failed"
-    finally:
-        gateway.stop()
 
 
 def test_a_redispatched_request_that_finds_no_room_before_its_deadline_fails_with_the_replicas_error(
@@ -398,10 +383,9 @@ def test_a_redispatched_request_that_finds_no_room_before_its_deadline_fails_wit
     full.stats = ReplicaStats(num_kv_tokens_total=4096, num_kv_tokens_free=4096, num_waiting=5, num_running=4)
     lost = _fake(codec, "b", num_unreachable_calls=100)
     lost.reachable = False  # stays suspended
-    gateway = _gateway(
+    with _gateway(
         tmp_path, dev_checkpoint, [full, lost], max_waiting_per_replica=4, request_deadline_s=1.0
-    )
-    try:
+    ) as gateway:
         began = time.monotonic()
         with pytest.raises(openai.APIStatusError) as failed:
             gateway.client().completions.create(model=MODEL, prompt="hello", max_tokens=6, stream=True)
@@ -412,5 +396,3 @@ def test_a_redispatched_request_that_finds_no_room_before_its_deadline_fails_wit
         assert record["num_dispatches"] == 1 and record["failed_replicas"] == ["b"]
         assert read_metric(gateway.base_url + "/metrics", "sluice_gateway_redispatches_total") == 1
         assert gateway.usage(limit="100")["data"] == []
-    finally:
-        gateway.stop()
