@@ -7,6 +7,7 @@ to the same shape, so a client never sees another error format.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -60,6 +61,54 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return OpenAIError(400, message, param=param, code=code)
 
 
+def out_of_range(param: str, got: float, bound: float, above: bool) -> OpenAIError:
+    """A number past one of its bounds, coded and worded as OpenAI's API does
+    (``integer_below_min_value``: "Invalid 'max_tokens': integer below minimum value. Expected a value >=
+    1, but got -1 instead.")."""
+    kind = "integer" if isinstance(got, int) else "decimal"
+    side, relation = ("above maximum", "<=") if above else ("below minimum", ">=")
+    return OpenAIError(
+        400,
+        f"Invalid '{param}': {kind} {side} value. Expected a value {relation} {bound}, but got {got} "
+        "instead.",
+        param=param,
+        code=f"{kind}_{side.replace(' ', '_').replace('imum', '')}_value",
+    )
+
+
+# msgspec's refusals of a decoded body (``msgspec.convert``'s ValidationError, its message before
+# " - at `$..."`), in the order tried, to the codes OpenAI's API gives the same mistakes; anything else
+# msgspec refuses (an enum value, a pattern) is ``invalid_value``.
+_MSGSPEC_CODES = (
+    (re.compile(r"Object missing required field `"), "missing_required_parameter"),
+    (re.compile(r"Expected `int` [<>]"), "integer_{side}_value"),
+    (re.compile(r"Expected `float` [<>]"), "decimal_{side}_value"),
+    (re.compile(r"Expected `str` of length [<>]"), "string_{side}_length"),
+    (re.compile(r"Expected `(array|object)` of length [<>]"), "array_{side}_length"),
+    (re.compile(r"Expected `[^`]+`, got `"), "invalid_type"),
+)
+
+
+def invalid_field(message: str, where: str) -> OpenAIError:
+    """A 400 for a body msgspec refused: ``message`` is its ValidationError's text before " - at `$",
+    ``where`` the path after it ("" for the body itself; "messages[0].role"). ``param`` names the field,
+    ``code`` is OpenAI's for the mistake."""
+    missing = re.fullmatch(r"Object missing required field `([^`]+)`", message)
+    field = ".".join(part for part in (where, missing[1] if missing else "") if part) or None
+    code = next((code for pattern, code in _MSGSPEC_CODES if pattern.match(message)), "invalid_value")
+    side = "above_max" if "<" in message else "below_min"
+    shown = message[0].lower() + message[1:]
+    if missing:
+        text = f"Missing required parameter: '{field}'."
+    else:
+        text = f"Invalid '{field}': {shown}." if field else f"Invalid request body: {shown}."
+    return invalid_request(
+        text,
+        param=field,
+        code=code.format(side=side),
+    )
+
+
 def invalid_api_key() -> OpenAIError:
     return OpenAIError(
         401,
@@ -90,13 +139,13 @@ def content_filtered(message: str) -> OpenAIError:
 def from_http_exception(exc: HTTPException) -> OpenAIError:
     status = exc.status_code
     if isinstance(exc, ValidationException) or status == 400:
-        errors = [e for e in (exc.extra or []) if isinstance(e, dict)]
-        details = "; ".join(f"{e.get('key') or 'body'}: {e.get('message')}" for e in errors)
-        message = f"Invalid request body: {details}" if details else f"Invalid request: {exc.detail}"
-        # The first invalid field, as Litestar names it from msgspec's path ("messages[0].role"); "data"
-        # is the body as a whole.
-        keys = [str(e["key"]) for e in errors if e.get("key") and e.get("key") != "data"]
-        return invalid_request(message, param=keys[0] if keys else None)
+        # msgspec's refusal of the body as Litestar carries it: the field as Litestar names it from
+        # msgspec's path ("messages[0].role"), "data" for the body as a whole.
+        errors = [e for e in (exc.extra or []) if isinstance(e, dict) and e.get("message")]
+        if errors:
+            key = str(errors[0].get("key") or "")
+            return invalid_field(str(errors[0]["message"]), "" if key == "data" else key)
+        return invalid_request(f"Invalid request: {exc.detail}")
     if status == 413:
         return OpenAIError(413, "Request body too large.", code="request_too_large")
     error_type = "invalid_request_error" if status < 500 else "server_error"
@@ -151,7 +200,9 @@ class ErrorBody(msgspec.Struct):
 
 
 _MEANINGS = {
-    400: "Invalid request (`code`: null for a malformed body, or `unsupported_parameter`, "
+    400: "Invalid request (`code`: null for a body that is not JSON, `invalid_type`, `invalid_value`, "
+    "`missing_required_parameter`, `integer_below_min_value` and the other range codes OpenAI gives, "
+    "`unsupported_parameter`, "
     "`unknown_parameter`, `context_length_exceeded`, `json_too_deep`, `content_filter`, "
     "`invalid_idempotency_key`, `request_exceeds_token_budget`); `param` names the field.",
     401: "`invalid_api_key`: no key, or one no tenant has.",

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from gateway.errors import OpenAIError, context_length_exceeded, invalid_request
+from gateway.errors import OpenAIError, context_length_exceeded, invalid_request, out_of_range
 from gateway.openai.idempotency import check_key, fingerprint
 from gateway.openai.job import Job
 from gateway.openai.prompts import MAX_PROMPTS
@@ -71,7 +71,9 @@ async def admit_chat(
         await check_guide(plan.guide, target.codec, plan.guide_param)
         guide = plan.guide
     if not req.messages:
-        raise invalid_request("'messages' must hold at least one message.", param="messages")
+        raise invalid_request(
+            "'messages' must hold at least one message.", param="messages", code="empty_array"
+        )
     tools = template_tools(req)
     messages: list[dict[str, Any]] = []
     # What the safety policy screens: every text that reaches the prompt (names, tool calls and results,
@@ -255,19 +257,21 @@ def _check_common(
     target = gw.router.route(req.model, tenant, key)
     # While the model is overloaded: its fallbacks, and maybe its alias's target (gateway.degradation).
     target, degraded = gw.degradation.route(target, tenant, key, req.service_tier)
-    if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
-        raise invalid_request("temperature must be in [0, 2].", param="temperature")
-    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
-        raise invalid_request("top_p must be in (0, 1].", param="top_p")
-    if req.seed is not None and not 0 <= req.seed < 2**63:
-        raise invalid_request("seed must be in [0, 2**63).", param="seed")
     if req.n is not None and req.n > gw.settings.max_n:
-        raise invalid_request(f"n must be at most {gw.settings.max_n}.", param="n")
+        raise out_of_range("n", req.n, gw.settings.max_n, above=True)
     stops = req.stop_strings()
     if len(stops) > MAX_STOP_STRINGS:
-        raise invalid_request(f"At most {MAX_STOP_STRINGS} stop strings are supported.", param="stop")
+        raise invalid_request(
+            f"At most {MAX_STOP_STRINGS} stop strings are supported.",
+            param="stop",
+            code="array_above_max_length",
+        )
     if any(len(stop) > MAX_STOP_CHARS for stop in stops):
-        raise invalid_request(f"A stop string may be at most {MAX_STOP_CHARS} characters.", param="stop")
+        raise invalid_request(
+            f"A stop string may be at most {MAX_STOP_CHARS} characters.",
+            param="stop",
+            code="string_above_max_length",
+        )
     return target, request_id, degraded
 
 
@@ -369,12 +373,13 @@ def _max_tokens(
             )
         return max_tokens
     if asked < 1:
-        raise invalid_request(f"{param} must be at least 1.", param=param)
+        raise out_of_range(param, asked, 1, above=False)
     if asked > settings.max_output_tokens:
         raise invalid_request(
             f"{param} is too large: {asked}. This model supports at most "
             f"{settings.max_output_tokens} output tokens.",
             param=param,
+            code="integer_above_max_value",
         )
     if num_prompt + asked > context:
         raise context_length_exceeded(

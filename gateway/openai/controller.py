@@ -25,6 +25,7 @@ from gateway.errors import (
     OpenAIError,
     content_filtered,
     error_responses,
+    invalid_field,
     invalid_request,
     model_not_found,
 )
@@ -546,12 +547,7 @@ async def _strict_body(request: Request[Any, Any, Any], struct: type[S]) -> S:
         return msgspec.convert(raw, struct, strict=True)
     except msgspec.ValidationError as exc:
         message, _, where = str(exc).partition(" - at `$")
-        field = where.rstrip("`").lstrip(".") or None
-        raise invalid_request(
-            f"Invalid value for '{field}': {message}." if field else f"Invalid request body: {message}.",
-            param=field,
-            code="invalid_type",
-        ) from None
+        raise invalid_field(message, where.rstrip("`").lstrip(".")) from None
 
 
 _COMPLETION_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)

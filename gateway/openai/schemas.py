@@ -143,9 +143,10 @@ class ResponseFormat(msgspec.Struct, kw_only=True):
 class _SamplingFields(msgspec.Struct, kw_only=True):
     model: str
     max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
+    # OpenAI's ranges (a temperature below 1e-5 is greedy).
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
     stop: str | list[str] | None = None
     # Answers to the one prompt, prefilled once (at most SLUICE_MAX_N, checked at admission).
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None

@@ -397,6 +397,44 @@ def test_a_value_of_the_wrong_json_type_is_refused_naming_its_field(
     assert param in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        (chat(max_tokens=-1), "max_tokens", "integer_below_min_value"),
+        (chat(max_completion_tokens=0), "max_completion_tokens", "integer_below_min_value"),
+        (chat(max_tokens=10**6), "max_tokens", "integer_above_max_value"),
+        (chat(n=0), "n", "integer_below_min_value"),
+        (chat(n=10**4), "n", "integer_above_max_value"),
+        (chat(seed=-1), "seed", "integer_below_min_value"),
+        (chat(seed=2**63), "seed", "integer_above_max_value"),
+        (chat(temperature=2.5), "temperature", "decimal_above_max_value"),
+        (chat(temperature=-0.1), "temperature", "decimal_below_min_value"),
+        (chat(top_p=0), "top_p", "decimal_below_min_value"),
+        (chat(presence_penalty=3), "presence_penalty", "decimal_above_max_value"),
+        (chat(logprobs=True, top_logprobs=21), "top_logprobs", "integer_above_max_value"),
+        (chat(stop=["a", "b", "c", "d", "e"]), "stop", "array_above_max_length"),
+        (chat(stop=["x" * 300]), "stop", "string_above_max_length"),
+        (chat(messages=[]), "messages", "empty_array"),
+        ({"model": MODEL, "max_tokens": 4}, "messages", "missing_required_parameter"),
+        (chat(messages=[{"content": "hi"}]), "messages[0].role", "missing_required_parameter"),
+        (chat(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role", "invalid_value"),
+        (chat(max_tokens="4"), "max_tokens", "invalid_type"),
+        (chat(max_tokens="many"), "max_tokens", "invalid_type"),
+    ],
+)
+def test_a_value_out_of_its_range_has_openais_code_and_names_its_param(
+    gateway: RunningGateway, body: dict[str, Any], param: str, code: str
+) -> None:
+    """The codes OpenAI's API gives the same mistakes (a client branches on ``code``, not the text)."""
+    error = assert_refused(post(gateway, "/v1/chat/completions", body), param, code)
+    assert param.split("[")[0] in error["message"]
+
+
+def test_a_body_that_is_not_json_or_not_an_object_names_no_field(gateway: RunningGateway) -> None:
+    assert assert_refused(post(gateway, "/v1/chat/completions", b"{not json"), None)["code"] is None
+    assert_refused(post(gateway, "/v1/chat/completions", b"[1, 2]"), None, "invalid_type")
+
+
 def test_the_right_types_are_still_served(gateway: RunningGateway) -> None:
     resp = post(gateway, "/v1/chat/completions", chat(temperature=0.5, seed=3, stream=False))
     assert resp.status_code == 200, resp.text

@@ -182,7 +182,8 @@ def test_unknown_model_is_404_model_not_found(inprocess_gateway: RunningGateway)
 def test_n_above_the_limit_is_a_clear_400(inprocess_gateway: RunningGateway) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         inprocess_gateway.client().chat.completions.create(model=MODEL, messages=CHAT, n=9)
-    assert err.value.param == "n" and "at most 8" in err.value.message
+    assert (err.value.param, err.value.code) == ("n", "integer_above_max_value")
+    assert "Expected a value <= 8, but got 9" in err.value.message
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,8 @@ def test_a_cut_answer_says_length(gateway: RunningGateway) -> None:
         (_schema_format({"type": "string", "format": "no-such-format"}), "response_format", "cannot be used"),
         (_schema_format({"type": "object", "not": {"type": "null"}}), "response_format", "not"),
         ({"type": "json_schema"}, "response_format.json_schema", "needs its"),
-        ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema", "`name`"),
+        ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema.name",
+         "Missing required parameter"),
         ({"type": "xml"}, "response_format.type", "type"),
     ],
 )  # fmt: skip
