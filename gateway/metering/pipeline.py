@@ -169,6 +169,16 @@ class UsageMeter:
         with suppress(RuntimeError):  # the outbox closed under a request still running: billed as lost
             self._outbox.checkpoint(usage.seq, output_tokens, datetime.now(UTC))
 
+    def restart(self, usage: OpenUsage | None) -> None:
+        """The request's output starts again from nothing (re-dispatched: the lost replica's tokens never
+        reached the client and are not billed): queue a checkpoint of 0 tokens, so a crash from here bills
+        the new replica's output, not the old one's. Cheap; never raises."""
+        if usage is None or usage.seq is None or usage.checkpointed_tokens == 0:
+            return
+        usage.checkpointed_tokens, usage.checkpointed_at_s = 0, self._clock()
+        with suppress(RuntimeError):  # the outbox closed under a request still running: billed as lost
+            self._outbox.checkpoint(usage.seq, 0, datetime.now(UTC))
+
     def discard(self, usage: OpenUsage) -> None:
         """The request ended with nothing to bill (it never ran on a replica): close it unbilled."""
         if usage.seq is not None:

@@ -480,10 +480,10 @@ async def _redispatch(job: Job, gw: GatewayState, end: _Ending, timing: Timing, 
         raise lost from None
     end.num_dispatches += 1
     # The lost replica's tokens, if any, never reached the client (the stop strings or the output screen
-    # held their text back, or the caller collects the whole answer): the answers start again, the client
-    # is billed for what it is sent (a gateway crash before the new output passes the old checkpoint still
-    # bills that checkpoint: the outbox's counts only grow).
+    # held their text back, or the caller collects the whole answer): the answers start again, and the
+    # client is billed for what it is sent, after a gateway crash too (the checkpoint goes back to 0).
     assert end.policy is not None
+    gw.meter.restart(end.usage)
     end.answers[:] = _new_answers(job, gw, end.policy)  # in place: the generation's loop holds the list
     if end.held_events is not None:
         end.held_events.clear()

@@ -273,6 +273,30 @@ async def test_a_request_left_open_is_billed_at_the_next_start_as_gateway_lost(
     await again.close()
 
 
+async def test_a_request_whose_output_restarted_is_billed_after_a_crash_for_the_new_output_only(
+    ledger: SwitchableLedger, tmp_path: Path
+) -> None:
+    """A re-dispatch starts the answer again: the lost replica's checkpoint must not stand for it."""
+    meter = meter_over(ledger, tmp_path)
+    await meter.open()
+    redispatched = await begun(meter, rec(1, output_tokens=0))
+    meter.checkpoint(redispatched, 64)  # the lost replica's tokens, which the client never saw
+    meter.restart(redispatched)
+    meter.checkpoint(redispatched, 10)  # the new replica's: under 64 since the restart, not written
+    untouched = await begun(meter, rec(2, output_tokens=0))
+    meter.restart(untouched)  # nothing checkpointed yet: nothing to write
+    await meter.close()  # both still running: as after a kill -9
+    assert checkpoints(tmp_path) == [64, 0]
+
+    restarted = meter_over(ledger, tmp_path)
+    await restarted.open()
+    await until(lambda: restarted.num_pending == 0)
+    by_id = {r.request_id: r for r in (await ledger.query("acme")).rows}
+    assert (by_id["req-1"].status, by_id["req-1"].output_tokens) == (Outcome.GATEWAY_LOST, 0)
+    assert (by_id["req-2"].status, by_id["req-2"].output_tokens) == (Outcome.GATEWAY_LOST, 0)
+    await restarted.close()
+
+
 async def test_a_begin_does_not_wait_for_the_disk_and_a_caller_cancelled_in_opened_is_billed_once(
     ledger: SwitchableLedger, tmp_path: Path
 ) -> None:

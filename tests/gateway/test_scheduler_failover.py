@@ -17,6 +17,7 @@ import io
 import json
 import time
 from collections.abc import AsyncGenerator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from harness import MODEL, RunningGateway, start_gateway
 from metrics_text import read_metric
 
 from gateway.errors import OpenAIError
+from gateway.metering.outbox import FILE_NAME as OUTBOX_FILE
 from gateway.metrics import GatewayMetrics
 from gateway.scheduling.scheduler import ModelScheduler
 from sluice.domain import RequestClass
@@ -329,6 +331,26 @@ def test_a_whole_answer_whose_replica_was_lost_mid_answer_completes_on_another_a
         assert row["output_tokens"] == 6 and row["status"] == "finished"
         [record] = [r for r in gateway.telemetry() if r["request_id"] == completion.id]
         assert record["num_dispatches"] == 2 and record["failed_replicas"] == ["a"]
+
+
+def test_a_whole_answer_started_again_is_not_billed_the_lost_replicas_checkpoint_after_a_crash(
+    tmp_path: Path, dev_checkpoint: Path, codec: TextCodec
+) -> None:
+    """a checkpoints 64 tokens (the meter's every-64 rule), then is lost; while b answers, the outbox's
+    latest checkpoint is 0: a gateway killed then bills b's output, not a's that nobody was sent."""
+    engines = [_fake(codec, "a", lost_after=64), _fake(codec, "b", interval_s=0.02)]
+    outbox = tmp_path / "outbox" / OUTBOX_FILE
+    with _gateway(tmp_path, dev_checkpoint, engines) as gateway, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(gateway.client().completions.create, model=MODEL, prompt="hello", max_tokens=80)
+        seen: list[int] = []
+        while not answer.done() and 0 not in seen:
+            lines = [json.loads(raw) for raw in outbox.read_bytes().split(b"\n")[:-1]]  # whole lines only
+            seen = [line["ckpt"]["output_tokens"] for line in lines if "ckpt" in line]
+            time.sleep(0.01)
+        assert seen[:2] == [64, 0], seen  # before b's first checkpoint (a second in)
+        completion = answer.result(30)
+        assert completion.usage is not None and completion.usage.completion_tokens == 80
+        assert _billed_once(gateway, completion.id)["output_tokens"] == 80
 
 
 def test_a_batch_line_whose_replica_was_lost_mid_answer_completes_on_another(
