@@ -72,15 +72,16 @@ def out_of_range(param: str, got: float, bound: float, above: bool) -> OpenAIErr
         f"Invalid '{param}': {kind} {side} value. Expected a value {relation} {bound}, but got {got} "
         "instead.",
         param=param,
-        code=f"{kind}_{side.replace(' ', '_').replace('imum', '')}_value",
+        code=f"{kind}_{'above_max' if above else 'below_min'}_value",
     )
 
 
 # msgspec's refusals of a decoded body (``msgspec.convert``'s ValidationError, its message before
 # " - at `$..."`), in the order tried, to the codes OpenAI's API gives the same mistakes; anything else
 # msgspec refuses (an enum value, a pattern) is ``invalid_value``.
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
 _MSGSPEC_CODES = (
-    (re.compile(r"Object missing required field `"), "missing_required_parameter"),
+    (_MISSING_FIELD, "missing_required_parameter"),
     (re.compile(r"Expected `int` [<>]"), "integer_{side}_value"),
     (re.compile(r"Expected `float` [<>]"), "decimal_{side}_value"),
     (re.compile(r"Expected `str` of length [<>]"), "string_{side}_length"),
@@ -93,20 +94,16 @@ def invalid_field(message: str, where: str) -> OpenAIError:
     """A 400 for a body msgspec refused: ``message`` is its ValidationError's text before " - at `$",
     ``where`` the path after it ("" for the body itself; "messages[0].role"). ``param`` names the field,
     ``code`` is OpenAI's for the mistake."""
-    missing = re.fullmatch(r"Object missing required field `([^`]+)`", message)
+    missing = _MISSING_FIELD.fullmatch(message)
     field = ".".join(part for part in (where, missing[1] if missing else "") if part) or None
     code = next((code for pattern, code in _MSGSPEC_CODES if pattern.match(message)), "invalid_value")
-    side = "above_max" if "<" in message else "below_min"
+    code = code.format(side="above_max" if "<" in message else "below_min")
     shown = message[0].lower() + message[1:]
     if missing:
         text = f"Missing required parameter: '{field}'."
     else:
         text = f"Invalid '{field}': {shown}." if field else f"Invalid request body: {shown}."
-    return invalid_request(
-        text,
-        param=field,
-        code=code.format(side=side),
-    )
+    return invalid_request(text, param=field, code=code)
 
 
 def invalid_api_key() -> OpenAIError:
