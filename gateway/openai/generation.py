@@ -204,43 +204,13 @@ async def generate_text(
             else:
                 if end.usage is not None and end.usage.opening is not None:
                     await gw.meter.opened(end.usage)  # the first output waits for its open line
-                end.num_output_tokens += len(delta.token_ids)
-                gw.meter.checkpoint(end.usage, end.num_output_tokens)  # what a crash from here bills
-                now = time.monotonic()
-                gap_s = None if timing.last_token_s is None else now - timing.last_token_s
-                timing.observe(now, len(delta.token_ids))
-                assert end.slot is not None
-                job.target.scheduler.on_tokens(end.slot, len(delta.token_ids), gap_s)
-                if delta.finish_reason is not None:
-                    end.num_cached_tokens = delta.num_cached_tokens
-                if not 0 <= delta.index < len(answers):
-                    raise EngineError(EngineErrorKind.ENGINE_ERROR, f"the replica sent answer {delta.index}")
-                answer = answers[delta.index]
-                # NOTE: an answer that met a stop string while others run (n > 1) makes tokens until the
-                # engine ends it: counted and billed above, not sent.
-                ready = [] if answer.finish_reason is not None else [(answer, answer.take(delta))]
-            for answer, emit in ready:
-                ended = answer.finish_reason is not None
-                if answer.screen is not None:
-                    emit, end.verdict = _screened(answer.screen, emit, ended)
-                    if end.verdict is not None:
-                        end.outcome, end.finish_reason = Outcome.FILTERED, "content_filter"
-                        gw.metrics.filtered.labels("output", end.verdict.category).inc()
-                        for other in answers:
-                            other.finish_reason = other.finish_reason or "content_filter"
-                        answer.finish_reason = "content_filter"
-                if emit or (ended and answer.pending_logprobs) or answer.prompt_logprobs:
-                    if end.attempt is not None:
-                        end.texts.append(emit)
-                    prompt, answer.prompt_logprobs = answer.prompt_logprobs, ()
-                    event = TextEvent(emit, answer.index, answer.take_logprobs(), prompt)
-                    if end.held_events is not None:
-                        end.held_events.append(event)
-                    else:
-                        end.output_sent = True
-                        yield event
-                if end.verdict is not None:
-                    break
+                ready = _taken(job, gw, end, timing, delta)
+            for event in _text_events(gw, end, ready):
+                if end.held_events is not None:
+                    end.held_events.append(event)
+                else:
+                    end.output_sent = True
+                    yield event
             if end.finish_reason is None and all(a.finish_reason is not None for a in answers):
                 end.outcome = end.outcome or Outcome.FINISHED
                 end.finish_reason = answers[0].finish_reason
@@ -286,6 +256,52 @@ async def generate_text(
         # or the records.
         with anyio.CancelScope(shield=True):
             await _settle(job, gw, timing, end)
+
+
+def _taken(
+    job: Job, gw: GatewayState, end: _Ending, timing: Timing, delta: Delta
+) -> list[tuple[_Answer, str]]:
+    """A delta counted (the output tokens, their checkpoint, timing, the replica's pacing) and taken by
+    its answer: the (answer, text) ready to send, none for an answer already ended."""
+    end.num_output_tokens += len(delta.token_ids)
+    gw.meter.checkpoint(end.usage, end.num_output_tokens)  # what a crash from here bills
+    now = time.monotonic()
+    gap_s = None if timing.last_token_s is None else now - timing.last_token_s
+    timing.observe(now, len(delta.token_ids))
+    assert end.slot is not None
+    job.target.scheduler.on_tokens(end.slot, len(delta.token_ids), gap_s)
+    if delta.finish_reason is not None:
+        end.num_cached_tokens = delta.num_cached_tokens
+    if not 0 <= delta.index < len(end.answers):
+        raise EngineError(EngineErrorKind.ENGINE_ERROR, f"the replica sent answer {delta.index}")
+    answer = end.answers[delta.index]
+    # NOTE: an answer that met a stop string while others run (n > 1) makes tokens until the engine ends
+    # it: counted and billed above, not sent.
+    return [] if answer.finish_reason is not None else [(answer, answer.take(delta))]
+
+
+def _text_events(gw: GatewayState, end: _Ending, ready: list[tuple[_Answer, str]]) -> list[TextEvent]:
+    """The events of the ready texts, each screened by its answer's output screen: up to and including
+    the safe part before a verdict, which ends every answer as ``content_filter``."""
+    events = []
+    for answer, text in ready:
+        ended = answer.finish_reason is not None
+        if answer.screen is not None:
+            text, end.verdict = _screened(answer.screen, text, ended)
+            if end.verdict is not None:
+                end.outcome, end.finish_reason = Outcome.FILTERED, "content_filter"
+                gw.metrics.filtered.labels("output", end.verdict.category).inc()
+                for other in end.answers:
+                    other.finish_reason = other.finish_reason or "content_filter"
+                answer.finish_reason = "content_filter"
+        if text or (ended and answer.pending_logprobs) or answer.prompt_logprobs:
+            if end.attempt is not None:
+                end.texts.append(text)
+            prompt, answer.prompt_logprobs = answer.prompt_logprobs, ()
+            events.append(TextEvent(text, answer.index, answer.take_logprobs(), prompt))
+        if end.verdict is not None:
+            break
+    return events
 
 
 async def _admit(job: Job, gw: GatewayState, end: _Ending) -> list[Event] | None:
