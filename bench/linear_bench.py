@@ -1,5 +1,6 @@
 """Per-call time of the engine's linear layers: numpy float32 (OpenBLAS), torch bf16 (oneDNN), and ours
-(cpu_engine.linear, bf16 with float32 accumulation).
+(cpu_engine.linear, bf16 with float32 accumulation; where it multiplies with AMX tiles, also its vector
+kernel alone, the "ours, no AMX" column).
 
 Shapes are the dev model's (cpu_engine.devckpt): fused qkv, o, fused gate+up, down and the output head,
 each at M = 1, 8, 32, 64, 160, 512 rows; then a whole layer stack as the engine runs it: every layer's
@@ -30,7 +31,7 @@ import numpy as np
 from cpu_engine import _linear as native
 from cpu_engine.config import ModelConfig
 from cpu_engine.devckpt import model_config
-from cpu_engine.linear import KERNEL_SIMD, PackedLinear
+from cpu_engine.linear import KERNEL_SIMD, KERNEL_TILES, PackedLinear
 from cpu_engine.model import DenseLinear
 
 Impl = Callable[[], object]
@@ -85,8 +86,9 @@ def torch_matmul(torch: Any, x: np.ndarray, w: np.ndarray) -> Impl:
 
 def bench_shapes(torch: Any, rounds: int, block_s: float) -> None:
     rng = np.random.default_rng(0)
+    no_amx = f" | {'ours, no AMX':>18}" if KERNEL_TILES else ""
     print(f"{'layer':<8} {'K':>5} {'N':>5} {'M':>4} | {'numpy fp32':>18} | {'torch bf16':>18} | "
-          f"{'ours bf16':>18} | {'vs numpy':>8} {'vs torch':>8}")  # fmt: skip
+          f"{'ours bf16':>18}{no_amx} | {'vs numpy':>8} {'vs torch':>8}")  # fmt: skip
     for name, (k, n) in dev_shapes().items():
         w = rng.standard_normal((k, n), dtype=np.float32)
         layer = PackedLinear(w)
@@ -97,6 +99,8 @@ def bench_shapes(torch: Any, rounds: int, block_s: float) -> None:
                 "numpy": functools.partial(np.matmul, x, w),
                 "ours": functools.partial(layer, x, out),
             }
+            if KERNEL_TILES:
+                impls["vector"] = functools.partial(native.linear_bf16_vector, out, x, layer.packed, k, n)
             if torch is not None:
                 impls["torch"] = torch_matmul(torch, x, w)
             t = compare(impls, rounds, block_s)
@@ -106,7 +110,8 @@ def bench_shapes(torch: Any, rounds: int, block_s: float) -> None:
                 return f"{t[impl] * 1e6:8.1f} us {gflop / t[impl]:5.0f} GF" if impl in t else f"{'-':>18}"
 
             vs_torch = f"x{t['torch'] / t['ours']:7.2f}" if "torch" in t else f"{'-':>8}"
-            print(f"{name:<8} {k:>5} {n:>5} {m:>4} | {cell('numpy')} | {cell('torch')} | {cell('ours')} | "
+            ours = cell("ours") + (f" | {cell('vector')}" if KERNEL_TILES else "")
+            print(f"{name:<8} {k:>5} {n:>5} {m:>4} | {cell('numpy')} | {cell('torch')} | {ours} | "
                   f"x{t['numpy'] / t['ours']:7.2f} {vs_torch}", flush=True)  # fmt: skip
 
 
@@ -205,7 +210,8 @@ def main() -> None:
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
     print(
-        f"kernel: {KERNEL_SIMD}, tile {native.TILE_N} columns; {os.cpu_count()} CPUs; "
+        f"kernel: {KERNEL_SIMD}{' + ' + KERNEL_TILES if KERNEL_TILES else ''}, tile {native.TILE_N} columns; "
+        f"{os.cpu_count()} CPUs; "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
         f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}; "
         f"starting a parallel region costs {native.openmp_wake_us:.1f} us; "

@@ -3,11 +3,21 @@
 import numpy as np
 
 simd: str
+tiles: str
 TILE_N: int
 openmp_wake_us: float
 
 def pack_bf16(w: np.ndarray, /) -> np.ndarray: ...
 def linear_bf16(
+    out: np.ndarray,
+    x: np.ndarray,
+    packed: np.ndarray,
+    K: int,
+    N: int,
+    accumulate: bool = False,
+    num_threads: int = 0,
+) -> None: ...
+def linear_bf16_vector(
     out: np.ndarray,
     x: np.ndarray,
     packed: np.ndarray,

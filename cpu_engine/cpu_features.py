@@ -25,8 +25,9 @@ BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # The flags worth reporting (in logs and as a metric label, so a bounded set): those the kernels and
 # this choice depend on, in this order.
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
-# The value of ``_linear.simd`` when the bf16 kernel was compiled for AVX-512 BF16.
-NATIVE_BF16_KERNEL = "avx512_bf16"
+# The bf16 kernel's names when it was compiled for the CPU's bf16 instructions: ``_linear.tiles`` where it
+# multiplies with AMX tiles, else ``_linear.simd`` ("portable" when neither).
+NATIVE_BF16_KERNELS = ("amx_bf16", "avx512_bf16")
 CPUINFO_PATH = Path("/proc/cpuinfo")
 
 __all__ = ["DTYPE_SETTINGS", "DTypeChoice", "choose_dtype", "detect_dtype", "parse_cpuinfo_flags"]
@@ -39,7 +40,7 @@ class DTypeChoice:
     dtype: LinearDType
     requested: DTypeSetting
     cpu_flags: tuple[str, ...] | None  # the REPORTED_FLAGS the CPU has; None: its flags are unknown
-    bf16_kernel: str  # how the bf16 kernel was compiled: "avx512_bf16" or "portable"
+    bf16_kernel: str  # what the bf16 kernel multiplies with: "amx_bf16", "avx512_bf16" or "portable"
     reason: str
 
     @property
@@ -75,7 +76,7 @@ def choose_dtype(requested: str, cpu_flags: Iterable[str] | None, bf16_kernel: s
     setting = check_dtype_setting(requested)
     flags = None if cpu_flags is None else frozenset(cpu_flags)
     reported = None if flags is None else tuple(f for f in REPORTED_FLAGS if f in flags)
-    native = bf16_kernel == NATIVE_BF16_KERNEL
+    native = bf16_kernel in NATIVE_BF16_KERNELS
     dtype: LinearDType
     if setting != "auto":
         dtype, reason = setting, "set explicitly"
@@ -117,4 +118,4 @@ def detect_dtype(requested: str = "auto") -> DTypeChoice:
     """``choose_dtype`` on this machine (read once per process and request)."""
     from cpu_engine.native import linear_ext  # NOTE: here, so that importing this module loads no kernels
 
-    return choose_dtype(requested, read_cpu_flags(), linear_ext.simd)
+    return choose_dtype(requested, read_cpu_flags(), linear_ext.tiles or linear_ext.simd)

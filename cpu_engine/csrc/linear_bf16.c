@@ -22,6 +22,14 @@
  *
  * Two microkernels: AVX-512 BF16 (vdpbf16ps, used when the compiler targets avx512bf16) and portable C
  * over the same layout. Both are always built; `linear_bf16_portable` runs the portable one for tests.
+ * Where the compiler targets AMX-BF16 and the kernel lets this process use the tile registers
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+), whole blocks of 16 rows go through AMX tiles instead
+ * (tdpbf16ps: a 16 x 16 float32 tile += 16 rows x 16 pairs . 16 pairs x 16 columns): the packed layout
+ * is already AMX's B operand, a tile's K pair p being one 64-byte row per 16 columns, read with a
+ * 256-byte stride. Then every row goes through the tiles, the last block of fewer than 16 rows too (its
+ * tiles configured with that many rows): AMX sums a row in another order than vdpbf16ps, and a row's
+ * result must not depend on its batch (see below). `linear_bf16_vector` never uses AMX (for tests and
+ * comparisons).
  * The hardware path treats bf16 denormals (|v| < 2^-126) as zero, as vdpbf16ps does; the portable one
  * keeps them.
  *
@@ -51,6 +59,13 @@
 #else
 #define LB_HAVE_BF16 0
 #endif
+#if LB_HAVE_BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LB_HAVE_AMX 1
+#else
+#define LB_HAVE_AMX 0
+#endif
 
 #define TILE_N 64        /* columns of W per packed tile: four 16-lane vectors */
 #define NV (TILE_N / 16) /* float32 vectors per microkernel row */
@@ -70,6 +85,7 @@ typedef struct {
     float *c;          /* out, [M, N] */
     npy_intp m, k2, n, num_tiles;
     int accumulate;
+    int amx; /* whole blocks of 16 rows through AMX tiles (LB_HAVE_AMX and permitted) */
 } lb_problem;
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -201,12 +217,122 @@ static void kernel_bf16(const uint32_t *a, npy_intp lda, const uint16_t *b, npy_
 }
 #endif /* LB_HAVE_BF16 */
 
+#if LB_HAVE_AMX
+#define AMX_ROWS 16                        /* rows of x per block: a tile's rows */
+#define AMX_PAIRS 16                       /* K pairs per tile step: 64 bytes of bf16 pairs a row */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Whether this process may use the tile registers: asked once, at import. */
+static int amx_permitted;
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) amx_config;
+
+/* tmm0-3: the rows x 64 float32 block of c; tmm4, tmm5: a and b over 16 pairs; tmm6, tmm7: a and b over
+ * the last `rest` pairs of K (k2 % 16; configured as a whole tile when there are none). Each row of a
+ * tile product depends on that row of a alone, so a block of fewer rows computes them the same way. */
+static void amx_configure(npy_intp rest, int rows) {
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int t = 0; t < 6; ++t) {
+        cfg.rows[t] = (uint8_t)(t == 5 ? AMX_PAIRS : rows);
+        cfg.colsb[t] = 64;
+    }
+    cfg.rows[6] = (uint8_t)rows;
+    cfg.colsb[6] = (uint16_t)(4 * (rest ? rest : AMX_PAIRS));
+    cfg.rows[7] = (uint8_t)(rest ? rest : AMX_PAIRS);
+    cfg.colsb[7] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* c[r0:r0+rows, tile t] (=|+=) a[r0:r0+rows] . tile t over all of K, under a configuration for `rows`;
+ * `block` is 16 x TILE_N float32 scratch (the tile's last columns may lie past N, and c's rows are N
+ * floats apart). */
+static void amx_block(const lb_problem *pb, npy_intp t, npy_intp r0, int rows, float *block) {
+    const npy_intp k2 = pb->k2, lda = k2 * 4, ldb = 2 * TILE_N * 2;
+    const uint32_t *a = pb->a + r0 * k2;
+    const uint16_t *b = pb->b + t * k2 * 2 * TILE_N;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    npy_intp p = 0;
+    for (; p + AMX_PAIRS <= k2; p += AMX_PAIRS) {
+        const uint16_t *bp = b + p * 2 * TILE_N;
+        _tile_loadd(4, a + p, lda);
+        _tile_loadd(5, bp, ldb);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(5, bp + 32, ldb);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(5, bp + 64, ldb);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(5, bp + 96, ldb);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    if (p < k2) {
+        const uint16_t *bp = b + p * 2 * TILE_N;
+        _tile_loadd(6, a + p, lda);
+        _tile_loadd(7, bp, ldb);
+        _tile_dpbf16ps(0, 6, 7);
+        _tile_loadd(7, bp + 32, ldb);
+        _tile_dpbf16ps(1, 6, 7);
+        _tile_loadd(7, bp + 64, ldb);
+        _tile_dpbf16ps(2, 6, 7);
+        _tile_loadd(7, bp + 96, ldb);
+        _tile_dpbf16ps(3, 6, 7);
+    }
+    _tile_stored(0, block, TILE_N * 4);
+    _tile_stored(1, block + 16, TILE_N * 4);
+    _tile_stored(2, block + 32, TILE_N * 4);
+    _tile_stored(3, block + 48, TILE_N * 4);
+    const npy_intp ncols = pb->n - t * TILE_N < TILE_N ? pb->n - t * TILE_N : TILE_N;
+    const __mmask16 masks[NV] = {column_mask((int)ncols, 0), column_mask((int)ncols, 1),
+                                 column_mask((int)ncols, 2), column_mask((int)ncols, 3)};
+    for (int r = 0; r < rows; ++r) {
+        float *c = pb->c + (r0 + r) * pb->n + t * TILE_N;
+        for (int v = 0; v < NV; ++v) {
+            __m512 sum = _mm512_load_ps(block + r * TILE_N + 16 * v);
+            if (pb->accumulate) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(masks[v], c + 16 * v));
+            _mm512_mask_storeu_ps(c + 16 * v, masks[v], sum);
+        }
+    }
+}
+
+/* Tiles [t0, t1) x rows [m0, m1): blocks of 16 rows, then the rest as one smaller block. */
+static void amx_run(const lb_problem *pb, npy_intp t0, npy_intp t1, npy_intp m0, npy_intp m1) {
+    const npy_intp end = m0 + (m1 - m0) / AMX_ROWS * AMX_ROWS;
+    const npy_intp rest = pb->k2 % AMX_PAIRS;
+    float block[AMX_ROWS * TILE_N] __attribute__((aligned(64)));
+    if (end > m0) {
+        amx_configure(rest, AMX_ROWS);
+        for (npy_intp t = t0; t < t1; ++t)
+            for (npy_intp r0 = m0; r0 < end; r0 += AMX_ROWS) amx_block(pb, t, r0, AMX_ROWS, block);
+    }
+    if (m1 > end) {
+        amx_configure(rest, (int)(m1 - end));
+        for (npy_intp t = t0; t < t1; ++t) amx_block(pb, t, end, (int)(m1 - end), block);
+    }
+    _tile_release();
+}
+#endif /* LB_HAVE_AMX */
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Driver.                                                                                          */
 
 /* Rows [m0, m1) split into near-equal blocks of at most MR_MAX: no small leftover block at the end. */
 static void run_block(const lb_problem *pb, kernel_fn kernel, npy_intp t0, npy_intp t1, npy_intp m0,
                       npy_intp m1) {
+#if LB_HAVE_AMX
+    if (pb->amx) {
+        if (m1 > m0) amx_run(pb, t0, t1, m0, m1);
+        return;
+    }
+#endif
     const npy_intp rows = m1 - m0;
     if (rows <= 0) return;
     const npy_intp num_mblocks = (rows + MR_MAX - 1) / MR_MAX;
@@ -233,10 +359,18 @@ static void run_block(const lb_problem *pb, kernel_fn kernel, npy_intp t0, npy_i
 static void plan_items(const lb_problem *pb, int num_threads, npy_intp *num_tile_chunks,
                        npy_intp *num_row_chunks) {
     const npy_intp target = num_threads > 1 ? 4 * (npy_intp)num_threads : 1;
-    const npy_intp num_mblocks = (pb->m + MR_MAX - 1) / MR_MAX;
+    const npy_intp block_rows = pb->amx ? 16 : MR_MAX;
+    const npy_intp num_mblocks = (pb->m + block_rows - 1) / block_rows;
     *num_tile_chunks = pb->num_tiles < target ? pb->num_tiles : target;
     const npy_intp rows = (target + *num_tile_chunks - 1) / *num_tile_chunks;
     *num_row_chunks = rows < num_mblocks ? rows : num_mblocks;
+}
+
+/* Where row chunk `i` of `n` starts: near-equal runs, in whole blocks of 16 rows under AMX (the last run
+ * takes the rows past the last whole block). */
+static npy_intp row_bound(const lb_problem *pb, npy_intp i, npy_intp n) {
+    if (!pb->amx || i == n) return i * pb->m / n;
+    return i * (pb->m / 16) / n * 16;
 }
 
 static void run_problem(const lb_problem *pb, const float *x, npy_intp k, kernel_fn kernel,
@@ -253,7 +387,7 @@ static void run_problem(const lb_problem *pb, const float *x, npy_intp k, kernel
     for (npy_intp item = 0; item < num_items; ++item) {
         const npy_intp tc = item / num_row_chunks, rc = item % num_row_chunks, nt = pb->num_tiles;
         run_block(pb, kernel, tc * nt / num_tile_chunks, (tc + 1) * nt / num_tile_chunks,
-                  rc * pb->m / num_row_chunks, (rc + 1) * pb->m / num_row_chunks);
+                  row_bound(pb, rc, num_row_chunks), row_bound(pb, rc + 1, num_row_chunks));
     }
 }
 
@@ -425,7 +559,10 @@ static PyObject *pack_bf16(PyObject *self, PyObject *args) {
 
 /* ---- linear_bf16 ---- */
 
-static PyObject *linear(PyObject *args, PyObject *kwargs, int portable) {
+/* Which code a call may use: the best there is, the vector kernel without AMX, or portable C alone. */
+enum lb_mode { LB_BEST, LB_VECTOR, LB_PORTABLE };
+
+static PyObject *linear(PyObject *args, PyObject *kwargs, enum lb_mode mode) {
     static char *keywords[] = {"out", "x", "packed", "K", "N", "accumulate", "num_threads", NULL};
     PyObject *o_out, *o_x, *o_packed;
     Py_ssize_t k, n;
@@ -483,17 +620,18 @@ static PyObject *linear(PyObject *args, PyObject *kwargs, int portable) {
     if (a == NULL) return PyErr_NoMemory();
     lb_problem pb = {
         .a = a, .b = PyArray_DATA(packed), .c = PyArray_DATA(out), .m = m, .k2 = k2, .n = n,
-        .num_tiles = num_tiles, .accumulate = accumulate,
+        .num_tiles = num_tiles, .accumulate = accumulate, .amx = 0,
     };
     kernel_fn kernel = kernel_portable;
     void (*convert_row)(const float *, npy_intp, uint32_t *) = convert_row_portable;
 #if LB_HAVE_BF16
-    if (!portable) {
+    if (mode != LB_PORTABLE) {
         kernel = kernel_bf16;
         convert_row = convert_row_bf16;
     }
-#else
-    (void)portable;
+#endif
+#if LB_HAVE_AMX
+    pb.amx = mode == LB_BEST && amx_permitted;
 #endif
     const float *xd = PyArray_DATA(x);
     Py_BEGIN_ALLOW_THREADS
@@ -504,12 +642,17 @@ static PyObject *linear(PyObject *args, PyObject *kwargs, int portable) {
 
 static PyObject *linear_bf16(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    return linear(args, kwargs, 0);
+    return linear(args, kwargs, LB_BEST);
+}
+
+static PyObject *linear_bf16_vector(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    return linear(args, kwargs, LB_VECTOR);
 }
 
 static PyObject *linear_bf16_portable(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    return linear(args, kwargs, 1);
+    return linear(args, kwargs, LB_PORTABLE);
 }
 
 #define SIGNATURE "(out, x, packed, K, N, accumulate=False, num_threads=0)"
@@ -521,6 +664,9 @@ static PyMethodDef methods[] = {
     {"linear_bf16", (PyCFunction)(void (*)(void))linear_bf16, METH_VARARGS | METH_KEYWORDS,
      "linear_bf16" SIGNATURE " -> None\n--\n\n"
      "out = bf16(x) @ W (or out += ... with accumulate), float32 accumulation, W from pack_bf16."},
+    {"linear_bf16_vector", (PyCFunction)(void (*)(void))linear_bf16_vector, METH_VARARGS | METH_KEYWORDS,
+     "linear_bf16_vector" SIGNATURE " -> None\n--\n\n"
+     "The same, never through AMX tiles (the vector kernel); for tests and comparisons."},
     {"linear_bf16_portable", (PyCFunction)(void (*)(void))linear_bf16_portable, METH_VARARGS | METH_KEYWORDS,
      "linear_bf16_portable" SIGNATURE " -> None\n--\n\n"
      "The same, always through the portable (non-SIMD-intrinsics) code; for tests."},
@@ -544,7 +690,14 @@ PyMODINIT_FUNC PyInit__linear(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     measure_wake();
+#if LB_HAVE_AMX
+    amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    const char *tiles = amx_permitted ? "amx_bf16" : "";
+#else
+    const char *tiles = "";
+#endif
     if (PyModule_AddStringConstant(m, "simd", LB_HAVE_BF16 ? "avx512_bf16" : "portable") < 0 ||
+        PyModule_AddStringConstant(m, "tiles", tiles) < 0 ||
         PyModule_AddIntConstant(m, "TILE_N", TILE_N) < 0 ||
         PyModule_AddObject(m, "openmp_wake_us", PyFloat_FromDouble(wake_us)) < 0) {
         Py_DECREF(m);

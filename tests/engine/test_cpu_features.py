@@ -59,6 +59,12 @@ def test_a_kernel_built_without_bf16_instructions_means_float32() -> None:
     assert choice.dtype == "float32" and "rebuild" in choice.reason
 
 
+def test_a_kernel_multiplying_with_amx_tiles_is_native_bf16() -> None:
+    assert choose_dtype("auto", SAPPHIRE_RAPIDS, "amx_bf16").dtype == "bfloat16"
+    assert choose_dtype("auto", None, "amx_bf16").dtype == "bfloat16"
+    assert choose_dtype("auto", SAPPHIRE_RAPIDS, "amx_bf16").metric_labels()["bf16_kernel"] == "amx_bf16"
+
+
 def test_unknown_flags_fall_back_to_how_the_kernel_was_built() -> None:
     assert choose_dtype("auto", None, "avx512_bf16").dtype == "bfloat16"
     assert choose_dtype("auto", None, "portable").dtype == "float32"

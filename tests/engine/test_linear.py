@@ -16,11 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpu_engine import _linear as native
-from cpu_engine.linear import KERNEL_SIMD, PackedLinear, bf16_round
+from cpu_engine.linear import KERNEL_SIMD, KERNEL_TILES, PackedLinear, bf16_round
 
 TILE_N = native.TILE_N
 LinearFn = Callable[..., None]
-IMPLEMENTATIONS: dict[str, LinearFn] = {"native": native.linear_bf16, "portable": native.linear_bf16_portable}
+# "native": the best this host has (AMX tiles where KERNEL_TILES says so); "vector": never AMX.
+IMPLEMENTATIONS: dict[str, LinearFn] = {
+    "native": native.linear_bf16,
+    "vector": native.linear_bf16_vector,
+    "portable": native.linear_bf16_portable,
+}
 
 
 def reference(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -92,6 +97,20 @@ def test_a_row_does_not_depend_on_its_batch(impl: LinearFn) -> None:
         alone = np.empty((rows.stop - rows.start, 300), np.float32)
         impl(alone, np.ascontiguousarray(x[rows]), packed, 700, 300, num_threads=num_threads)
         np.testing.assert_array_equal(alone, batch[rows])
+
+
+@pytest.mark.skipif(not KERNEL_TILES, reason="this host's kernel does not multiply with AMX tiles")
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 32, 16), (17, 688, 256), (48, 256, 688), (3, 1000, 130)])
+def test_amx_tiles_agree_with_the_vector_kernel_within_float32_rounding(m: int, k: int, n: int) -> None:
+    # Blocks of 16 rows, the K pairs past the last 16 (688 / 2 = 344 = 21 x 16 + 8), a last block of
+    # fewer rows, columns past N in the last tile; both sum every K pair in float32, in another order.
+    x, w = operands(m, k, n, seed=3)
+    packed = native.pack_bf16(w)
+    tiles, vector = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    native.linear_bf16(tiles, x, packed, k, n)
+    native.linear_bf16_vector(vector, x, packed, k, n)
+    _, bound = reference(x, w)
+    assert np.all(np.abs(tiles - vector) <= bound)
 
 
 @settings(max_examples=40, deadline=None)
@@ -168,6 +187,8 @@ def test_packed_linear_wrapper() -> None:
     assert layer(np.empty((0, 100), np.float32)).shape == (0, 90)
     assert (layer.in_features, layer.out_features) == (100, 90)
     assert KERNEL_SIMD in ("avx512_bf16", "portable")
+    assert KERNEL_TILES in ("amx_bf16", "")
+    assert not KERNEL_TILES or KERNEL_SIMD == "avx512_bf16"  # AMX is only built beside the vector kernel
 
 
 def test_concurrent_callers_keep_their_own_scratch() -> None:
