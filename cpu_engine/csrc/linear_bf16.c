@@ -262,30 +262,24 @@ static void amx_block(const lb_problem *pb, npy_intp t, npy_intp r0, int rows, f
     _tile_zero(2);
     _tile_zero(3);
     npy_intp p = 0;
-    for (; p + AMX_PAIRS <= k2; p += AMX_PAIRS) {
-        const uint16_t *bp = b + p * 2 * TILE_N;
-        _tile_loadd(4, a + p, lda);
-        _tile_loadd(5, bp, ldb);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(5, bp + 32, ldb);
-        _tile_dpbf16ps(1, 4, 5);
-        _tile_loadd(5, bp + 64, ldb);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(5, bp + 96, ldb);
-        _tile_dpbf16ps(3, 4, 5);
-    }
-    if (p < k2) {
-        const uint16_t *bp = b + p * 2 * TILE_N;
-        _tile_loadd(6, a + p, lda);
-        _tile_loadd(7, bp, ldb);
-        _tile_dpbf16ps(0, 6, 7);
-        _tile_loadd(7, bp + 32, ldb);
-        _tile_dpbf16ps(1, 6, 7);
-        _tile_loadd(7, bp + 64, ldb);
-        _tile_dpbf16ps(2, 6, 7);
-        _tile_loadd(7, bp + 96, ldb);
-        _tile_dpbf16ps(3, 6, 7);
-    }
+    /* c's four column tiles (tmm0-3) += tile A (a, 16 or `rest` pairs) . tile B loaded with each 16
+     * columns of b in turn; tile numbers are immediates, hence a macro. */
+#define AMX_STEP(A, B)                                                                                     \
+    do {                                                                                                   \
+        const uint16_t *bp = b + p * 2 * TILE_N;                                                           \
+        _tile_loadd(A, a + p, lda);                                                                        \
+        _tile_loadd(B, bp, ldb);                                                                           \
+        _tile_dpbf16ps(0, A, B);                                                                           \
+        _tile_loadd(B, bp + 32, ldb);                                                                      \
+        _tile_dpbf16ps(1, A, B);                                                                           \
+        _tile_loadd(B, bp + 64, ldb);                                                                      \
+        _tile_dpbf16ps(2, A, B);                                                                           \
+        _tile_loadd(B, bp + 96, ldb);                                                                      \
+        _tile_dpbf16ps(3, A, B);                                                                           \
+    } while (0)
+    for (; p + AMX_PAIRS <= k2; p += AMX_PAIRS) AMX_STEP(4, 5);
+    if (p < k2) AMX_STEP(6, 7); /* the last k2 % 16 pairs */
+#undef AMX_STEP
     _tile_stored(0, block, TILE_N * 4);
     _tile_stored(1, block + 16, TILE_N * 4);
     _tile_stored(2, block + 32, TILE_N * 4);
