@@ -23,12 +23,12 @@
  * Two microkernels: AVX-512 BF16 (vdpbf16ps, used when the compiler targets avx512bf16) and portable C
  * over the same layout. Both are always built; `linear_bf16_portable` runs the portable one for tests.
  * Where the compiler targets AMX-BF16 and the kernel lets this process use the tile registers
- * (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+), whole blocks of 16 rows go through AMX tiles instead
- * (tdpbf16ps: a 16 x 16 float32 tile += 16 rows x 16 pairs . 16 pairs x 16 columns): the packed layout
- * is already AMX's B operand, a tile's K pair p being one 64-byte row per 16 columns, read with a
- * 256-byte stride. Then every row goes through the tiles, the last block of fewer than 16 rows too (its
- * tiles configured with that many rows): AMX sums a row in another order than vdpbf16ps, and a row's
- * result must not depend on its batch (see below). `linear_bf16_vector` never uses AMX (for tests and
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+), every row goes through AMX tiles instead, in blocks of
+ * 16 (tdpbf16ps: a 16 x 16 float32 tile += 16 rows x 16 pairs . 16 pairs x 16 columns): the packed
+ * layout is already AMX's B operand, a tile's K pair p being one 64-byte row per 16 columns, read with a
+ * 256-byte stride. The last block of fewer than 16 rows goes through the tiles too (configured with that
+ * many rows): AMX sums a row in another order than vdpbf16ps, and a row's result must not depend on its
+ * batch (see below). `linear_bf16_vector` never uses AMX (for tests and
  * comparisons).
  * The hardware path treats bf16 denormals (|v| < 2^-126) as zero, as vdpbf16ps does; the portable one
  * keeps them.
@@ -59,6 +59,7 @@
 #else
 #define LB_HAVE_BF16 0
 #endif
+#define AMX_ROWS 16 /* rows of x per AMX block: a tile's rows (also how the work is split under AMX) */
 #if LB_HAVE_BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -85,7 +86,7 @@ typedef struct {
     float *c;          /* out, [M, N] */
     npy_intp m, k2, n, num_tiles;
     int accumulate;
-    int amx; /* whole blocks of 16 rows through AMX tiles (LB_HAVE_AMX and permitted) */
+    int amx; /* every row through AMX tiles (LB_HAVE_AMX, and this process may use them) */
 } lb_problem;
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -218,8 +219,7 @@ static void kernel_bf16(const uint32_t *a, npy_intp lda, const uint16_t *b, npy_
 #endif /* LB_HAVE_BF16 */
 
 #if LB_HAVE_AMX
-#define AMX_ROWS 16                        /* rows of x per block: a tile's rows */
-#define AMX_PAIRS 16                       /* K pairs per tile step: 64 bytes of bf16 pairs a row */
+#define AMX_PAIRS 16 /* K pairs per tile step: 64 bytes of bf16 pairs a row */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -353,18 +353,18 @@ static void run_block(const lb_problem *pb, kernel_fn kernel, npy_intp t0, npy_i
 static void plan_items(const lb_problem *pb, int num_threads, npy_intp *num_tile_chunks,
                        npy_intp *num_row_chunks) {
     const npy_intp target = num_threads > 1 ? 4 * (npy_intp)num_threads : 1;
-    const npy_intp block_rows = pb->amx ? 16 : MR_MAX;
+    const npy_intp block_rows = pb->amx ? AMX_ROWS : MR_MAX;
     const npy_intp num_mblocks = (pb->m + block_rows - 1) / block_rows;
     *num_tile_chunks = pb->num_tiles < target ? pb->num_tiles : target;
     const npy_intp rows = (target + *num_tile_chunks - 1) / *num_tile_chunks;
     *num_row_chunks = rows < num_mblocks ? rows : num_mblocks;
 }
 
-/* Where row chunk `i` of `n` starts: near-equal runs, in whole blocks of 16 rows under AMX (the last run
- * takes the rows past the last whole block). */
+/* Where row chunk `i` of `n` starts: near-equal runs, in whole blocks of AMX_ROWS under AMX (the last
+ * run takes the rows past the last whole block). */
 static npy_intp row_bound(const lb_problem *pb, npy_intp i, npy_intp n) {
     if (!pb->amx || i == n) return i * pb->m / n;
-    return i * (pb->m / 16) / n * 16;
+    return i * (pb->m / AMX_ROWS) / n * AMX_ROWS;
 }
 
 static void run_problem(const lb_problem *pb, const float *x, npy_intp k, kernel_fn kernel,
