@@ -73,6 +73,7 @@ class Replica:
         self._unjudged_gaps: list[tuple[float, int]] = []  # (gap ms, how many) since the cap was judged
         self._num_unjudged_gaps = 0
         self._most_running_unjudged = 0  # the most requests running while those gaps were left
+        self._num_slow_windows = 0  # judged windows in a row each with its own p95 over the target
         # The windows judged since the cap last moved (at most batch_bound.num_windows_judged): each one's
         # gaps, their number and the most requests running while they were left.
         self._windows_since_move: deque[tuple[list[tuple[float, int]], int, int]] = deque(
@@ -226,10 +227,14 @@ class Replica:
             return
         windows = self._windows_since_move
         windows.append((self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged))
+        slow = _weighted_p95(self._unjudged_gaps, self._num_unjudged_gaps) > bound.itl_target_ms
+        self._num_slow_windows = self._num_slow_windows + 1 if slow else 0
         self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged = [], 0, 0
         gaps = [pair for window_gaps, _, _ in windows for pair in window_gaps]
         p95_ms = _weighted_p95(gaps, sum(num for _, num, _ in windows))
-        cap = next_running_cap(self.running_cap, max(most for _, _, most in windows), p95_ms, bound)
+        num_running = max(most for _, _, most in windows)
+        num_slow = self._num_slow_windows
+        cap = next_running_cap(self.running_cap, num_running, p95_ms, bound, num_slow_windows=num_slow)
         if cap != self.running_cap:
             windows.clear()
         self.running_cap = cap

@@ -93,6 +93,7 @@ class ReplicaView:
     _num_gaps_unestimated: int = 0
     _num_gaps_unjudged: int = 0  # since the cap was last judged: a window of them judges it again
     _most_running_unjudged: int = 0  # the most requests held while those gaps were left
+    _num_slow_windows: int = 0  # judged windows in a row each with its own p95 over the target
     # What the next judgement reads: the gaps since the cap last moved (at most bound.num_windows_judged
     # windows), and the most requests held during each of those windows.
     _gaps_since_move_ms: deque[float] = field(init=False)
@@ -231,8 +232,12 @@ class ReplicaView:
         # is seen to work (or not) before the next; while the cap holds, on up to num_windows_judged windows.
         self._most_running_since_move.append(self._most_running_unjudged)
         self._num_gaps_unjudged, self._most_running_unjudged = 0, 0
+        # itl_ms was just estimated on the last window of gaps, the one being judged
+        self._num_slow_windows = self._num_slow_windows + 1 if self.itl_ms > self.bound.itl_target_ms else 0
         num_running, judged_p95_ms = max(self._most_running_since_move), p95(self._gaps_since_move_ms)
-        cap = next_running_cap(self.running_cap, num_running, judged_p95_ms, self.bound)
+        cap = next_running_cap(
+            self.running_cap, num_running, judged_p95_ms, self.bound, num_slow_windows=self._num_slow_windows
+        )
         grew = released or (self.running_cap is not None and cap is not None and cap > self.running_cap)
         if cap != self.running_cap:
             log.debug(

@@ -21,7 +21,12 @@ is 6% of a 256-gap window, enough to put its p95 over) does not cut a cap that t
 showed sound, and the requests that cut would have queued do not wait windows for it to grow back (their
 TTFT); slow steps that keep coming still cut it.
 
-A replica starts unbounded (``None``) until a judged window is over the target. While it is, and its
+A replica starts unbounded (``None``) until ``num_slow_windows_to_bound`` judged windows in a row are over
+the target: one slow window is what a wave of arrivals leaves (16 requests at once on a quiet replica: the
+prefills and the serving path's own per-request work make every running stream's gaps long for a moment,
+whatever the batch), and a cap set on it outlived it (seen on 2 cores: a bench's warm-up wave cut the cap
+to 9, and the 16 streams after it queued behind the cap for the ~1.5 s its windows took to grow it back,
+TTFT p95 730 ms against ~100 at steady state). While it is unbounded, and its
 inter-token estimate is over the target, it is held at the batch it ran (``held_cap``): it takes no
 more, but each request that ends is replaced, and once the estimate is back under it is free again. A
 gate that took nothing while the estimate was over let a steady 16-stream load drain from 10 running to
@@ -48,23 +53,31 @@ class BatchBound:
     num_gaps_between_moves: int = 256
     # A judgement reads the gaps since the previous move, at most this many windows of them (see above).
     num_windows_judged: int = 2
+    # An unbounded replica is bounded once this many windows in a row are each over the target (above).
+    num_slow_windows_to_bound: int = 2
 
     def __post_init__(self) -> None:
         if self.itl_target_ms <= 0 or not 0 < self.grow_below_fraction <= 1:
             raise ValueError("itl_target_ms must be > 0 and grow_below_fraction in (0, 1]")
-        if self.num_gaps_between_moves < 1 or self.num_windows_judged < 1:
-            raise ValueError("num_gaps_between_moves and num_windows_judged must be >= 1")
+        if min(self.num_gaps_between_moves, self.num_windows_judged, self.num_slow_windows_to_bound) < 1:
+            raise ValueError("num_gaps_between_moves, num_windows_judged and num_slow_windows_to_bound: >= 1")
         if self.max_growth_factor < 1 or not 0 < self.max_cut_fraction < 1:
             raise ValueError("max_growth_factor must be >= 1 and max_cut_fraction in (0, 1)")
 
 
-def next_running_cap(cap: int | None, num_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
+def next_running_cap(
+    cap: int | None, num_running: int, itl_p95_ms: float, bound: BatchBound, *, num_slow_windows: int
+) -> int | None:
     """The replica's running cap after a p95 of ``itl_p95_ms`` over gaps left while up to ``num_running``
     requests ran (the gaps judged: since the previous move, at most ``bound.num_windows_judged`` windows;
     ``num_running``, the most while they were left, not the count at the moment of judging: a window
     that ends as a burst drains would otherwise cut the cap to the few still running; seen after a wave
-    of 64 short requests, the cap fell to 1 and took seconds of windows to grow back)."""
+    of 64 short requests, the cap fell to 1 and took seconds of windows to grow back).
+    ``num_slow_windows``: how many windows in a row, the one just judged included, each had its own p95
+    over the target; an unbounded replica is bounded only from ``bound.num_slow_windows_to_bound``."""
     if itl_p95_ms > bound.itl_target_ms:
+        if cap is None and num_slow_windows < bound.num_slow_windows_to_bound:
+            return None  # one wave's slow window: held (held_cap), not bounded
         factor = max(1 - bound.max_cut_fraction, bound.itl_target_ms / itl_p95_ms)
         scaled = max(1, math.floor(num_running * factor))
         return scaled if cap is None else min(cap, scaled)

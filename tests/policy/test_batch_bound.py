@@ -17,20 +17,35 @@ from sluice.policy.dispatch import (
 BOUND = BatchBound(itl_target_ms=40.0, grow_below_fraction=0.9)
 
 
+def _next(cap: int | None, num_running: int, p95_ms: float, num_slow_windows: int = 2) -> int | None:
+    return next_running_cap(cap, num_running, p95_ms, BOUND, num_slow_windows=num_slow_windows)
+
+
 def test_over_the_target_the_cap_drops_at_once_towards_the_batch_that_would_have_met_it() -> None:
-    assert next_running_cap(None, 64, 50.0, BOUND) == 51  # 64 x 40 / 50
-    assert next_running_cap(None, 64, 80.0, BOUND) == 48  # 64 x 40 / 80 = 32, but at most a quarter off
-    assert next_running_cap(50, 64, 45.0, BOUND) == 50  # 64 x 40 / 45 = 56: never up while over
-    assert next_running_cap(None, 1, 4000.0, BOUND) == 1  # at least one
+    assert _next(None, 64, 50.0) == 51  # 64 x 40 / 50
+    assert _next(None, 64, 80.0) == 48  # 64 x 40 / 80 = 32, but at most a quarter off
+    assert _next(50, 64, 45.0) == 50  # 64 x 40 / 45 = 56: never up while over
+    assert _next(None, 1, 4000.0) == 1  # at least one
+
+
+def test_an_unbounded_replica_is_bounded_only_by_slow_windows_in_a_row() -> None:
+    """One slow window is what a wave of arrivals leaves; the second in a row bounds the replica. A
+    replica already bounded is cut on the first."""
+    assert _next(None, 64, 80.0, num_slow_windows=1) is None
+    assert _next(None, 64, 80.0, num_slow_windows=2) == 48
+    assert _next(50, 64, 80.0, num_slow_windows=1) == 48
+    three = BatchBound(itl_target_ms=40.0, num_slow_windows_to_bound=3)
+    assert next_running_cap(None, 64, 80.0, three, num_slow_windows=2) is None
+    assert next_running_cap(None, 64, 80.0, three, num_slow_windows=3) == 48
 
 
 def test_under_the_target_the_cap_grows_only_while_it_holds_the_batch_back() -> None:
-    assert next_running_cap(32, 32, 18.0, BOUND) == 40  # far under: by the growth factor (x1.25) at most
-    assert next_running_cap(32, 32, 34.0, BOUND) == 33  # just under 90 %: 32 x 36 / 34 = 33.9
-    assert next_running_cap(3, 3, 35.9, BOUND) == 4  # at least one
-    assert next_running_cap(32, 20, 18.0, BOUND) == 32  # not what holds the batch back
-    assert next_running_cap(32, 32, 37.0, BOUND) == 32  # between 90 % of the target and the target: hold
-    assert next_running_cap(None, 64, 10.0, BOUND) is None  # never bounded: nothing to grow
+    assert _next(32, 32, 18.0) == 40  # far under: by the growth factor (x1.25) at most
+    assert _next(32, 32, 34.0) == 33  # just under 90 %: 32 x 36 / 34 = 33.9
+    assert _next(3, 3, 35.9) == 4  # at least one
+    assert _next(32, 20, 18.0) == 32  # not what holds the batch back
+    assert _next(32, 32, 37.0) == 32  # between 90 % of the target and the target: hold
+    assert _next(None, 64, 10.0) is None  # never bounded: nothing to grow
 
 
 def test_bad_bounds_are_refused() -> None:
@@ -44,6 +59,8 @@ def test_bad_bounds_are_refused() -> None:
         BatchBound(max_growth_factor=0.5)
     with pytest.raises(ValueError):
         BatchBound(max_cut_fraction=1.0)
+    with pytest.raises(ValueError):
+        BatchBound(num_slow_windows_to_bound=0)
 
 
 def _load(num_running: int, cap: int | None, itl_ms: float | None = 80.0, **kw: object) -> ReplicaLoad:
