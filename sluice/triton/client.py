@@ -18,9 +18,10 @@ later), so leaving the ``async with`` before the request finished cancels it exp
 reports the request cancelled and the model aborts it in the engine within a step.
 
 A consumer that stops at the chunk carrying the finish reason has not seen the stream end yet: the
-model's empty final response is still on its way. Cancelling then races that final send, and Triton
-2.51 was seen to crash on it (SIGSEGV in tritonserver under load). So after a finished request the
-exit waits, briefly, for the stream to end by itself, and cancels only if it does not.
+stream's end (after an empty final response, from a model that sends its final flag alone) is still on
+its way. Cancelling then races that final send, and Triton 2.51 was seen to crash on it (SIGSEGV in
+tritonserver under load). So after a finished request the exit waits, briefly, for the stream to end by
+itself, and cancels only if it does not.
 
 Decoding: each response of the stream is read straight from its ``ModelStreamInferResponse`` protobuf
 (``chunk_from_response``: the raw little-endian contents Triton sends, without an ``InferResult`` or a

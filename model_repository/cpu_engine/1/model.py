@@ -18,10 +18,13 @@ Threads and what they own:
 - One metrics thread copies engine stats into Triton's metrics every ``stats_interval_ms`` (a gauge only
   when its value changed: each set is an IPC to the server).
 
-Every request ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: an empty one after
-its tokens, or, for a request refused or failed, one carrying ``error_kind`` and ``error_message`` (the
-kind as a field, so clients never parse the text). Clients see the empty one only if they ask for it
-(``enable_empty_final_response``); either way it is what ends a one-request gRPC stream.
+Every request ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: its last tokens
+(the one with the finish reason; python_backend's ResponseSender::Send takes a response and the flag
+together, src/response_sender.cc, as TensorRT-LLM's backend sends its last response), or, for a request
+refused or failed, one carrying ``error_kind`` and ``error_message`` (the kind as a field, so clients
+never parse the text). Only a stream that has nothing left to carry it (cancelled: nobody reads it) ends
+with the flag alone, an empty final response that clients see only if they ask for it
+(``enable_empty_final_response``). Either way the flag is what ends a one-request gRPC stream.
 """
 
 from __future__ import annotations
@@ -331,10 +334,8 @@ class _Sender:
             try:
                 if delta.error is not None:
                     _send_error(live.sender, error_kind(delta.error_kind), delta.error)
-                else:
-                    self._send_tokens(live, delta)
-                    if done:
-                        live.sender.send(flags=_FINAL)
+                elif not self._send_tokens(live, delta, _FINAL if done else 0) and done:
+                    live.sender.send(flags=_FINAL)  # no response to carry the flag (a cancelled stream)
             except Exception as exc:  # Triton refused the response: stop the work and end the request
                 pb_utils.Logger.log_warn(f"{request_id}: sending failed ({exc}); aborting")
                 self._engine.abort(request_id)
@@ -356,22 +357,26 @@ class _Sender:
         )
         return max((due for due in dues if due is not None), default=None)
 
-    def _send_tokens(self, live: _Live, delta: StreamDelta) -> None:
+    def _send_tokens(self, live: _Live, delta: StreamDelta, flags: int) -> bool:
+        """Send what ``delta`` releases, with ``flags`` (the final flag rides on the last response: one
+        IPC round trip to the server fewer per request); False when nothing was sent."""
         if live.cancelled:
-            return  # nobody is listening
+            return False  # nobody is listening
         if live.streaming:
-            if delta.token_ids or delta.answer_finished:
-                tensors = response_tensors(delta, delta.token_ids, delta.logprobs)
-                live.sender.send(_response(tensors))
-                live.first_token_sent = True
-                live.last_send_s = time.monotonic()
-        else:
-            tokens = live.tokens.setdefault(delta.index, [])
-            tokens.extend(delta.token_ids)
-            logprobs = live.logprobs.setdefault(delta.index, [])
-            logprobs.extend(delta.logprobs or ())
-            if delta.answer_finished:
-                live.sender.send(_response(response_tensors(delta, tokens, logprobs or None)))
+            if not (delta.token_ids or delta.answer_finished):
+                return False
+            live.sender.send(_response(response_tensors(delta, delta.token_ids, delta.logprobs)), flags=flags)
+            live.first_token_sent = True
+            live.last_send_s = time.monotonic()
+            return True
+        tokens = live.tokens.setdefault(delta.index, [])
+        tokens.extend(delta.token_ids)
+        logprobs = live.logprobs.setdefault(delta.index, [])
+        logprobs.extend(delta.logprobs or ())
+        if not delta.answer_finished:
+            return False
+        live.sender.send(_response(response_tensors(delta, tokens, logprobs or None)), flags=flags)
+        return True
 
     def _abort_cancelled(self, idle: bool) -> None:
         """Ask Triton about the requests due (see ``CancelSweep``); abort the cancelled ones.
