@@ -57,8 +57,9 @@ FunctionName = Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 
 
 class FunctionDefinition(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A tool's function: ``parameters`` is a JSON schema object (absent: no arguments). ``strict`` is
-    accepted; a forced call (``tool_choice`` ``required`` or named) always follows the schema."""
+    """A tool's function: ``parameters`` is a JSON schema object (absent: no arguments). With ``strict``
+    the parameters must meet OpenAI's rules for a strict schema (gateway/openai/strict_schema.py); a
+    forced call (``tool_choice`` ``required`` or named) always follows the schema."""
 
     name: FunctionName
     description: str | None = None
@@ -125,7 +126,8 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 
 class JsonSchemaFormat(msgspec.Struct, kw_only=True):
     """``response_format.json_schema``: OpenAI's fields. The schema is honoured whatever ``strict`` says
-    (Sluice always constrains decoding to it)."""
+    (Sluice always constrains decoding to it); a strict one must also meet OpenAI's rules for it
+    (gateway/openai/strict_schema.py)."""
 
     name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     schema: dict[str, Any] | None = None
@@ -275,7 +277,9 @@ def parameters_doc(chat: bool) -> str:
         + (
             "; `response_format` `json_object` and `json_schema` (`strict` or not: decoding is always "
             "constrained to the schema; compact JSON; a schema that cannot be compiled is 400 "
-            "`invalid_response_format`)"
+            "`invalid_response_format`; a `strict` one must meet OpenAI's rules for it, "
+            "`additionalProperties: false` and every property `required` in every object, or it is 400 "
+            "in OpenAI's words)"
             if chat
             else "; `echo` (the text begins with the prompt)"
         )

@@ -20,6 +20,7 @@ import llguidance
 
 from gateway.errors import invalid_request
 from gateway.openai.schemas import ResponseFormat
+from gateway.openai.strict_schema import strict_schema_problem
 from sluice.guides import COMPILE_LIMITS, GrammarError, grammar_text
 from sluice.text import TextCodec
 from sluice.wire import Guide, GuideKind
@@ -30,7 +31,8 @@ KNOWN_GOOD = 1024  # guides remembered per tokenizer
 
 def guide_of(response_format: ResponseFormat | None) -> Guide | None:
     """The guide ``response_format`` asks for: None for text (or none given). Raises a 400 naming the
-    field for a json_schema format without its schema, or a schema too large."""
+    field for a json_schema format without its schema, a schema too large, or a strict one that breaks
+    OpenAI's strict rules (``strict_schema``)."""
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
@@ -40,6 +42,10 @@ def guide_of(response_format: ResponseFormat | None) -> Guide | None:
         raise invalid_request(
             "response_format of type 'json_schema' needs its 'json_schema' (name and schema).",
             param="response_format.json_schema",
+        )
+    if spec.strict and (problem := strict_schema_problem(spec.schema or {})) is not None:
+        raise invalid_request(
+            f"Invalid schema for response_format '{spec.name}': {problem}", param="response_format"
         )
     text = json.dumps(spec.schema if spec.schema is not None else {}, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_SCHEMA_BYTES:

@@ -99,9 +99,17 @@ def test_a_cut_answer_says_length(gateway: RunningGateway) -> None:
 @pytest.mark.parametrize(
     ("response_format", "param", "words"),
     [
-        (_schema_format({"properties": {"a": {"$ref": "#/$defs/x"}}}), "response_format", "cannot be used"),
+        (_schema_format({"properties": {"a": {"$ref": "#/$defs/x"}}}, strict=False), "response_format",
+         "cannot be used"),
         (_schema_format({"type": "string", "format": "no-such-format"}), "response_format", "cannot be used"),
-        (_schema_format({"type": "object", "not": {"type": "null"}}), "response_format", "not"),
+        (_schema_format({"type": "object", "not": {"type": "null"}}, strict=False), "response_format", "not"),
+        # strict: OpenAI's rules for it, in its words (gateway/openai/strict_schema.py)
+        (_schema_format({**PERSON, "additionalProperties": True}), "response_format",
+         "Invalid schema for response_format 'person': In context=(), 'additionalProperties' is required to "
+         "be supplied and to be false."),
+        (_schema_format({**PERSON, "required": ["name", "tags"]}), "response_format",
+         "In context=(), 'required' is required to be supplied and to be an array including every key in "
+         "properties. Missing 'age'."),
         ({"type": "json_schema"}, "response_format.json_schema", "needs its"),
         ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema.name",
          "Missing required parameter"),

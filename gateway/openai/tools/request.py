@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.errors import invalid_request
 from gateway.openai.schemas import ChatCompletionRequest, Tool, ToolCall
+from gateway.openai.strict_schema import strict_schema_problem
 from gateway.openai.tools.reader import ToolCallReader, ToolMode, new_call_id
 from sluice.wire import Guide, GuideKind
 
@@ -70,6 +71,12 @@ def tool_plan(req: ChatCompletionRequest, parser: str | None) -> ToolPlan | None
                 param=f"tools[{i}].function.name",
             )
         names.append(tool.function.name)
+        parameters = tool.function.parameters  # none: no arguments, which breaks no rule
+        if tool.function.strict and parameters and (problem := strict_schema_problem(parameters)) is not None:
+            raise invalid_request(
+                f"Invalid schema for function '{tool.function.name}': {problem}",
+                param=f"tools[{i}].function.parameters",
+            )
     if parser is None:
         raise invalid_request(
             f"Model '{req.model}' (this version) does not serve tools: its tool-call parser is not one this "
