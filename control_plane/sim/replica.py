@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from control_plane.sim.calibration import Calibration
 from control_plane.sim.workload import SimRequest
-from sluice.policy.batch_bound import BatchBound, held_cap, next_running_cap
+from sluice.policy.batch_bound import BatchBound, held_cap, next_running_cap, num_slow_windows
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 
 
@@ -227,14 +227,15 @@ class Replica:
             return
         windows = self._windows_since_move
         windows.append((self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged))
-        slow = _weighted_p95(self._unjudged_gaps, self._num_unjudged_gaps) > bound.itl_target_ms
-        self._num_slow_windows = self._num_slow_windows + 1 if slow else 0
+        window_p95_ms = _weighted_p95(self._unjudged_gaps, self._num_unjudged_gaps)
+        self._num_slow_windows = num_slow_windows(self._num_slow_windows, window_p95_ms, bound)
         self._unjudged_gaps, self._num_unjudged_gaps, self._most_running_unjudged = [], 0, 0
         gaps = [pair for window_gaps, _, _ in windows for pair in window_gaps]
         p95_ms = _weighted_p95(gaps, sum(num for _, num, _ in windows))
         num_running = max(most for _, _, most in windows)
-        num_slow = self._num_slow_windows
-        cap = next_running_cap(self.running_cap, num_running, p95_ms, bound, num_slow_windows=num_slow)
+        cap = next_running_cap(
+            self.running_cap, num_running, p95_ms, bound, num_slow_windows=self._num_slow_windows
+        )
         if cap != self.running_cap:
             windows.clear()
         self.running_cap = cap

@@ -36,11 +36,12 @@ def strict_schema_problem(schema: dict[str, Any]) -> str | None:
             return f"{context}, 'additionalProperties' is required to be supplied and to be false."
         properties = node.get("properties") or {}
         required = node.get("required")
-        missing = [key for key in properties if not isinstance(required, list) or key not in required]
-        if missing:
+        listed = required if isinstance(required, list) else []
+        missing = next((key for key in properties if key not in listed), None)
+        if missing is not None:
             return (
                 f"{context}, 'required' is required to be supplied and to be an array including every key in "
-                f"properties. Missing '{missing[0]}'."
+                f"properties. Missing '{missing}'."
             )
     return None
 

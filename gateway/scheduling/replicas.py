@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from sluice.domain import RequestClass
 from sluice.engine_client import EngineClient, ReplicaStats
-from sluice.policy.batch_bound import BatchBound, held_cap, next_running_cap
+from sluice.policy.batch_bound import BatchBound, held_cap, next_running_cap, num_slow_windows
 from sluice.policy.dispatch import EnginePriority, PriorityLoad, ReplicaLoad
 from sluice.policy.fair_queue import Waiting
 
@@ -233,7 +233,7 @@ class ReplicaView:
         self._most_running_since_move.append(self._most_running_unjudged)
         self._num_gaps_unjudged, self._most_running_unjudged = 0, 0
         # itl_ms was just estimated on the last window of gaps, the one being judged
-        self._num_slow_windows = self._num_slow_windows + 1 if self.itl_ms > self.bound.itl_target_ms else 0
+        self._num_slow_windows = num_slow_windows(self._num_slow_windows, self.itl_ms, self.bound)
         num_running, judged_p95_ms = max(self._most_running_since_move), p95(self._gaps_since_move_ms)
         cap = next_running_cap(
             self.running_cap, num_running, judged_p95_ms, self.bound, num_slow_windows=self._num_slow_windows

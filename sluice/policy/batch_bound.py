@@ -88,6 +88,12 @@ def next_running_cap(
     return cap
 
 
+def num_slow_windows(num_before: int, window_p95_ms: float, bound: BatchBound) -> int:
+    """Windows in a row over the target, once a window whose own gaps' p95 is ``window_p95_ms`` is judged
+    after ``num_before`` such windows (``next_running_cap``'s ``num_slow_windows``)."""
+    return num_before + 1 if window_p95_ms > bound.itl_target_ms else 0
+
+
 def held_cap(most_running: int, itl_p95_ms: float, bound: BatchBound) -> int | None:
     """What a replica not bounded yet, whose inter-token estimate is now ``itl_p95_ms`` with up to
     ``most_running`` requests running since its last judgement, is held at: that batch while the estimate

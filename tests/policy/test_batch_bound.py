@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.policy.batch_bound import BatchBound, next_running_cap
+from sluice.policy.batch_bound import BatchBound, next_running_cap, num_slow_windows
 from sluice.policy.dispatch import (
     DispatchConfig,
     EnginePriority,
@@ -34,6 +34,8 @@ def test_an_unbounded_replica_is_bounded_only_by_slow_windows_in_a_row() -> None
     assert _next(None, 64, 80.0, num_slow_windows=1) is None
     assert _next(None, 64, 80.0, num_slow_windows=2) == 48
     assert _next(50, 64, 80.0, num_slow_windows=1) == 48
+    assert [num_slow_windows(0, 41.0, BOUND), num_slow_windows(1, 41.0, BOUND)] == [1, 2]  # in a row
+    assert num_slow_windows(5, 40.0, BOUND) == 0  # a window at the target is not slow: the row ends
     three = BatchBound(itl_target_ms=40.0, num_slow_windows_to_bound=3)
     assert next_running_cap(None, 64, 80.0, three, num_slow_windows=2) is None
     assert next_running_cap(None, 64, 80.0, three, num_slow_windows=3) == 48

@@ -20,7 +20,7 @@ Threads and what they own:
 
 Every request ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: its last tokens
 (the one with the finish reason; python_backend's ResponseSender::Send takes a response and the flag
-together, src/response_sender.cc, as TensorRT-LLM's backend sends its last response), or, for a request
+together, src/response_sender.cc), or, for a request
 refused or failed, one carrying ``error_kind`` and ``error_message`` (the kind as a field, so clients
 never parse the text). Only a stream that has nothing left to carry it (cancelled: nobody reads it) ends
 with the flag alone, an empty final response that clients see only if they ask for it
