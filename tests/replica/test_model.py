@@ -38,7 +38,10 @@ class FakeTritonError:
 
 class FakeTensor:
     def __init__(self, name: str, array: np.ndarray) -> None:
-        self.name, self.array = name, array
+        self._name, self.array = name, array
+
+    def name(self) -> str:  # a method, as pb_utils.Tensor's
+        return self._name
 
     def as_numpy(self) -> np.ndarray:
         return self.array
@@ -46,7 +49,7 @@ class FakeTensor:
 
 class FakeResponse:
     def __init__(self, output_tensors: list[FakeTensor] | None = None, error: Any = None) -> None:
-        self.tensors = {t.name: t.array for t in output_tensors or []}
+        self.tensors = {t.name(): t.array for t in output_tensors or []}
         self.error = error
 
 
@@ -88,10 +91,13 @@ class FakeSender:
 
 class FakeRequest:
     def __init__(self, tensors: dict[str, np.ndarray], sender: FakeSender | None = None) -> None:
-        self.inputs = {name: FakeTensor(name, arr) for name, arr in tensors.items()}
+        self._inputs = [FakeTensor(name, arr) for name, arr in tensors.items()]
         self.sender = sender or FakeSender()
         self.cancelled = False
         self.num_cancel_checks = 0
+
+    def inputs(self) -> list[FakeTensor]:  # pb_utils.InferenceRequest.inputs(): what the request carried
+        return self._inputs
 
     def get_response_sender(self) -> FakeSender:
         return self.sender
@@ -149,7 +155,6 @@ def fake_pb_utils() -> types.ModuleType:
     module.Logger = types.SimpleNamespace(  # type: ignore[attr-defined]
         log_info=lambda msg: None, log_warn=lambda msg: None, log_error=lambda msg: None
     )
-    module.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)  # type: ignore[attr-defined]
     module.using_decoupled_model_transaction_policy = (  # type: ignore[attr-defined]
         lambda config: config["model_transaction_policy"]["decoupled"]
     )
@@ -291,6 +296,19 @@ def test_bad_input_gets_one_final_error_response(model: Any) -> None:
     assert set(response.tensors) == {"error_kind", "error_message"}  # the kind is a field, not text
     assert response.tensors["error_kind"].tolist() == [[b"invalid_request"]]
     assert b"outside the vocabulary" in response.tensors["error_message"].item()
+
+
+def test_an_input_the_model_does_not_know_is_refused_not_ignored(model: Any) -> None:
+    """Every input the request carried is read (one pass over ``request.inputs()``): one the model has no
+    use for is an invalid request, not silently dropped."""
+    tensors = request_tensors([5, 6], 4, cache_scope="acme") | {"beam_width": np.array([[2]], np.int32)}
+    request = FakeRequest(tensors)
+    model.execute([request])
+    wait_final(request, 1.0)
+    [(response, flags)] = request.sender.sent
+    assert flags == FINAL and response is not None
+    assert response.tensors["error_kind"].tolist() == [[b"invalid_request"]]
+    assert b"unknown input(s): beam_width" in response.tensors["error_message"].item()
 
 
 def wait_until(condition: Any, timeout_s: float = 10.0) -> None:

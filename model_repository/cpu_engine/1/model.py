@@ -60,7 +60,7 @@ from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, error_kind
 from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
 from sluice.weights_digest import weights_digest
-from sluice.wire import INPUT_NAMES, EngineErrorKind, TokenLogprob
+from sluice.wire import EngineErrorKind, TokenLogprob
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The sender wakes at least this often while requests are live, to check cancellation between tokens.
@@ -161,11 +161,9 @@ class TritonPythonModel:
     def _admit(self, request: Any) -> None:
         response_sender = request.get_response_sender()
         try:
-            tensors = {}
-            for name in INPUT_NAMES:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    tensors[name] = tensor.as_numpy()
+            # One pass over what arrived (pb_utils.get_input_tensor_by_name lists every input again for
+            # each name it looks up); request_from_tensors refuses a name it does not know.
+            tensors = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             converted = request_from_tensors(tensors, self._vocab_size, self._max_context_tokens)
         except ValueError as exc:
             _send_error(response_sender, EngineErrorKind.INVALID_REQUEST, str(exc))
