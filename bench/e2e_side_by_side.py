@@ -47,7 +47,16 @@ from bench import engine_bench, plots
 from bench.cpu_split import CpuMeter, CpuSplit, machine_cores
 from bench.e2e_bench import plain_prompt_ids, run_load
 from bench.report import cpu_description, cpu_flags, load_average, write_section
-from bench.servers import REPO_ROOT, ProcId, SluiceStack, StackPorts, VllmServer, http_text, log
+from bench.servers import (
+    REPO_ROOT,
+    ProcId,
+    SluiceStack,
+    StackPorts,
+    VllmServer,
+    http_text,
+    log,
+    start_when_quiet,
+)
 from bench.side_by_side import (
     ENGINE,
     SLUICE,
@@ -112,6 +121,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def add_server_arguments(ap: argparse.ArgumentParser) -> None:
     """The options that say which servers run and how they are reached (shared with bench/goodput.py)."""
     ap.add_argument("--model", type=Path, default=Path(".sluice/models/sluice-tiny"), help="checkpoint")
+    ap.add_argument(
+        "--quiet-below-cores",
+        type=float,
+        default=0.25,
+        help="each run starts once the machine keeps fewer cores than this busy (the last target's tail "
+        "done: vLLM spins a core for ~1 s after its last response); 0: at once",
+    )
     ap.add_argument("--model-repository", type=Path, default=Path(".sluice/model_repository"))
     ap.add_argument("--api-key", default="sk-acme-dev", help="Sluice (safety pii): acme's key")
     ap.add_argument(
@@ -301,8 +317,10 @@ def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
     for c in args.concurrency:
         for target in served_targets(setup):
             log(f"warm-up {target} at {c} streams")
+            start_when_quiet(args.quiet_below_cores)
             measure(setup, args, target, c, -1)
         for round_index, target in alternation(targets, args.rounds):
+            start_when_quiet(args.quiet_below_cores)
             results.append(measure(setup, args, target, c, round_index))
             log(results[-1].line())
     return results

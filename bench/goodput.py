@@ -70,7 +70,7 @@ from bench.goodput_core import (
     target_lines,
 )
 from bench.report import cpu_description, cpu_flags, load_average, write_section
-from bench.servers import REPO_ROOT, log
+from bench.servers import REPO_ROOT, log, start_when_quiet
 from bench.side_by_side import SLUICE, SLUICE_DEFAULT, TARGET_LABELS, VLLM, alternation
 from sluice.domain import Tenant
 from sluice.stores.tenants.base import dev_tenant
@@ -316,15 +316,19 @@ def run_all(setup: Setup, args: argparse.Namespace) -> list[Point]:
     for i, streams in enumerate(args.concurrency):
         for target in targets:
             log(f"warm-up {target} at {streams} streams")
+            start_when_quiet(args.quiet_below_cores)
             measure_closed(setup, args, target, streams, i, -1)
         for round_index, target in alternation(targets, args.rounds):
+            start_when_quiet(args.quiet_below_cores)
             runs.append(measure_closed(setup, args, target, streams, i, round_index))
             log(runs[-1].line())
     for i, rate in enumerate(args.rates):
         for target in targets:
             log(f"warm-up {target} before {rate:g} req/s")
+            start_when_quiet(args.quiet_below_cores)
             measure_closed(setup, args, target, 8, len(args.concurrency) + i, -1)
         for round_index, target in alternation(targets, args.rounds):
+            start_when_quiet(args.quiet_below_cores)
             runs.append(measure_open(setup, args, target, rate, i, round_index))
             log(runs[-1].line())
     return runs

@@ -134,6 +134,48 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat's first line: user, nice,
+    system, irq, softirq, steal; not idle or iowait)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_quiet(
+    *,
+    busy_below_cores: float = 0.25,
+    window_s: float = 0.25,
+    timeout_s: float = 10.0,
+    read_busy_s: Callable[[], float] = busy_cpu_s,
+    sleep: Callable[[float], object] = time.sleep,
+) -> float | None:
+    """Wait until the machine is quiet: a ``window_s`` in which all its processes together kept fewer than
+    ``busy_below_cores`` cores busy. Returns the seconds waited, or None if it was not quiet within
+    ``timeout_s`` (then the run goes ahead; the caller says so).
+
+    Why: a server keeps working after its last response (vLLM's CPU engine spins a core for ~1 s; seen on
+    a 2-core EPYC), and in an alternating side-by-side the next target's run would start on the cores
+    that work still holds: its first wave pays for the other server's tail."""
+    waited_s = 0.0
+    before = read_busy_s()
+    while waited_s < timeout_s:
+        sleep(window_s)
+        waited_s += window_s
+        after = read_busy_s()
+        if (after - before) / window_s < busy_below_cores:
+            return waited_s
+        before = after
+    return None
+
+
+def start_when_quiet(busy_below_cores: float) -> None:
+    """``wait_until_quiet`` before a run (``busy_below_cores`` 0: at once), saying so when it was not."""
+    if busy_below_cores > 0 and wait_until_quiet(busy_below_cores=busy_below_cores) is None:
+        log(f"the machine kept {busy_below_cores:g} cores or more busy for 10 s: the run starts anyway")
+
+
 @dataclass(frozen=True)
 class StackPorts:
     """The five ports of a dev stack. ``make run``'s fixed ones by default; ``free()`` for a stack that
