@@ -26,8 +26,10 @@ text chunks as the client reads them) and TPOT p50/p95 (per request, (last chunk
 Goodput is the most tok/s over the points with TTFT p95 <= ``--ttft-slo-ms`` and ITL p95 <=
 ``--itl-slo-ms`` and nothing refused (bench/goodput_core.py). The load is random prompts from a fresh
 seed per run (no prefix cache helps), ignore_eos, greedy: 128 prompt and 128 output tokens, or with
-``--mix seed`` 1,000 and 300 (vLLM serves a 2,048-token context, so 1,300 fits). Each point is warmed up
-per target (discarded), then ``--rounds`` rounds alternate the targets; the tables quote medians.
+``--mix seed`` 1,000 and 300 (vLLM serves a 2,048-token context, so 1,300 fits). ``--rounds`` rounds,
+each a pass over every point of a sweep, each point every target in turn (``sweep_order``: the machine's
+drift falls on every point alike); each run right after a warm-up of its own (discarded) and on a quiet
+machine (``--quiet-below-cores``); the tables quote medians.
 
     .venv/bin/python -m bench.goodput                      # the full sweeps, 3 rounds
     .venv/bin/python -m bench.goodput --quick              # smoke (also BENCH_QUICK=1): never writes docs
@@ -71,7 +73,7 @@ from bench.goodput_core import (
 )
 from bench.report import cpu_description, cpu_flags, load_average, write_section
 from bench.servers import REPO_ROOT, log, start_when_quiet
-from bench.side_by_side import SLUICE, SLUICE_DEFAULT, TARGET_LABELS, VLLM, alternation
+from bench.side_by_side import SLUICE, SLUICE_DEFAULT, TARGET_LABELS, VLLM
 from sluice.domain import Tenant
 from sluice.stores.tenants.base import dev_tenant
 
@@ -176,10 +178,12 @@ def goodput_tenants() -> list[tuple[Tenant, str]]:
     ]
 
 
+WARM_UP_SEED_OFFSET = 250_000  # a warm-up's prompts: beside its run's seed, clear of every other run's
+
+
 def point_seed(base_seed: int, sweep: str, round_index: int, load_index: int) -> int:
     """The prompt (and arrival) seed of one run: fresh for every (sweep, round, point), so no run meets
-    prompts a server has cached; shared by the targets of a round, so they are offered the same load.
-    Round -1 is the warm-up."""
+    prompts a server has cached; shared by the targets of a round, so they are offered the same load."""
     return base_seed + (500_000 if sweep == RATE else 0) + 1_000 * (round_index + 1) + load_index
 
 
@@ -255,11 +259,21 @@ def base_url_of(setup: Setup, target: str) -> str:
 
 
 def measure_closed(
-    setup: Setup, args: argparse.Namespace, target: str, streams: int, load_index: int, round_index: int
+    setup: Setup,
+    args: argparse.Namespace,
+    target: str,
+    streams: int,
+    load_index: int,
+    round_index: int,
+    *,
+    warm_up: bool = False,
 ) -> Point:
-    """One closed-loop run at ``streams``; round -1 is a warm-up (fewer requests)."""
-    num_requests = max(8, args.requests_per_slot * streams) if round_index >= 0 else max(4, streams)
-    seed = point_seed(args.seed, CONCURRENCY, round_index, load_index)
+    """One closed-loop run at ``streams``; a warm-up is one wave (``streams`` requests, at least 4) of
+    prompts of its own (``WARM_UP_SEED_OFFSET``: never those of a measured run, nor another round's)."""
+    num_requests = max(4, streams) if warm_up else max(8, args.requests_per_slot * streams)
+    seed = point_seed(args.seed, CONCURRENCY, round_index, load_index) + (
+        WARM_UP_SEED_OFFSET if warm_up else 0
+    )
     try:
         s = asyncio.run(
             run_load(
@@ -308,29 +322,42 @@ def targets_of(setup: Setup, args: argparse.Namespace) -> list[str]:
     return [t for t in wanted if t in setup.api_keys]
 
 
+def sweep_order(num_points: int, targets: Sequence[str], num_rounds: int) -> list[tuple[int, int, str]]:
+    """(round, point, target) in the order the runs are made: round after round, each a pass over every
+    point of the sweep in order, each point every target in turn. A sweep's points compare with each other
+    (throughput must not fall as streams are added) as much as its targets do: on these shared hosts every
+    process's CPU per token, the load client's included, drifts by up to ~20% within minutes (seen on a
+    2-core EPYC: one stack, eight runs of the same 32 streams, 3,809 to 4,459 tok/s), so points made one
+    after another, all rounds of one before the next, carry that drift as a fall or a rise. Interleaved,
+    it falls on every point alike."""
+    if num_rounds < 1 or num_points < 0 or not targets or len(set(targets)) != len(targets):
+        raise ValueError(
+            f"want rounds >= 1, points >= 0 and distinct targets: {num_rounds}, {num_points}, {targets}"
+        )
+    return [(r, p, t) for r in range(num_rounds) for p in range(num_points) for t in targets]
+
+
 def run_all(setup: Setup, args: argparse.Namespace) -> list[Point]:
-    """The concurrency sweep, then the rate sweep; per point a warm-up of each target (discarded), then
-    the rounds, targets alternating, one under load at a time."""
+    """The concurrency sweep, then the rate sweep, each in ``sweep_order``; every run right after a warm-up
+    of its own target at its point (discarded), each on a quiet machine, one target under load at a time."""
     targets = targets_of(setup, args)
     runs: list[Point] = []
-    for i, streams in enumerate(args.concurrency):
-        for target in targets:
-            log(f"warm-up {target} at {streams} streams")
-            start_when_quiet(args.quiet_below_cores)
-            measure_closed(setup, args, target, streams, i, -1)
-        for round_index, target in alternation(targets, args.rounds):
-            start_when_quiet(args.quiet_below_cores)
-            runs.append(measure_closed(setup, args, target, streams, i, round_index))
-            log(runs[-1].line())
-    for i, rate in enumerate(args.rates):
-        for target in targets:
-            log(f"warm-up {target} before {rate:g} req/s")
-            start_when_quiet(args.quiet_below_cores)
-            measure_closed(setup, args, target, 8, len(args.concurrency) + i, -1)
-        for round_index, target in alternation(targets, args.rounds):
-            start_when_quiet(args.quiet_below_cores)
-            runs.append(measure_open(setup, args, target, rate, i, round_index))
-            log(runs[-1].line())
+    for round_index, i, target in sweep_order(len(args.concurrency), targets, args.rounds):
+        streams = args.concurrency[i]
+        log(f"warm-up {target} at {streams} streams")
+        start_when_quiet(args.quiet_below_cores)
+        measure_closed(setup, args, target, streams, i, round_index, warm_up=True)
+        start_when_quiet(args.quiet_below_cores)
+        runs.append(measure_closed(setup, args, target, streams, i, round_index))
+        log(runs[-1].line())
+    for round_index, i, target in sweep_order(len(args.rates), targets, args.rounds):
+        rate = args.rates[i]
+        log(f"warm-up {target} before {rate:g} req/s")
+        start_when_quiet(args.quiet_below_cores)
+        measure_closed(setup, args, target, 8, len(args.concurrency) + i, round_index, warm_up=True)
+        start_when_quiet(args.quiet_below_cores)
+        runs.append(measure_open(setup, args, target, rate, i, round_index))
+        log(runs[-1].line())
     return runs
 
 
@@ -385,8 +412,10 @@ def report(setup: Setup, args: argparse.Namespace, points: Sequence[Point], slo:
             "the start to the last end. TTFT is from each request's send in both sweeps; 'sent late p95' is "
             "how far behind its schedule the client sent, as it shares the cores with the server under "
             "load (vLLM's engine processes busy-poll): a large value means that point's rate was not really "
-            "offered and the machine was saturated. Per point a warm-up per target (discarded), "
-            f"then {args.rounds} round(s), targets alternating, one under load at a time.",
+            "offered and the machine was saturated. Each run follows a warm-up of its target at its point "
+            f"(discarded) and starts on a quiet machine (under {args.quiet_below_cores:g} busy cores); "
+            f"{args.rounds} round(s), each a pass over every point, targets alternating at each, one under "
+            "load at a time.",
             f"- Cells: {rounds}; 'served' and 'errors' are summed over the rounds. Latencies in ms. ITL is "
             "the gap between text chunks as the client reads them, TPOT per request (last chunk - first) / "
             "(tokens - 1); tokens are counted from `usage`.",

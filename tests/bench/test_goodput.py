@@ -207,10 +207,22 @@ def test_no_ratio_without_both_targets_and_the_tables_rows() -> None:
     assert "sent late" in sweep_table([point(SLUICE, 8, 900, sweep=RATE)], RATE, SLO)
 
 
-def test_every_run_gets_a_fresh_seed() -> None:
-    seeds = [goodput.point_seed(7, sweep, r, i) for sweep in (CONCURRENCY, RATE) for r in range(-1, 5)
-             for i in range(12)]  # fmt: skip
+def test_every_run_and_every_warm_up_gets_a_fresh_seed() -> None:
+    seeds = [goodput.point_seed(7, sweep, r, i) + warm for sweep in (CONCURRENCY, RATE) for r in range(5)
+             for i in range(12) for warm in (0, goodput.WARM_UP_SEED_OFFSET)]  # fmt: skip
     assert len(set(seeds)) == len(seeds)
+
+
+def test_each_round_passes_over_every_point_with_the_targets_in_turn() -> None:
+    """Rounds outermost, so the machine's drift over a sweep falls on every point alike."""
+    order = goodput.sweep_order(3, [SLUICE, VLLM], 2)
+    assert order == [
+        (0, 0, SLUICE), (0, 0, VLLM), (0, 1, SLUICE), (0, 1, VLLM), (0, 2, SLUICE), (0, 2, VLLM),
+        (1, 0, SLUICE), (1, 0, VLLM), (1, 1, SLUICE), (1, 1, VLLM), (1, 2, SLUICE), (1, 2, VLLM),
+    ]  # fmt: skip
+    assert goodput.sweep_order(0, [SLUICE], 3) == []
+    with pytest.raises(ValueError):
+        goodput.sweep_order(3, [SLUICE, SLUICE], 1)
 
 
 def test_quick_sizes_write_no_docs_and_the_seed_mix_is_1000_and_300(monkeypatch: pytest.MonkeyPatch) -> None:
