@@ -378,8 +378,15 @@ def tables(points: Sequence[Point], slo: Slo) -> list[str]:
     return out
 
 
-def report(setup: Setup, args: argparse.Namespace, points: Sequence[Point], slo: Slo, command: str) -> str:
-    """The section for docs/benchmarks.md."""
+def report(
+    setup: Setup,
+    args: argparse.Namespace,
+    points: Sequence[Point],
+    slo: Slo,
+    command: str,
+    runs: Sequence[Point] = (),
+) -> str:
+    """The section for docs/benchmarks.md (``runs``: the single runs ``points`` are the medians of)."""
     targets = targets_of(setup, args)
     rounds = "the median over the rounds" if args.rounds > 1 else "one run (a single round)"
     plot_lines = [
@@ -422,7 +429,7 @@ def report(setup: Setup, args: argparse.Namespace, points: Sequence[Point], slo:
             f"- SLO for goodput: {slo.text()}, nothing refused or failed.",
             "",
             *tables(points, slo),
-            *target_lines(points, slo, args.tolerance),
+            *target_lines(points, slo, args.tolerance, runs=runs),
             "",
             *plot_lines,
         ]
@@ -494,10 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     points = median_points(runs)
     print(f"\nCPU: {cpu_description()}; flags: {cpu_flags()}; {load_average()}")
     print(f"Load: {load_text(args)}; {args.rounds} round(s), cells are medians\n")
-    print("\n".join([*tables(points, slo), *target_lines(points, slo, args.tolerance)]))
+    print("\n".join([*tables(points, slo), *target_lines(points, slo, args.tolerance, runs=runs)]))
     if args.write_docs:
         save_plots(runs, points, slo, command, args.section)
-        write_section(args.section, report(setup, args, points, slo, command))
+        write_section(args.section, report(setup, args, points, slo, command, runs))
         plotted = ", ".join(map(str, plot_paths(args.section).values()))
         log(f"wrote section {args.section!r} of docs/benchmarks.md and {plotted}")
     return 0

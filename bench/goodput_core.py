@@ -227,8 +227,37 @@ def throughput_falls(points: Sequence[Point], target: str, tolerance: float) -> 
     return falls
 
 
+def round_by_round_drops(runs: Sequence[Point], target: str, load: float) -> list[float]:
+    """Per round, how far ``target``'s run at ``load`` streams is below its best run at fewer streams in
+    the same round (a fraction; negative: above it), rounds in order. The sweep makes each round a pass
+    over every point (bench/goodput.py ``sweep_order``), so a pair from one round shares the machine's
+    state of those minutes, which two medians do not. A run that measured nothing (NaN) counts as zero."""
+
+    def tps(p: Point) -> float:
+        return 0.0 if math.isnan(p.tokens_per_s) else p.tokens_per_s
+
+    sweep = [r for r in runs if r.target == target and r.sweep == CONCURRENCY]
+    drops: list[float] = []
+    for round_index in sorted({r.round_index for r in sweep if r.load == load}):
+        same_round = [r for r in sweep if r.round_index == round_index]
+        at = [tps(r) for r in same_round if r.load == load]
+        before = [tps(r) for r in same_round if r.load < load]
+        if at and before and max(before) > 0:
+            drops.append(1 - at[0] / max(before))
+    return drops
+
+
 def _find(points: Sequence[Point], target: str, sweep: str, load: float) -> Point | None:
     return next((p for p in points if p.target == target and p.sweep == sweep and p.load == load), None)
+
+
+def _round_by_round(runs: Sequence[Point], fall: Fall) -> str:
+    drops = round_by_round_drops(runs, SLUICE, fall.load)
+    if len(drops) < 2:
+        return ""
+    listed = ", ".join(f"{d:.1%}" for d in drops)
+    median = statistics.median(drops)
+    return f"; round by round, below that round's best at fewer streams: {listed} (median {median:.1%})"
 
 
 def _verdict(met: bool | None) -> str:
@@ -258,11 +287,13 @@ def target_lines(
     tolerance: float,
     goodput_ratio_target: float = 2.0,
     headline_ratio_target: float = 1.3,
+    runs: Sequence[Point] = (),
 ) -> list[str]:
     """Goodput per target and its ratio, then the issue's three targets, each met / not met, read off the
     median points: Sluice (safety none)'s goodput at least ``goodput_ratio_target`` x vLLM's; its tokens/s
     never falling as streams are added (beyond ``tolerance``); at 64 streams (or the sweep's largest) at
-    least ``headline_ratio_target`` x vLLM's tokens/s with ITL p95 within the SLO."""
+    least ``headline_ratio_target`` x vLLM's tokens/s with ITL p95 within the SLO. With the single
+    ``runs``, each fall is also shown round by round (``round_by_round_drops``), beside the verdict."""
     targets = [t for t in TARGET_ORDER if any(p.target == t for p in points)]
     lines = [f"Goodput: the most output tok/s over the points (both sweeps) with {slo.text()} and no request "
              "refused or failed:"]  # fmt: skip
@@ -305,7 +336,7 @@ def target_lines(
         lines.append(
             f"- throughput never falls as streams are added (more than {tolerance:.0%} below the best at "
             f"fewer streams counts as a fall; less is noise): {_verdict(not falls)}"
-            + "".join(f"\n  - falls at {f.text()}" for f in falls)
+            + "".join(f"\n  - falls at {f.text()}{_round_by_round(runs, f)}" for f in falls)
         )
     streams = headline_streams(points)
     sluice_hl = None if streams is None else _find(points, SLUICE, CONCURRENCY, streams)

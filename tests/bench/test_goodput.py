@@ -196,6 +196,22 @@ def test_the_targets_read_not_met_and_say_where_it_falls() -> None:
     assert "falls at 1 -> 64 streams: 250 tok/s, 16.7% below the best" in "\n".join(lines)
 
 
+def test_a_fall_is_also_shown_round_by_round_against_the_same_round() -> None:
+    """Three rounds, each a pass over 8, 32 and 64 streams: the medians put 64 7.8% under 32, but paired
+    within their rounds (the same minutes of the machine) the drops are 4.2%, 0.7% and 7.8%."""
+    per_round = {0: (3_300, 3_952, 3_787), 1: (3_200, 3_403, 3_379), 2: (3_400, 3_810, 3_513)}
+    runs = [point(SLUICE, load, tps, round_index=r) for r, row in per_round.items()
+            for load, tps in zip((8, 32, 64), row, strict=True)]  # fmt: skip
+    drops = goodput_core.round_by_round_drops(runs, SLUICE, 64)
+    assert [round(d, 3) for d in drops] == [0.042, 0.007, 0.078]
+    assert goodput_core.round_by_round_drops(runs, SLUICE, 8) == []  # nothing at fewer streams
+    points = [*goodput_core.median_points(runs), point(VLLM, 64, 1_000)]
+    fall_line = next(line for line in target_lines(points, SLO, 0.05, runs=runs) if "falls at" in line)
+    assert fall_line.endswith("round by round, below that round's best at fewer streams: 4.2%, 0.7%, 7.8% "
+                              "(median 4.2%)")  # fmt: skip
+    assert "round by round" not in "\n".join(target_lines(points, SLO, 0.05))  # no runs given: medians only
+
+
 def test_no_ratio_without_both_targets_and_the_tables_rows() -> None:
     only = [point(SLUICE, 8, 1_000)]
     assert target_lines(only, SLO, 0.05)[-1].startswith("- Sluice (safety none) and vLLM did not both run")
