@@ -206,6 +206,11 @@ class Fall:
         )
 
 
+def _measured_tokens_per_s(p: Point) -> float:
+    """``p``'s tokens/s, a run that measured nothing (NaN) counting as zero: a fall, not a skipped point."""
+    return 0.0 if math.isnan(p.tokens_per_s) else p.tokens_per_s
+
+
 def throughput_falls(points: Sequence[Point], target: str, tolerance: float) -> list[Fall]:
     """The steps of ``target``'s concurrency sweep (in order of streams) whose tokens/s is more than
     ``tolerance`` (a fraction, for noise) below the best at fewer streams. Comparing with the best so far,
@@ -218,7 +223,7 @@ def throughput_falls(points: Sequence[Point], target: str, tolerance: float) -> 
     best: Point | None = None
     previous: Point | None = None
     for p in sweep:
-        tps = 0.0 if math.isnan(p.tokens_per_s) else p.tokens_per_s
+        tps = _measured_tokens_per_s(p)
         if best is not None and previous is not None and tps < best.tokens_per_s * (1 - tolerance):
             falls.append(Fall(previous.load, p.load, tps, best.load, best.tokens_per_s))
         if best is None or tps > best.tokens_per_s:
@@ -232,16 +237,12 @@ def round_by_round_drops(runs: Sequence[Point], target: str, load: float) -> lis
     the same round (a fraction; negative: above it), rounds in order. The sweep makes each round a pass
     over every point (bench/goodput.py ``sweep_order``), so a pair from one round shares the machine's
     state of those minutes, which two medians do not. A run that measured nothing (NaN) counts as zero."""
-
-    def tps(p: Point) -> float:
-        return 0.0 if math.isnan(p.tokens_per_s) else p.tokens_per_s
-
     sweep = [r for r in runs if r.target == target and r.sweep == CONCURRENCY]
     drops: list[float] = []
     for round_index in sorted({r.round_index for r in sweep if r.load == load}):
         same_round = [r for r in sweep if r.round_index == round_index]
-        at = [tps(r) for r in same_round if r.load == load]
-        before = [tps(r) for r in same_round if r.load < load]
+        at = [_measured_tokens_per_s(r) for r in same_round if r.load == load]
+        before = [_measured_tokens_per_s(r) for r in same_round if r.load < load]
         if at and before and max(before) > 0:
             drops.append(1 - at[0] / max(before))
     return drops

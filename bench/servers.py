@@ -143,11 +143,14 @@ def busy_cpu_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+QUIET_TIMEOUT_S = 10.0  # the longest a run waits for a quiet machine
+
+
 def wait_until_quiet(
     *,
     busy_below_cores: float = 0.25,
     window_s: float = 0.25,
-    timeout_s: float = 10.0,
+    timeout_s: float = QUIET_TIMEOUT_S,
     read_busy_s: Callable[[], float] = busy_cpu_s,
     sleep: Callable[[float], object] = time.sleep,
 ) -> float | None:
@@ -173,7 +176,8 @@ def wait_until_quiet(
 def start_when_quiet(busy_below_cores: float) -> None:
     """``wait_until_quiet`` before a run (``busy_below_cores`` 0: at once), saying so when it was not."""
     if busy_below_cores > 0 and wait_until_quiet(busy_below_cores=busy_below_cores) is None:
-        log(f"the machine kept {busy_below_cores:g} cores or more busy for 10 s: the run starts anyway")
+        waited = f"{QUIET_TIMEOUT_S:g} s"
+        log(f"the machine kept {busy_below_cores:g} cores or more busy for {waited}: the run starts anyway")
 
 
 @dataclass(frozen=True)
