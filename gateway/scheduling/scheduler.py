@@ -191,13 +191,13 @@ class ModelScheduler:
     def num_in_flight(self) -> int:
         return sum(len(view.slots) for view in self._replicas.values())
 
-    def in_flight_at(self, endpoint: str) -> tuple[int, int]:
-        """The requests dispatched to the replica at ``endpoint`` (its engine client's ``replica``) and not
-        released: (with a first token, without)."""
+    def in_flight_at(self, endpoint: str) -> tuple[frozenset[str], frozenset[str]]:
+        """The ids of the requests dispatched to the replica at ``endpoint`` (its engine client's
+        ``replica``) and not released: (with a first token, without)."""
         views = [view for view in list(self._replicas.values()) if view.engine.replica == endpoint]
         slots = [slot for view in views for slot in list(view.slots.values())]
-        num_started = sum(s.has_first_token for s in slots)
-        return num_started, len(slots) - num_started
+        started = frozenset(s.request_id for s in slots if s.has_first_token)
+        return started, frozenset(s.request_id for s in slots) - started
 
     def _forget_if_drained(self, replica_id: str) -> None:
         view = self._replicas[replica_id]

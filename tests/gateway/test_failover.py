@@ -7,8 +7,9 @@ The replicas run at most 4 sequences each and the gateway leaves at most 4 more 
 is frozen (SIGSTOP) mid-generation first, so at the kill some requests are producing on it, some wait inside
 it without a token, and the rest wait in the gateway. Then:
 
-- every request ends within a bound: it completes, or (it had tokens from the dead replica) its stream
-  ends with an error event the SDK raises; none that had no token fails, as those are re-dispatched;
+- every request ends within a bound: it completes, or (its client had read text from the dead replica) its
+  stream ends with an error event the SDK raises; none that had no token fails, as those are re-dispatched
+  (and so is one with tokens whose text had not gone out yet: CI once froze the replica on only such);
 - the ledger holds exactly one usage row per request, with the tokens and outcome its telemetry record
   names (the errored streams billed for what they produced);
 - the requests re-dispatched after the kill finished on the surviving replica;
@@ -195,16 +196,28 @@ def _holds_both(scheduler: ModelScheduler, endpoint: str, until_s: float) -> boo
     without (polled every 0.5 ms: the second lasts a few ms)."""
     while time.monotonic() < until_s:
         with_tokens, without = scheduler.in_flight_at(endpoint)
-        if with_tokens >= 1 and without >= 1:
+        if with_tokens and without:
             return True
         time.sleep(0.0005)
     return False
 
 
-def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
+def _fails_and_redispatches(
+    held: tuple[frozenset[str], frozenset[str]], outcomes: list[StreamResult]
+) -> bool:
+    """Whether a kill now both fails a stream and re-dispatches a request: ``held`` (what the gateway holds
+    on the frozen replica: the ids with a first token, without) has a request whose text its client has
+    read, and one with no token. A request with tokens but no text sent yet (the output screen or an
+    unfinished character held it back) is re-dispatched like one without: the client has seen nothing."""
+    with_tokens, without = held
+    streaming = {o.request_id for o in outcomes if o.first_token_s is not None}
+    return bool(with_tokens & streaming) and bool(without)
+
+
+def _freeze_a_busy_replica(fleet: Fleet, outcomes: list[StreamResult], deadline_s: float) -> str:
     """Stop (SIGSTOP) a replica mid-generation and return its id, once the gateway holds on it, frozen,
-    both a stream with tokens and a request with none: at the kill the first fails after its text and the
-    second is re-dispatched.
+    both a stream whose text its client has read and a request with no token: at the kill the first fails
+    after its text and the second is re-dispatched.
 
     NOTE: a replica cannot simply be killed when its engine reports requests running and waiting: on a fast
     CPU the engine makes a stream's 256 tokens in a fraction of a second, well before the gateway has read
@@ -214,7 +227,7 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
     """
     scheduler = fleet.gateway.gw.router.pools.scheduler(MODEL, "1")
     assert scheduler is not None
-    tried: list[tuple[str, tuple[int, int]]] = []  # (replica, what the gateway held on it when let go)
+    tried: list[tuple[str, int, int]] = []  # (replica, requests with tokens and without held when let go)
     while time.monotonic() < deadline_s:
         producing = [rid for rid, server in fleet.servers.items() if _producing(server)]
         if not producing:
@@ -241,11 +254,11 @@ def _freeze_a_busy_replica(fleet: Fleet, deadline_s: float) -> str:
             if now != held:
                 held, settled_s = now, time.monotonic()
             elif time.monotonic() - settled_s >= 0.3:
-                if held[0] >= 1 and held[1] >= 1:
+                if _fails_and_redispatches(held, outcomes):
                     return replica_id
                 break  # settled without both (the waiting one got its first token first): try again at once
         os.killpg(server.pid, signal.SIGCONT)  # its streams ended or none waits on it: look again
-        tried.append((replica_id, held))
+        tried.append((replica_id, len(held[0]), len(held[1])))
     raise AssertionError(
         f"no replica could be frozen with a stream producing and a request waiting on it; tried {tried}"
     )
@@ -259,7 +272,7 @@ def test_killing_one_of_two_replicas_with_40_streams_in_flight(fleet: Fleet) -> 
     for t in threads:
         t.start()
 
-    dead_id = _freeze_a_busy_replica(fleet, deadline_s=time.monotonic() + 30)
+    dead_id = _freeze_a_busy_replica(fleet, outcomes, deadline_s=time.monotonic() + 30)
     (survivor_id,) = set(fleet.servers) - {dead_id}
     dead, survivor = fleet.servers[dead_id], fleet.servers[survivor_id]
     assert dead.pid is not None
