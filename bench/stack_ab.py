@@ -95,8 +95,9 @@ def parse_variant(text: str) -> Variant:
 
 
 # Besides SLUICE_ settings, what a variant may set: the engine's OpenMP threads (the launcher's default is
-# one fewer than the cores; an OMP_NUM_THREADS in the stack's environment wins, replicas.launcher).
-OTHER_KEYS = frozenset({"OMP_NUM_THREADS"})
+# one fewer than the cores; an OMP_NUM_THREADS in the stack's environment wins, replicas.launcher), how
+# they wait between parallel regions (spinning takes cores the serving path shares), and numpy's BLAS pool.
+OTHER_KEYS = frozenset({"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS"})
 
 
 def parse_env(text: str) -> tuple[str, str, str]:
@@ -104,7 +105,9 @@ def parse_env(text: str) -> tuple[str, str, str]:
     name, sep, setting = text.partition(":")
     key, eq, value = setting.partition("=")
     if not sep or not name or not eq or not (key.startswith("SLUICE_") or key in OTHER_KEYS):
-        raise argparse.ArgumentTypeError(f"expected NAME:SLUICE_KEY=VALUE (or OMP_NUM_THREADS), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:SLUICE_KEY=VALUE (or one of {', '.join(sorted(OTHER_KEYS))}), got {text!r}"
+        )
     return name, key, value
 
 
