@@ -97,6 +97,7 @@ class Setup:
     engine_step_token_budget: int
     descriptions: dict[str, str]
     process_roots: dict[str, ProcId]  # the served targets whose process trees' CPU is measured
+    engine_kv_cache_dtype: str = "auto"  # the replica's KV cache's chosen dtype: the engine alone's too
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -198,11 +199,13 @@ def describe_setup(
         info = {}
     params = repository_parameters(args.model_repository, model_name)
     dtype = info.get("dtype") or detect_dtype("auto").dtype
+    kv_cache_dtype = info.get("kv_cache_dtype") or detect_dtype("auto").kv_cache_dtype
     budget = int(params.get("step_token_budget") or EngineConfig.step_token_budget)
     sluice = (
         f"Sluice `{git_version()}` (`make run`'s stack: gateway + tritonserver + CPU engine"
         f"{'' if not args.sluice_url else f', reused at {sluice_url}'}): engine dtype **{dtype}** "
-        f"(requested {info.get('requested_dtype', '?')}; CPU flags {info.get('cpu_flags', '?')}; bf16 kernel "
+        f"(requested {info.get('requested_dtype', '?')}; KV cache {kv_cache_dtype}; "
+        f"CPU flags {info.get('cpu_flags', '?')}; bf16 kernel "
         f"{info.get('bf16_kernel', '?')}), step token budget {budget}, max running "
         f"{params.get('max_num_running', '?')}, KV blocks {params.get('num_kv_blocks', '?')}"
     )
@@ -234,6 +237,7 @@ def describe_setup(
         vocab_size=int(config["vocab_size"]),
         prompt_ids=plain_prompt_ids(args.model),
         engine_dtype=str(dtype),
+        engine_kv_cache_dtype=str(kv_cache_dtype),
         engine_step_token_budget=budget,
         descriptions={
             SLUICE: sluice,
@@ -245,7 +249,10 @@ def describe_setup(
                 "word cannot become an e-mail address, so text leaves in word-sized bursts)"
             ),
             VLLM: f"vLLM {version} CPU build ({how})",
-            ENGINE: f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, budget {budget}",
+            ENGINE: (
+                f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, "
+                f"KV cache {kv_cache_dtype}, budget {budget}"
+            ),
         },
         process_roots=roots,
     )
@@ -269,6 +276,7 @@ def measure(
             setup.engine_step_token_budget,
             seed,
             check_dtype_setting(setup.engine_dtype),
+            kv_cache_dtype=check_dtype_setting(setup.engine_kv_cache_dtype, "kv_cache_dtype"),
         )
         return dataclasses.replace(
             RunResult.from_samples(

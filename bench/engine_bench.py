@@ -61,9 +61,11 @@ def run(
     dtype: DTypeSetting,
     prefill_step_stretch: float | None = EngineConfig.prefill_step_stretch,
     prefill_num_threads: int | None = None,
+    kv_cache_dtype: DTypeSetting = "auto",
 ) -> Result:
     cfg = EngineConfig(
         dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
         num_kv_blocks=max(1024, concurrency * (prompt_len + output_len) // 16 + 64),
         step_token_budget=budget,
         max_num_running=max(concurrency, 1),
@@ -124,7 +126,7 @@ def machine_line() -> str:
     choice = detect_dtype("auto")
     return (
         f"CPU: {cpu_description()}; flags: {choice.cpu_flags_label}; bf16 kernel: {choice.bf16_kernel}; "
-        f"--dtype auto chooses {choice.dtype} ({choice.reason})."
+        f"--dtype auto chooses {choice.dtype} ({choice.reason}), its KV cache {choice.kv_cache_dtype}."
     )
 
 
@@ -151,6 +153,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=DTYPE_SETTINGS)
+    ap.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=DTYPE_SETTINGS,
+        help="the KV cache's (auto: bfloat16, unless --dtype is float32)",
+    )
     args = ap.parse_args()
     machine = machine_line()
     print(machine)
@@ -159,14 +167,15 @@ def main() -> None:
         f"prefill threads {args.prefill_num_threads or 'the team'}"
     )
     header = (
-        "| linear dtype | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
-        "| ITL p95 ms | step p50 ms | preemptions |"
+        "| dtype (linear, KV cache) | concurrency | requests | output tok/s | TTFT p50 ms | TTFT p95 ms "
+        "| ITL p50 ms | ITL p95 ms | step p50 ms | preemptions |"
     )
     print(header)
     print("|" + "---|" * 10)
     rows, gains = [], []
     for dtype in args.dtype:
-        label = dtype if dtype != "auto" else f"auto ({detect_dtype('auto').dtype})"
+        choice = detect_dtype(dtype, args.kv_cache_dtype)
+        label = f"{dtype if dtype != 'auto' else f'auto: {choice.dtype}'}, KV {choice.kv_cache_dtype}"
         results = {}
         for c in args.concurrency:
             num_requests = max(8, args.requests_per_slot * c)
@@ -181,6 +190,7 @@ def main() -> None:
                 dtype,
                 args.prefill_step_stretch,
                 args.prefill_num_threads,
+                args.kv_cache_dtype,
             )
             results[c] = r
             row = (

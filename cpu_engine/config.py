@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# The engine's number format, for linear layers AND the KV cache: "bfloat16" (weights and activations
-# rounded to bf16, float32 accumulation, about 3x the speed on CPUs with AVX-512 BF16; keys and values
-# stored as bf16, halving the bytes attention reads, math still float32) or "float32" (numpy/BLAS and a
-# float32 cache: numerically the reference, which the parity tests against transformers use).
+# A number format: for the linear layers, "bfloat16" (weights and activations rounded to bf16, float32
+# accumulation, about 3x the speed on CPUs with AVX-512 BF16) or "float32" (numpy/BLAS: numerically the
+# reference, which the parity tests against transformers use); for the KV cache, keys and values stored
+# as bf16 (half the bytes attention reads and half the memory a block takes, math still float32) or as
+# float32.
 LinearDType = Literal["float32", "bfloat16"]
 # What a configuration may ask for: a LinearDType, or "auto": bfloat16 where the CPU has AVX-512 BF16 or
 # AMX-BF16 (and the kernel was built for it), float32 elsewhere, where the portable bf16 path is slower
@@ -19,10 +20,10 @@ DTypeSetting = Literal["auto", "float32", "bfloat16"]
 DTYPE_SETTINGS: tuple[DTypeSetting, ...] = ("auto", "float32", "bfloat16")
 
 
-def check_dtype_setting(value: str) -> DTypeSetting:
-    """``value`` if it is one of DTYPE_SETTINGS, else ValueError naming the allowed values."""
+def check_dtype_setting(value: str, name: str = "dtype") -> DTypeSetting:
+    """``value`` if it is one of DTYPE_SETTINGS, else ValueError naming the setting and the allowed values."""
     if value not in DTYPE_SETTINGS:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_SETTINGS)}; got {value!r}")
+        raise ValueError(f"{name} must be one of {', '.join(DTYPE_SETTINGS)}; got {value!r}")
     return value
 
 
@@ -87,7 +88,7 @@ class ModelConfig:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token occupies across all layers with float32 keys and values (half
-        that when the engine runs in bfloat16)."""
+        that in a bfloat16 cache: ``EngineConfig.kv_cache_dtype``)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
 
 
@@ -95,8 +96,11 @@ class ModelConfig:
 class EngineConfig:
     """Knobs of the step loop. Budgets are in tokens, sizes in blocks, times in milliseconds."""
 
-    # Number format of the linear layers and the KV cache (see LinearDType and DTypeSetting).
+    # Number format of the linear layers (see LinearDType and DTypeSetting).
     dtype: DTypeSetting = "auto"
+    # Number format of the KV cache; "auto": bfloat16 on every CPU, unless ``dtype`` is set to float32
+    # explicitly (the reference), which it then follows (cpu_engine/cpu_features.py, choose_kv_cache_dtype).
+    kv_cache_dtype: DTypeSetting = "auto"
     block_size_tokens: int = 16
     num_kv_blocks: int = 2048
     # Tokens processed per step (decode tokens + prefill chunks): bounds one step's time.
@@ -123,6 +127,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_dtype_setting(self.dtype)
+        check_dtype_setting(self.kv_cache_dtype, "kv_cache_dtype")
         if self.block_size_tokens <= 0 or self.num_kv_blocks <= 0:
             raise ValueError("block_size_tokens and num_kv_blocks must be positive")
         if self.step_token_budget < 1 or self.max_num_running < 1:

@@ -53,12 +53,15 @@ class LLMEngine:
         self.model_config = model_config
         self.config = config
         # "auto" becomes bfloat16 or float32 here, from this CPU's flags (see cpu_engine.cpu_features).
-        self.dtype_choice: DTypeChoice = detect_dtype(config.dtype)
+        self.dtype_choice: DTypeChoice = detect_dtype(config.dtype, config.kv_cache_dtype)
         self.block_pool = BlockPool(
             config.num_kv_blocks, config.block_size_tokens, config.enable_prefix_cache
         )
         self.kv_cache = KVCache(
-            model_config, config.num_kv_blocks, config.block_size_tokens, dtype=self.dtype
+            model_config,
+            config.num_kv_blocks,
+            config.block_size_tokens,
+            dtype=self.dtype_choice.kv_cache_dtype,
         )
         # Structured output needs the checkpoint's tokenizer; without one, guided requests are refused.
         self.grammar = grammar

@@ -83,6 +83,7 @@ class CpuEngineModelSettings:
     step_token_budget: int = 512
     max_num_running: int = 256
     dtype: DTypeSetting = "auto"
+    kv_cache_dtype: DTypeSetting = "auto"
     # The inter-token target (SLUICE_ITL_TARGET_MS) in two halves: a step's time (the running cap shrinks
     # while steps take longer; None: no cap) and how long a stream's tokens may wait to leave together.
     target_step_ms: float | None = ITL_TARGET_MS / 2
@@ -128,8 +129,9 @@ class CpuEngineModelSettings:
     def _check_engine_knobs(self) -> None:
         """``EngineConfig``'s checks of the knobs rendered here, with its messages: a bad value fails at
         render time rather than when the model loads."""
-        if self.dtype not in DTYPE_SETTINGS:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_SETTINGS)}; got {self.dtype!r}")
+        for name, value in (("dtype", self.dtype), ("kv_cache_dtype", self.kv_cache_dtype)):
+            if value not in DTYPE_SETTINGS:
+                raise ValueError(f"{name} must be one of {', '.join(DTYPE_SETTINGS)}; got {value!r}")
         if self.block_size_tokens <= 0 or self.num_kv_blocks <= 0:
             raise ValueError("block_size_tokens and num_kv_blocks must be positive")
         if self.step_token_budget < 1 or self.max_num_running < 1:
@@ -272,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the engine's number format (default: SLUICE_ENGINE_DTYPE, else auto)",
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        choices=DTYPE_SETTINGS,
+        default=CpuEngineModelSettings.kv_cache_dtype,
+        help="the KV cache's number format (auto: bfloat16, unless --dtype is float32)",
+    )
+    parser.add_argument(
         "--cancellation-check-period-ms",
         type=float,
         default=CpuEngineModelSettings.cancellation_check_period_ms,
@@ -319,6 +327,7 @@ def _model_settings(args: argparse.Namespace) -> CpuEngineModelSettings:
         prefill_step_stretch=args.prefill_step_stretch,
         prefill_num_threads=args.prefill_num_threads,
         dtype=args.dtype or get_settings().engine_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         cancellation_check_period_ms=args.cancellation_check_period_ms,
         yield_send_interval_ms=args.yield_send_interval_ms,
     )

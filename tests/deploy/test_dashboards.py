@@ -53,7 +53,8 @@ REPLICA_SERIES: dict[str, Labels] = {
     "sluice_engine_generated_tokens_total": ENGINE_LABELS,
     "sluice_prefix_cache_query_tokens_total": ENGINE_LABELS,
     "sluice_prefix_cache_hit_tokens_total": ENGINE_LABELS,
-    ENGINE_INFO_FAMILY: ENGINE_LABELS | {"dtype", "requested_dtype", "cpu_flags", "bf16_kernel"},
+    ENGINE_INFO_FAMILY: ENGINE_LABELS
+    | {"dtype", "requested_dtype", "kv_cache_dtype", "cpu_flags", "bf16_kernel"},
 }
 # Not Sluice's: NVIDIA's DCGM exporter (GPU nodes) and Prometheus's own scrape health.
 EXTERNAL_SERIES: dict[str, Labels] = {

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cpu_engine.client import InProcessEngineClient
@@ -14,6 +15,7 @@ from cpu_engine.config import EngineConfig
 from cpu_engine.cpu_features import (
     DTypeChoice,
     choose_dtype,
+    choose_kv_cache_dtype,
     detect_dtype,
     parse_cpuinfo_flags,
     read_cpu_flags,
@@ -85,6 +87,7 @@ def test_the_reported_flags_are_the_relevant_ones_in_a_fixed_order() -> None:
     assert choice.metric_labels() == {
         "dtype": "bfloat16",
         "requested_dtype": "auto",
+        "kv_cache_dtype": "bfloat16",
         "cpu_flags": "avx2 fma avx512f avx512bw avx512_bf16 amx_tile amx_bf16",
         "bf16_kernel": "avx512_bf16",
     }
@@ -92,6 +95,41 @@ def test_the_reported_flags_are_the_relevant_ones_in_a_fixed_order() -> None:
     line = choose_dtype("auto", ZEN3, "portable").describe()
     assert line.startswith("engine dtype float32 (requested auto): the CPU has neither")
     assert "CPU flags: avx2 fma" in line and "bf16 kernel: portable" in line
+    assert "KV cache bfloat16 (requested auto)" in line
+
+
+@pytest.mark.parametrize(
+    ("kv_requested", "requested", "expected"),
+    [
+        ("auto", "auto", "bfloat16"),  # whatever "auto" makes of the linear layers
+        ("auto", "bfloat16", "bfloat16"),
+        ("auto", "float32", "float32"),  # float32 by name: the reference numerics, cache included
+        ("float32", "auto", "float32"),  # an explicit cache dtype wins either way
+        ("float32", "bfloat16", "float32"),
+        ("bfloat16", "float32", "bfloat16"),
+    ],
+)
+def test_the_kv_cache_is_bf16_unless_float32_is_asked_for(
+    kv_requested: str, requested: str, expected: str
+) -> None:
+    assert choose_kv_cache_dtype(kv_requested, requested) == expected
+    for flags in (ZEN3, ZEN4, None):  # the CPU does not enter into it
+        choice = choose_dtype(requested, flags, "portable", kv_requested)
+        assert (choice.kv_cache_dtype, choice.kv_cache_requested) == (expected, kv_requested)
+        assert choice.metric_labels()["kv_cache_dtype"] == expected
+
+
+def test_without_bf16_instructions_auto_is_float32_layers_over_a_bf16_cache() -> None:
+    choice = choose_dtype("auto", ZEN3, "portable")
+    assert (choice.dtype, choice.kv_cache_dtype) == ("float32", "bfloat16")
+
+
+@pytest.mark.parametrize("bad", ["fp16", "", "BFLOAT16"])
+def test_an_unknown_kv_cache_dtype_is_refused_naming_the_setting(bad: str) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, bfloat16"):
+        choose_dtype("auto", ZEN4, "avx512_bf16", bad)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, bfloat16"):
+        EngineConfig(kv_cache_dtype=bad)  # type: ignore[arg-type]
 
 
 def test_cpuinfo_flags_are_parsed_from_x86_and_arm_text(tmp_path: Path) -> None:
@@ -114,7 +152,8 @@ def test_an_engine_built_with_auto_runs_and_reports_its_choice(
     assert engine.config.dtype == "auto"
     choice = engine.dtype_choice
     assert isinstance(choice, DTypeChoice) and choice == detect_dtype("auto")
-    assert engine.dtype in ("float32", "bfloat16") and engine.kv_cache.dtype == engine.dtype
+    assert engine.dtype in ("float32", "bfloat16") and engine.kv_cache.dtype == "bfloat16"
+    assert engine.kv_cache.keys[0].dtype == np.uint16  # bf16 bits: half the bytes of float32
     with caplog.at_level(logging.INFO, logger="cpu_engine.engine_thread"):
         thread = EngineThread(engine, name="auto-engine")
     try:

@@ -111,3 +111,22 @@ def test_bfloat16_engine_stays_close_to_the_float32_reference(dev_checkpoint: Pa
         outputs["float32"][k][:4] == outputs["bfloat16"][k][:4] for k in outputs["float32"]
     )
     assert same >= 6 and first_tokens_same >= 7, (same, first_tokens_same)
+
+
+def test_float32_layers_over_a_bf16_kv_cache_stay_close_to_the_float32_reference(
+    dev_checkpoint: Path,
+) -> None:
+    """What "auto" runs on a CPU without bf16 instructions: the cache rounds keys and values to bf16, so
+    tokens may drift late; they must not drift early. The same prompts in the same batches both times."""
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 8192, n).tolist() for n in (4, 9, 16, 25, 40, 64, 90, 130)]
+    outputs = {}
+    for kv_cache_dtype in ("float32", "bfloat16"):
+        config = EngineConfig(num_kv_blocks=256, dtype="float32", kv_cache_dtype=kv_cache_dtype)
+        engine = LLMEngine.from_checkpoint(dev_checkpoint, config)
+        assert engine.dtype_choice.kv_cache_dtype == kv_cache_dtype
+        outputs[kv_cache_dtype] = run_engine(engine, prompts, 16)
+    reference, rounded = outputs["float32"], outputs["bfloat16"]
+    same = sum(reference[k] == rounded[k] for k in reference)
+    first_tokens_same = sum(reference[k][:4] == rounded[k][:4] for k in reference)
+    assert same >= 6 and first_tokens_same >= 7, (same, first_tokens_same)

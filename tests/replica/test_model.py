@@ -468,6 +468,7 @@ def test_the_dtype_choice_is_exported_as_an_info_metric(model: Any) -> None:
         "model": "sluice-tiny",
         "version": "1",
         "dtype": choice.dtype,
+        "kv_cache_dtype": choice.kv_cache_dtype,
         "requested_dtype": "auto",
         "cpu_flags": choice.cpu_flags_label,
         "bf16_kernel": choice.bf16_kernel,

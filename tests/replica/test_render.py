@@ -116,7 +116,7 @@ def test_settings_are_checked_at_render_time(tmp_path: Path) -> None:
 # a rendered replica bounds its steps by half the inter-token target (below); the engine alone does not.
 ENGINE_KNOBS = (
     "num_kv_blocks", "block_size_tokens", "step_token_budget", "max_num_running", "dtype",
-    "prefill_step_stretch",
+    "kv_cache_dtype", "prefill_step_stretch",
 )  # fmt: skip
 
 
@@ -170,7 +170,7 @@ def test_the_renderers_engine_defaults_are_the_engines() -> None:
     "knobs",
     [
         {"num_kv_blocks": 0}, {"block_size_tokens": -16}, {"step_token_budget": 0},
-        {"max_num_running": 0}, {"dtype": "fp16"}, {"prefill_step_stretch": 0.99},
+        {"max_num_running": 0}, {"dtype": "fp16"}, {"kv_cache_dtype": "fp8"}, {"prefill_step_stretch": 0.99},
         {"prefill_step_stretch": float("nan")},
     ],
 )  # fmt: skip
@@ -206,6 +206,8 @@ def test_the_renderer_accepts_the_engines_smallest_values(tmp_path: Path) -> Non
         ("prefill_num_threads", [], "auto", len(os.sched_getaffinity(0))),
         ("prefill_num_threads", ["2"], "2", 2),
         ("prefill_num_threads", ["none"], "", None),
+        ("kv_cache_dtype", [], "auto", "auto"),
+        ("kv_cache_dtype", ["float32"], "float32", "float32"),
     ],
 )
 def test_an_optional_engine_knob_renders_and_parses_back(

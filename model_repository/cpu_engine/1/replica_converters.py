@@ -207,10 +207,16 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
     if values.get("prefill_step_stretch") is not None:
         stretch = _parse(values, "prefill_step_stretch", float) if values["prefill_step_stretch"] else None
     dtype = _parse(values, "dtype", str)
-    if dtype not in DTYPE_SETTINGS:
-        raise ValueError(f"model parameter 'dtype' must be one of {', '.join(DTYPE_SETTINGS)}, got {dtype!r}")
+    # NOTE: a repository rendered before kv_cache_dtype existed lacks it: "auto" then.
+    kv_cache_dtype = _parse(values, "kv_cache_dtype", str) if "kv_cache_dtype" in values else "auto"
+    for name, value in (("dtype", dtype), ("kv_cache_dtype", kv_cache_dtype)):
+        if value not in DTYPE_SETTINGS:
+            raise ValueError(
+                f"model parameter '{name}' must be one of {', '.join(DTYPE_SETTINGS)}, got {value!r}"
+            )
     engine = EngineConfig(
         dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
         block_size_tokens=_parse(values, "block_size_tokens", int),
         num_kv_blocks=_parse(values, "num_kv_blocks", int),
         step_token_budget=_parse(values, "step_token_budget", int),
