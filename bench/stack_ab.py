@@ -62,6 +62,7 @@ class RunFigures:
     itl_p50_ms: float
     itl_p95_ms: float
     later_itl_p95_ms: float  # ITL p95 of the requests after the first wave
+    tokens_per_chunk: float  # what a text chunk carries: how the replica's send path coalesces tokens
 
     @classmethod
     def of(cls, summary: Summary) -> RunFigures:
@@ -73,6 +74,7 @@ class RunFigures:
             pct(summary.itl_ms, 50),
             pct(summary.itl_ms, 95),
             pct(summary.later_itl_ms, 95),
+            summary.output_tokens / max(summary.num_chunks, 1),
         )
 
     def line(self) -> str:
@@ -80,7 +82,8 @@ class RunFigures:
             f"{self.tokens_per_s:,.0f} tok/s, TTFT p50/p95 {self.ttft_p50_ms:.0f}/{self.ttft_p95_ms:.0f} ms "
             f"(after the first wave p95 {self.later_ttft_p95_ms:.0f}), "
             f"ITL p50/p95 {self.itl_p50_ms:.1f}/{self.itl_p95_ms:.1f} ms "
-            f"(after the first wave p95 {self.later_itl_p95_ms:.1f})"
+            f"(after the first wave p95 {self.later_itl_p95_ms:.1f}), "
+            f"{self.tokens_per_chunk:.2f} tokens a chunk"
         )
 
 
@@ -179,15 +182,16 @@ def main() -> None:
                 print(f"{label}: {run.line()}", flush=True)
     print(
         "\n| streams | variant | tok/s | TTFT p50 | TTFT p95 | TTFT p95 after wave 1 | ITL p50 | ITL p95 "
-        "| ITL p95 after wave 1 |"
+        "| ITL p95 after wave 1 | tokens a chunk |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (concurrency, variant_name), runs in figures.items():
         med = {k: float(np.median([getattr(r, k) for r in runs])) for k in RunFigures.__annotations__}
         print(
             f"| {concurrency} | {variant_name} | {med['tokens_per_s']:,.0f} | {med['ttft_p50_ms']:.0f} | "
             f"{med['ttft_p95_ms']:.0f} | {med['later_ttft_p95_ms']:.0f} | "
-            f"{med['itl_p50_ms']:.1f} | {med['itl_p95_ms']:.1f} | {med['later_itl_p95_ms']:.1f} |"
+            f"{med['itl_p50_ms']:.1f} | {med['itl_p95_ms']:.1f} | {med['later_itl_p95_ms']:.1f} | "
+            f"{med['tokens_per_chunk']:.2f} |"
         )
     print(f"(medians of {args.rounds} rounds, ms; {load_average()} after the run)")
 
