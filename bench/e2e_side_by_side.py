@@ -7,8 +7,11 @@ but on free ports, so a ``make run`` already up is neither measured nor disturbe
 directory of its own (.sluice/bench/state: its SQLite tenants and telemetry), or reuses one given by
 ``--sluice-url``, and vLLM (serve.sh, on ``--vllm-port``, default a free one), waits for
 both, then for each concurrency warms the servers up and makes ``--rounds`` rounds of runs in the order
-Sluice (safety none), Sluice (safety pii), vLLM, engine alone, Sluice (safety none), ... with only one
-target under load at a time.
+Sluice (safety none), Sluice (safety pii), vLLM, engine alone, engine alone on the replica's threads,
+Sluice (safety none), ... with only one target under load at a time. The engine alone runs twice: on this
+process's OpenMP threads (every core, as issue 10's share was set) and on the replica's own teams (every
+core but one for decode steps, `replicas.launcher.engine_team`; prefill steps as its repository says), so
+the stack's share of the second is what the serving path costs, apart from the core the replica leaves it.
 
 Sluice is served to two tenants: ``bench-none`` (key ``sk-bench-none``, safety policy none, written into
 the bench's own store before the stack starts; like for like with vLLM, which screens nothing, so issue
@@ -33,6 +36,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import signal
 import subprocess
@@ -59,6 +63,7 @@ from bench.servers import (
 )
 from bench.side_by_side import (
     ENGINE,
+    ENGINE_TEAM,
     SLUICE,
     SLUICE_DEFAULT,
     VLLM,
@@ -72,7 +77,8 @@ from bench.side_by_side import (
 )
 from cpu_engine.config import EngineConfig, check_dtype_setting
 from cpu_engine.cpu_features import detect_dtype
-from replicas.launcher import port_is_free
+from cpu_engine.native import elementwise_ext
+from replicas.launcher import engine_team, port_is_free
 from sluice.domain import Tenant
 from sluice.stores.tenants.base import dev_tenant
 
@@ -98,6 +104,9 @@ class Setup:
     descriptions: dict[str, str]
     process_roots: dict[str, ProcId]  # the served targets whose process trees' CPU is measured
     engine_kv_cache_dtype: str = "auto"  # the replica's KV cache's chosen dtype: the engine alone's too
+    # The replica's OpenMP teams (decode steps; steps with prefill, None: the same): ENGINE_TEAM runs on them.
+    engine_team: int = 1
+    engine_prefill_threads: int | None = None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -175,6 +184,16 @@ def repository_parameters(model_repository: Path, model_name: str) -> dict[str, 
     return dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
 
 
+def replica_prefill_threads(params: dict[str, str]) -> int | None:
+    """The team a replica runs its prefill steps on, from its repository's ``prefill_num_threads`` as the
+    model reads it (model_repository/cpu_engine/1/replica_converters.py): "auto" is every CPU this
+    process may run on, empty or missing the decode team (None)."""
+    raw = params.get("prefill_num_threads", "")
+    if raw == "auto":
+        return len(os.sched_getaffinity(0))
+    return int(raw) if raw else None
+
+
 def git_version() -> str:
     out = subprocess.run(
         ["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, capture_output=True, text=True
@@ -201,6 +220,10 @@ def describe_setup(
     dtype = info.get("dtype") or detect_dtype("auto").dtype
     kv_cache_dtype = info.get("kv_cache_dtype") or detect_dtype("auto").kv_cache_dtype
     budget = int(params.get("step_token_budget") or EngineConfig.step_token_budget)
+    # A stack this bench starts inherits its environment, so it decodes on the team read from it; a reused
+    # one is assumed to have been started the same way (`make run` on this machine).
+    team, prefill_threads = engine_team(os.environ), replica_prefill_threads(params)
+    teams = f"{team} thread(s) for decode steps, {prefill_threads or team} for steps with prefill"
     sluice = (
         f"Sluice `{git_version()}` (`make run`'s stack: gateway + tritonserver + CPU engine"
         f"{'' if not args.sluice_url else f', reused at {sluice_url}'}): engine dtype **{dtype}** "
@@ -239,6 +262,8 @@ def describe_setup(
         engine_dtype=str(dtype),
         engine_kv_cache_dtype=str(kv_cache_dtype),
         engine_step_token_budget=budget,
+        engine_team=team,
+        engine_prefill_threads=prefill_threads,
         descriptions={
             SLUICE: sluice,
             SLUICE_DEFAULT: (
@@ -251,7 +276,10 @@ def describe_setup(
             VLLM: f"vLLM {version} CPU build ({how})",
             ENGINE: (
                 f"engine alone: `bench.engine_bench.run` in this process, dtype {dtype}, "
-                f"KV cache {kv_cache_dtype}, budget {budget}"
+                f"KV cache {kv_cache_dtype}, budget {budget}, on this process's OpenMP threads "
+                f"({elementwise_ext.get_max_threads()}); engine alone, replica's threads: the same on the "
+                f"replica's ({teams}: `replicas.launcher.engine_team` and the repository's "
+                "prefill_num_threads), so the stack's share of it is what the serving path costs"
             ),
         },
         process_roots=roots,
@@ -266,18 +294,21 @@ def measure(
     seed = run_seed(args.seed, round_index, concurrency)
     # The client's process (for the engine alone: the engine) and the target's server processes, if this
     # run started them: a reused server's CPU is not measured.
-    if target == ENGINE:
-        r = engine_bench.run(
-            str(args.model),
-            concurrency,
-            num_requests,
-            args.prompt_len,
-            args.output_len,
-            setup.engine_step_token_budget,
-            seed,
-            check_dtype_setting(setup.engine_dtype),
-            kv_cache_dtype=check_dtype_setting(setup.engine_kv_cache_dtype, "kv_cache_dtype"),
-        )
+    if target in (ENGINE, ENGINE_TEAM):
+        on_replica_team = target == ENGINE_TEAM
+        with engine_bench.openmp_team(setup.engine_team if on_replica_team else None):
+            r = engine_bench.run(
+                str(args.model),
+                concurrency,
+                num_requests,
+                args.prompt_len,
+                args.output_len,
+                setup.engine_step_token_budget,
+                seed,
+                check_dtype_setting(setup.engine_dtype),
+                prefill_num_threads=setup.engine_prefill_threads if on_replica_team else None,
+                kv_cache_dtype=check_dtype_setting(setup.engine_kv_cache_dtype, "kv_cache_dtype"),
+            )
         return dataclasses.replace(
             RunResult.from_samples(
                 target, concurrency, round_index, r.output_tokens_per_s, r.ttft_ms, r.itl_ms
@@ -320,7 +351,7 @@ def served_targets(setup: Setup) -> list[str]:
 
 def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
     """Per concurrency: warm every served target up, then the rounds, alternating targets."""
-    targets = served_targets(setup) + ([] if args.no_engine else [ENGINE])
+    targets = served_targets(setup) + ([] if args.no_engine else [ENGINE, ENGINE_TEAM])
     results: list[RunResult] = []
     for c in args.concurrency:
         for target in served_targets(setup):
@@ -363,17 +394,17 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             f"- {setup.descriptions[ENGINE]}." if not args.no_engine else "- engine alone: not run.",
             f"- Load: {args.prompt_len}-token random prompts, {args.output_len} output tokens (ignore_eos), "
             f"greedy, closed loop, {args.requests_per_slot} requests per stream (at least 8) a run; "
-            f"{args.rounds} rounds, targets alternating (Sluice none, Sluice default, vLLM, engine), one "
-            "under load at a time; "
+            f"{args.rounds} rounds, targets alternating (Sluice none, Sluice default, vLLM, engine, "
+            "engine on the replica's threads), one under load at a time; "
             "a fresh prompt seed per round, a warm-up per server and concurrency discarded.",
             "- Cells: the median over the rounds (min-max in brackets). Ratios are of the medians: tok/s "
             "higher is better, latencies lower is better. ITL is between text chunks as the client reads "
             "them (vLLM sends ~1.5% of chunks with more than one token; the engine's is between tokens): "
             "gaps of ~0.01 ms are chunks that arrived in one read, a burst, so a ratio to such a value says "
             "little; TPOT (time per output token, per request: last chunk - first over tokens - 1) is not "
-            "skewed by bursts. Sluice / vLLM and Sluice / engine (the share of the engine-alone tokens/s the "
-            "stack delivers) are of Sluice with safety policy none; pii / none is the safety screen's "
-            "cost.",
+            "skewed by bursts. Sluice / vLLM, Sluice / engine (the share of the engine-alone tokens/s the "
+            "stack delivers) and Sluice / that (the same share of the engine on the replica's threads) are "
+            "of Sluice with safety policy none; pii / none is the safety screen's cost.",
             "",
             cpu,
             "",

@@ -17,6 +17,8 @@ import argparse
 import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +28,7 @@ from bench.report import cpu_description, pct, write_section
 from cpu_engine.config import DTYPE_SETTINGS, DTypeSetting, EngineConfig
 from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.engine import LLMEngine
+from cpu_engine.native import elementwise_ext
 from cpu_engine.sampling import SamplingParams
 from replicas.render import optional_float
 
@@ -48,6 +51,22 @@ class Result:
     cpu_s: float = 0.0  # this process's CPU (every thread) over the timed run, model loading excluded
     elapsed_s: float = 0.0
     output_tokens: int = 0
+
+
+@contextmanager
+def openmp_team(num_threads: int | None) -> Iterator[None]:
+    """The calling thread's OpenMP team (the engine's steps run on it when ``run`` is called in this
+    thread) set to ``num_threads`` for the block and put back after it; None leaves it as it is
+    (OMP_NUM_THREADS, by default every core). A replica's team is ``replicas.launcher.engine_team``."""
+    if num_threads is None:
+        yield
+        return
+    team_before = elementwise_ext.get_max_threads()
+    elementwise_ext.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        elementwise_ext.set_num_threads(team_before)
 
 
 def run(

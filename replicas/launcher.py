@@ -175,10 +175,18 @@ def server_env(install: TritonInstall, engine_num_threads: int | None = None) ->
     env["LD_LIBRARY_PATH"] = ":".join([libdir, str(install.libs_dir), *inherited])
     # The embedded interpreter finds its prefix from `python3` on PATH: this (virtual) environment's.
     env["PATH"] = f"{sysconfig.get_path('scripts')}:{env.get('PATH', '')}"
-    if "OMP_NUM_THREADS" not in env:
-        num_threads = engine_num_threads or engine_omp_threads(len(os.sched_getaffinity(0)))
-        env["OMP_NUM_THREADS"] = str(num_threads)
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS") or str(engine_team(env, engine_num_threads))
     return env
+
+
+def engine_team(environ: Mapping[str, str], engine_num_threads: int | None = None) -> int:
+    """The OpenMP team a replica started from ``environ`` decodes on: the first level of its
+    ``OMP_NUM_THREADS`` where it sets one (a number), else ``engine_num_threads``, else
+    ``engine_omp_threads`` of this process's cores."""
+    first_level = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if first_level.isdigit() and int(first_level) >= 1:
+        return int(first_level)
+    return engine_num_threads or engine_omp_threads(len(os.sched_getaffinity(0)))
 
 
 @dataclass(frozen=True)

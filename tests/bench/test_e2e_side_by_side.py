@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import signal
 import subprocess
 import time
@@ -15,11 +16,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from bench.e2e_bench import Timeline, plain_prompt_ids, request_tpot_ms
-from bench.e2e_side_by_side import engine_info, repository_parameters
+from bench.e2e_side_by_side import engine_info, replica_prefill_threads, repository_parameters
+from bench.engine_bench import openmp_team
 from bench.report import write_measured
 from bench.servers import SluiceStack, VllmServer, is_alive, proc_id, process_tree, stop_tree
 from bench.side_by_side import (
     ENGINE,
+    ENGINE_TEAM,
     SLUICE,
     SLUICE_DEFAULT,
     VLLM,
@@ -31,6 +34,7 @@ from bench.side_by_side import (
     run_seed,
     target_lines,
 )
+from cpu_engine.native import elementwise_ext
 from sluice.domain import Tenant
 from sluice.safety.fold import fold
 from sluice.safety.rules import pii_rules
@@ -112,20 +116,23 @@ def test_table_quotes_medians_ranges_and_ratios_of_the_medians() -> None:
         result(VLLM, 32, 1, 600.0, 30.0),
         result(VLLM, 32, 2, 550.0, 25.0),
         result(ENGINE, 32, 0, 2000.0, 5.0),
+        result(ENGINE_TEAM, 32, 0, 1375.0, 8.0),
     ]
     runs.append(result(SLUICE_DEFAULT, 32, 0, 990.0, 100.0))
     lines = comparison_table(runs, [32]).splitlines()
-    assert lines[0].startswith(
+    assert lines[0] == (
         "| streams | metric | Sluice (safety none) | Sluice (safety pii) | vLLM | Sluice / vLLM "
-        "| pii / none | engine alone"
+        "| pii / none | engine alone | Sluice / engine | engine alone, replica's threads | Sluice / that |"
     )
     assert len(lines) == 2 + 8  # header, rule, one row per metric
     assert lines[2] == (
-        "| 32 | output tok/s | 1,100 (1,000-1,200) | 990 | 550 (500-600) | 2.00x | 0.90x | 2,000 | 55% |"
+        "| 32 | output tok/s | 1,100 (1,000-1,200) | 990 | 550 (500-600) | 2.00x | 0.90x | 2,000 | 55% "
+        "| 1,375 | 80% |"
     )
-    # Latency rows: the ratio of the medians, and no share of the engine (only throughput has one).
+    # Latency rows: the ratio of the medians, and no share of either engine (only throughput has one).
     assert lines[5] == (
-        "| 32 | ITL p50 ms | 50.00 (40.00-60.00) | 100.00 | 25.00 (20.00-30.00) | 2.00x | 2.00x | 5.00 | - |"
+        "| 32 | ITL p50 ms | 50.00 (40.00-60.00) | 100.00 | 25.00 (20.00-30.00) | 2.00x | 2.00x | 5.00 | - "
+        "| 8.00 | - |"
     )
 
 
@@ -138,15 +145,15 @@ def test_a_metric_a_target_does_not_measure_is_a_dash_not_nan() -> None:
         RunResult.from_samples(ENGINE, 8, 0, 2000.0, [1.0], [0.5]),
     ]
     tpot_row = comparison_table(runs, [8]).splitlines()[-2]
-    assert tpot_row == "| 8 | TPOT p50 ms | 4.00 | - | 2.00 | 2.00x | - | - | - |"
+    assert tpot_row == "| 8 | TPOT p50 ms | 4.00 | - | 2.00 | 2.00x | - | - | - | - | - |"
     assert target_lines(runs, 8)[-2].endswith("Sluice / vLLM p50 2.00x, p95 2.00x")
     assert target_lines(runs, 8)[-1].endswith("tok/s -, TTFT p95 -, ITL p95 -, TPOT p95 -")
 
 
 def test_table_leaves_a_dash_where_a_target_did_not_run() -> None:
     lines = comparison_table([result(SLUICE, 1, 0, 300.0, 2.0)], [1, 8]).splitlines()
-    assert lines[2] == "| 1 | output tok/s | 300 | - | - | - | - | - | - |"
-    assert lines[10] == "| 8 | output tok/s | - | - | - | - | - | - | - |"
+    assert lines[2] == "| 1 | output tok/s | 300 | - | - | - | - | - | - | - | - |"
+    assert lines[10] == "| 8 | output tok/s | - | - | - | - | - | - | - | - | - |"
 
 
 def test_targets_are_read_off_the_medians() -> None:
@@ -164,6 +171,24 @@ def test_targets_are_read_off_the_medians() -> None:
     assert [line.rsplit(": ", 1)[1] for line in target_lines(slow)[1:5]] == ["not met"] * 4
     assert target_lines(runs[1:]) == []
     assert target_lines(runs[:1])[1].endswith("not measured")
+
+
+def test_the_share_is_judged_again_against_the_engine_on_the_replicas_threads() -> None:
+    # The engine on every core makes 2,000 tok/s, on the replica's one decode thread 1,250: a stack at
+    # 1,000 serves 50% of the first (not met) and 80% of the second (met), and both are said.
+    runs = [
+        RunResult(SLUICE, 32, 0, 1000.0, 100.0, 200.0, 10.0, 15.0, 30.0),
+        RunResult(ENGINE, 32, 0, 2000.0, 20.0, 50.0, 3.0, 9.0, 12.0),
+        RunResult(ENGINE_TEAM, 32, 0, 1250.0, 20.0, 50.0, 3.0, 9.0, 12.0),
+    ]
+    lines = target_lines(runs)
+    assert lines[1].endswith("50% (at least 75%): not met")
+    assert (
+        lines[5] == "- served share of the engine alone on the replica's own threads 80% (at least 75%): met"
+    )
+    slow = [RunResult(SLUICE, 32, 0, 900.0, 100.0, 200.0, 10.0, 15.0, 30.0), *runs[1:]]
+    assert target_lines(slow)[5].endswith("72% (at least 75%): not met")
+    assert target_lines(runs[:2])[5].endswith("threads - (at least 75%): not measured")
 
 
 def test_targets_are_judged_on_sluice_without_the_screen_and_the_screen_is_costed() -> None:
@@ -203,6 +228,26 @@ def test_repository_parameters_reads_the_rendered_config(tmp_path) -> None:
     )
     assert repository_parameters(tmp_path, "m") == {"step_token_budget": "512", "dtype": "auto"}
     assert repository_parameters(tmp_path, "absent") == {}
+
+
+def test_the_replicas_prefill_team_is_read_as_the_model_reads_it() -> None:
+    assert replica_prefill_threads({"prefill_num_threads": "auto"}) == len(os.sched_getaffinity(0))
+    assert replica_prefill_threads({"prefill_num_threads": "3"}) == 3
+    assert replica_prefill_threads({"prefill_num_threads": ""}) is None  # every step on the decode team
+    assert replica_prefill_threads({}) is None  # a repository rendered before the parameter
+
+
+def test_the_engine_alone_runs_on_the_team_asked_for_and_the_team_is_put_back() -> None:
+    before = elementwise_ext.get_max_threads()
+    asked = before + 2  # not the default, whatever this machine's cores
+    with openmp_team(asked):
+        assert elementwise_ext.get_max_threads() == asked
+    assert elementwise_ext.get_max_threads() == before
+    with pytest.raises(RuntimeError), openmp_team(asked):
+        raise RuntimeError("a run that fails")
+    assert elementwise_ext.get_max_threads() == before
+    with openmp_team(None):
+        assert elementwise_ext.get_max_threads() == before
 
 
 def test_stop_tree_kills_a_tree_that_ignores_the_polite_signal() -> None:

@@ -21,6 +21,7 @@ from replicas.launcher import (
     TritonServer,
     TritonServerConfig,
     engine_omp_threads,
+    engine_team,
     server_env,
 )
 from replicas.render import CpuEngineModelSettings, render_model_repository
@@ -169,3 +170,19 @@ def test_the_engine_leaves_one_core_to_the_rest_of_the_stack(monkeypatch: pytest
     assert server_env(install, engine_num_threads=3)["OMP_NUM_THREADS"] == "7"
     with pytest.raises(ValueError, match="engine_num_threads"):
         TritonServerConfig(model_repository=Path("."), engine_num_threads=0)
+
+
+def test_the_engine_team_is_read_as_the_server_gets_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What bench.e2e_side_by_side runs the engine alone on to compare with a replica it started.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert engine_team({}) == engine_omp_threads(cores)
+    assert engine_team({}, engine_num_threads=3) == 3
+    assert engine_team({"OMP_NUM_THREADS": "7"}, engine_num_threads=3) == 7
+    assert engine_team({"OMP_NUM_THREADS": "4,2"}) == 4  # nested levels: the first is the team
+    # Not a team size: as if unset (OpenMP ignores it too).
+    for not_a_size in ("many", "0", ""):
+        assert engine_team({"OMP_NUM_THREADS": not_a_size}) == engine_omp_threads(cores)
+    install = TritonInstall.from_wheel()
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert server_env(install, engine_num_threads=3)["OMP_NUM_THREADS"] == "3"
