@@ -296,7 +296,7 @@ def measure(
     # run started them: a reused server's CPU is not measured.
     if target in (ENGINE, ENGINE_TEAM):
         on_replica_team = target == ENGINE_TEAM
-        with engine_bench.openmp_team(setup.engine_team if on_replica_team else None):
+        with engine_bench.engine_threads(setup.engine_team if on_replica_team else None):
             r = engine_bench.run(
                 str(args.model),
                 concurrency,

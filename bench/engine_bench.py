@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from bench.cpu_split import self_cpu_s
 from bench.report import cpu_description, pct, write_section
@@ -54,17 +55,20 @@ class Result:
 
 
 @contextmanager
-def openmp_team(num_threads: int | None) -> Iterator[None]:
-    """The calling thread's OpenMP team (the engine's steps run on it when ``run`` is called in this
-    thread) set to ``num_threads`` for the block and put back after it; None leaves it as it is
-    (OMP_NUM_THREADS, by default every core). A replica's team is ``replicas.launcher.engine_team``."""
+def engine_threads(num_threads: int | None) -> Iterator[None]:
+    """The engine's threads when ``run`` is called in this thread, set to ``num_threads`` for the block and
+    put back after it: the calling thread's OpenMP team (the kernels) and numpy's BLAS pool (the float32
+    layers' one-row and prefill products, ``cpu_engine.model.DenseLinear``). A replica gets both from its
+    OMP_NUM_THREADS (``replicas.launcher.engine_team``; OpenBLAS reads it when OPENBLAS_NUM_THREADS is
+    unset). None leaves them as they are (by default every core)."""
     if num_threads is None:
         yield
         return
     team_before = elementwise_ext.get_max_threads()
     elementwise_ext.set_num_threads(num_threads)
     try:
-        yield
+        with threadpool_limits(limits=num_threads, user_api="blas"):
+            yield
     finally:
         elementwise_ext.set_num_threads(team_before)
 

@@ -65,11 +65,19 @@ def read_sweep(data: Mapping[str, Any]) -> str:
         values = [float(r[field]) for r in runs if r["target"] == target and r["concurrency"] == top]
         return statistics.median(values) if values else float("nan")
 
+    sluice_tps = median("sluice", "tokens_per_s")
+    shares = [
+        f"{label} {sluice_tps / engine_tps:.0%}"
+        for label, target in (("on every core", "engine"), ("on the replica's threads", "engine-team"))
+        if (engine_tps := median(target, "tokens_per_s")) > 0
+    ]
+    share = f"; the stack's share of the engine alone {', '.join(shares)}" if shares else ""
     return (
+        f"{'on ' + data['cpu'] + ': ' if 'cpu' in data else ''}"
         f"at {top} streams Sluice's TTFT p95 is {median('sluice', 'ttft_p95_ms'):.0f} ms against vLLM's "
         f"{median('vllm', 'ttft_p95_ms'):.0f} ms, inter-token p95 {median('sluice', 'itl_p95_ms'):.1f} ms "
-        f"against {median('vllm', 'itl_p95_ms'):.1f} ms, {median('sluice', 'tokens_per_s'):,.0f} output "
-        f"tok/s against {median('vllm', 'tokens_per_s'):,.0f}; {data.get('load', 'load not recorded')}"
+        f"against {median('vllm', 'itl_p95_ms'):.1f} ms, {sluice_tps:,.0f} output "
+        f"tok/s against {median('vllm', 'tokens_per_s'):,.0f}{share}; {data.get('load', 'load not recorded')}"
     )
 
 
@@ -146,9 +154,8 @@ class Plot:
     reader: Reader
 
 
+# The plots every overview lists, drawn or not yet.
 PLOTS = (
-    Plot("img/goodput-concurrency.png", "Goodput beside vLLM (issue 22's headline)", read_goodput),
-    Plot("img/e2e-vs-vllm-sweep.png", "TTFT and inter-token latency against load, beside vLLM", read_sweep),
     Plot("img/noisy-tenant.png", "Fairness under a noisy tenant", read_noisy),
     Plot("img/cancel-to-free.png", "Cancel-to-free latency", read_cancel),
     *(
@@ -158,9 +165,44 @@ PLOTS = (
 )
 
 
-def plot_lines(docs_dir: Path, plots: Sequence[Plot] = PLOTS) -> list[str]:
+def per_cpu_plots(docs_dir: Path) -> list[Plot]:
+    """The plots drawn once per kind of CPU (bench.goodput's and bench.e2e_side_by_side's sections are one
+    per CPU, each with its plot and numbers), found on disk: issue 22's goodput headline first, 128/128
+    before the seed's mix, then the end-to-end sweeps. A reading names its CPU."""
+    img = docs_dir / "img"
+    found = sorted(img.glob("goodput-*concurrency.png"), key=lambda p: ("seed-mix" in p.name, p.name))
+    goodput = [Plot("img/goodput-concurrency.png", "Goodput beside vLLM (issue 22's headline)", read_goodput)]
+    goodput = (
+        goodput
+        if not found
+        else [
+            Plot(
+                str(png.relative_to(docs_dir)),
+                "Goodput beside vLLM (issue 22's headline)"
+                + (
+                    ", the seed's mix (1,000-token prompts, 300 out)"
+                    if "seed-mix" in png.name
+                    else ", 128/128"
+                ),
+                read_goodput,
+            )
+            for png in found
+        ]
+    )
+    title = "Beside vLLM and the engine alone (`make bench-e2e`)"
+    sweeps = [
+        Plot(str(png.relative_to(docs_dir)), title, read_sweep)
+        for png in sorted(img.glob("e2e-vs-vllm-*.png"))
+    ]
+    sweeps = sweeps or [Plot("img/e2e-vs-vllm.png", title, read_sweep)]
+    return goodput + sweeps
+
+
+def plot_lines(docs_dir: Path, plots: Sequence[Plot] | None = None) -> list[str]:
+    """Each plot's one-line reading and the plot; ``plots`` default: every per-CPU plot on disk, then
+    ``PLOTS``."""
     lines: list[str] = []
-    for plot in plots:
+    for plot in (per_cpu_plots(docs_dir) + list(PLOTS)) if plots is None else plots:
         png, numbers = docs_dir / plot.path, (docs_dir / plot.path).with_suffix(".json")
         if not png.exists() or not numbers.exists():
             lines += [f"**{plot.title}**: not drawn yet.", ""]

@@ -236,3 +236,46 @@ def test_the_goodput_headline_reads_each_servers_best_point_within_the_slo(tmp_p
         "against 1,500 tok/s, ITL p95 36.0 against 20.0 ms"
     ) in text
     assert text.index("Goodput beside vLLM") < text.index("Simulator: steady")  # the headline comes first
+
+
+def test_every_kinds_of_cpu_plots_are_read_headline_first(tmp_path: Path) -> None:
+    # bench.goodput and bench.e2e_side_by_side write one section and one plot per kind of CPU: the
+    # overview reads each it finds, the 128/128 goodput before the seed's mix, and names the CPU.
+    def goodput_run(target: str, tok_s: float) -> dict[str, object]:
+        return {"target": target, "sweep": "concurrency", "load": 8, "round_index": 0, "requests": 8,
+                "errors": 0, "tokens_per_s": tok_s, "ttft_p95_ms": 100.0, "itl_p95_ms": 20.0}  # fmt: skip
+
+    slo = {"ttft_p95_ms": 500.0, "itl_p95_ms": 40.0}
+    img = tmp_path / "img"
+    img.mkdir()
+    for name, cpu, sluice_tps in (
+        ("goodput-seed-mix-avx2-concurrency", "CPU B", 300.0),
+        ("goodput-avx2-concurrency", "CPU B", 1_200.0),
+        ("goodput-concurrency", "CPU A", 2_000.0),
+    ):
+        (img / f"{name}.png").write_bytes(b"png")
+        runs = [goodput_run("sluice", sluice_tps), goodput_run("vllm", 1_000.0)]
+        plots.save_json(img / f"{name}.png", {"cpu": cpu, "slo": slo, "runs": runs})
+    e2e = [{"target": t, "concurrency": 32, "round_index": 0, "ttft_p95_ms": 100.0, "itl_p95_ms": 20.0,
+            "tokens_per_s": tps} for t, tps in (("sluice", 1_000.0), ("vllm", 500.0), ("engine", 2_000.0),
+                                                ("engine-team", 1_250.0))]  # fmt: skip
+    (img / "e2e-vs-vllm-cpu-b.png").write_bytes(b"png")
+    plots.save_json(img / "e2e-vs-vllm-cpu-b.png", {"cpu": "CPU B", "runs": e2e})
+    lines = [line for line in overview.plot_lines(tmp_path) if line.startswith("**")]
+    assert [line.split(":", 1)[0] for line in lines[:4]] == [
+        "**Goodput beside vLLM (issue 22's headline), 128/128**",
+        "**Goodput beside vLLM (issue 22's headline), 128/128**",
+        "**Goodput beside vLLM (issue 22's headline), the seed's mix (1,000-token prompts, 300 out)**",
+        "**Beside vLLM and the engine alone (`make bench-e2e`)**",
+    ]
+    assert "on CPU B, closed-loop" in lines[0] and "(1.20x)" in lines[0]  # goodput-avx2 sorts first
+    assert "on CPU A, closed-loop" in lines[1] and "(2.00x)" in lines[1]
+    assert "Sluice 300 tok/s at 8 streams" in lines[2]
+    assert lines[3].startswith(
+        "**Beside vLLM and the engine alone (`make bench-e2e`)**: on CPU B: at 32 streams"
+    )
+    assert "the stack's share of the engine alone on every core 50%, on the replica's threads 80%" in lines[3]
+    # Nothing drawn yet: the headline and the sweep are still listed, as not drawn.
+    empty = overview.plot_lines(tmp_path / "none")
+    assert empty[0] == "**Goodput beside vLLM (issue 22's headline)**: not drawn yet."
+    assert "**Beside vLLM and the engine alone (`make bench-e2e`)**: not drawn yet." in empty

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info
 from tokenizers import Tokenizer
 
 from bench.e2e_bench import Timeline, plain_prompt_ids, request_tpot_ms
 from bench.e2e_side_by_side import engine_info, replica_prefill_threads, repository_parameters
-from bench.engine_bench import openmp_team
+from bench.engine_bench import engine_threads
 from bench.report import write_measured
 from bench.servers import SluiceStack, VllmServer, is_alive, proc_id, process_tree, stop_tree
 from bench.side_by_side import (
@@ -240,14 +241,24 @@ def test_the_replicas_prefill_team_is_read_as_the_model_reads_it() -> None:
 def test_the_engine_alone_runs_on_the_team_asked_for_and_the_team_is_put_back() -> None:
     before = elementwise_ext.get_max_threads()
     asked = before + 2  # not the default, whatever this machine's cores
-    with openmp_team(asked):
+    with engine_threads(asked):
         assert elementwise_ext.get_max_threads() == asked
     assert elementwise_ext.get_max_threads() == before
-    with pytest.raises(RuntimeError), openmp_team(asked):
+    with pytest.raises(RuntimeError), engine_threads(asked):
         raise RuntimeError("a run that fails")
     assert elementwise_ext.get_max_threads() == before
-    with openmp_team(None):
+    with engine_threads(None):
         assert elementwise_ext.get_max_threads() == before
+    # numpy's BLAS pool too (the float32 layers' prefill products): a replica's follows its OMP_NUM_THREADS.
+    blas_before = _blas_threads()
+    with engine_threads(1):
+        assert _blas_threads() == 1 and elementwise_ext.get_max_threads() == 1
+    assert _blas_threads() == blas_before
+
+
+def _blas_threads() -> int:
+    (blas,) = (pool for pool in threadpool_info() if pool["user_api"] == "blas")
+    return int(blas["num_threads"])
 
 
 def test_stop_tree_kills_a_tree_that_ignores_the_polite_signal() -> None:
