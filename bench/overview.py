@@ -171,24 +171,13 @@ def per_cpu_plots(docs_dir: Path) -> list[Plot]:
     before the seed's mix, then the end-to-end sweeps. A reading names its CPU."""
     img = docs_dir / "img"
     found = sorted(img.glob("goodput-*concurrency.png"), key=lambda p: ("seed-mix" in p.name, p.name))
-    goodput = [Plot("img/goodput-concurrency.png", "Goodput beside vLLM (issue 22's headline)", read_goodput)]
-    goodput = (
-        goodput
-        if not found
-        else [
-            Plot(
-                str(png.relative_to(docs_dir)),
-                "Goodput beside vLLM (issue 22's headline)"
-                + (
-                    ", the seed's mix (1,000-token prompts, 300 out)"
-                    if "seed-mix" in png.name
-                    else ", 128/128"
-                ),
-                read_goodput,
-            )
-            for png in found
-        ]
-    )
+    headline = "Goodput beside vLLM (issue 22's headline)"
+    seed_mix = ", the seed's mix (1,000-token prompts, 300 out)"
+    goodput = [
+        Plot(str(png.relative_to(docs_dir)), headline + (seed_mix if "seed-mix" in png.name else ", 128/128"),
+             read_goodput)
+        for png in found
+    ] or [Plot("img/goodput-concurrency.png", headline, read_goodput)]  # fmt: skip
     title = "Beside vLLM and the engine alone (`make bench-e2e`)"
     sweeps = [
         Plot(str(png.relative_to(docs_dir)), title, read_sweep)

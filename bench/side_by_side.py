@@ -21,9 +21,10 @@ from bench.cpu_split import CpuSplit, share_bound_us_per_token, share_ceiling
 from bench.report import pct
 
 SLUICE, SLUICE_DEFAULT, VLLM, ENGINE = "sluice", "sluice-default", "vllm", "engine"
-# The engine alone on the replica's own OpenMP teams (decode steps on every core but one, prefill steps on
-# what the repository says), where ENGINE runs on this process's (by default every core): the stack's share
-# of the first is what the serving path costs, of the second also the thread the replica leaves it.
+# The engine alone on the replica's own threads (decode steps and numpy's BLAS on every core but one, prefill
+# steps' kernels on what the repository says), where ENGINE runs on this process's (by default every core):
+# the stack's share of ENGINE_TEAM is what the serving path costs; of ENGINE, also the core the replica
+# leaves to that path.
 ENGINE_TEAM = "engine-team"
 # (attribute of RunResult, row label, how many decimals the cells show)
 METRICS: tuple[tuple[str, str, int], ...] = (
