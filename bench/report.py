@@ -7,6 +7,7 @@ import platform
 import re
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +34,27 @@ def write_section(name: str, body: str, docs: Path = DOCS) -> None:
 
 
 def cpu_description() -> str:
-    """The CPU a benchmark ran on, for beside its table: model, number of CPUs and its AVX-512 class,
-    e.g. "AMD EPYC, 2 cores, AVX-512 BF16" (from lscpu; the processor name alone without it)."""
+    """The CPU a benchmark ran on, for beside its table (``describe_cpu`` of lscpu's fields; the processor
+    name alone without lscpu)."""
     try:
         info = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return platform.processor() or "unknown"
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    flags = fields.get("Flags", "")
+    return describe_cpu(dict(line.split(":", 1) for line in info.splitlines() if ":" in line))
+
+
+def describe_cpu(lscpu_fields: Mapping[str, str]) -> str:
+    """Model, number of CPUs and AVX-512 class, e.g. "AMD EPYC family 25, 2 cores, AVX-512 BF16". An AMD
+    name without a model number (a VM's "AMD EPYC") gets its CPU family, which tells the generations these
+    machines come in apart (23: Zen 1, 25: Zen 3 and Zen 4); bench.e2e_side_by_side names its sections by
+    this, so a Zen 1 run does not overwrite a Zen 3 one."""
+    fields = {key.strip(): value.strip() for key, value in lscpu_fields.items()}
+    flags = fields.get("Flags", "").split()
     avx = "AVX-512 BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "no AVX-512")
-    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} cores, {avx}"
+    name, family = fields.get("Model name", "?"), fields.get("CPU family", "")
+    if name.startswith("AMD") and family and not re.search(r"\d", name):
+        name = f"{name} family {family}"
+    return f"{name}, {fields.get('CPU(s)', '?')} cores, {avx}"
 
 
 def load_average() -> str:

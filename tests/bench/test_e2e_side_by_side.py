@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from bench.e2e_bench import Timeline, plain_prompt_ids, request_tpot_ms
 from bench.e2e_side_by_side import engine_info, replica_prefill_threads, repository_parameters
 from bench.engine_bench import engine_threads
-from bench.report import write_measured
+from bench.report import describe_cpu, write_measured
 from bench.servers import SluiceStack, VllmServer, is_alive, proc_id, process_tree, stop_tree
 from bench.side_by_side import (
     ENGINE,
@@ -346,3 +346,27 @@ def test_the_stack_gets_its_tenant_with_policy_none_in_its_own_state_dir(tmp_pat
 
     assert asyncio.run(resolve()) == tenant
     assert (tmp_path / "state" / "sluice.db").exists()
+
+
+def test_the_cpu_description_tells_the_epyc_generations_apart() -> None:
+    # The sections are named by it: a Zen 1 EPYC's run must not overwrite a Zen 3's (both "AMD EPYC" in a VM).
+    def lscpu(name: str, family: str, flags: str) -> dict[str, str]:
+        return {
+            "Model name": f"    {name}",
+            "CPU family": f"   {family}",
+            "CPU(s)": " 2",
+            "Flags": f" fpu {flags}",
+        }
+
+    assert describe_cpu(lscpu("AMD EPYC", "23", "avx2 fma")) == "AMD EPYC family 23, 2 cores, no AVX-512"
+    assert describe_cpu(lscpu("AMD EPYC", "25", "avx2 fma")) == "AMD EPYC family 25, 2 cores, no AVX-512"
+    zen4 = describe_cpu(lscpu("AMD EPYC", "25", "avx2 avx512f avx512_bf16"))
+    assert zen4 == "AMD EPYC family 25, 2 cores, AVX-512 BF16"
+    # A name that carries its model keeps it as it is; Intel's family (6) says nothing.
+    assert (
+        describe_cpu(lscpu("AMD EPYC 7R13 Processor", "25", "avx2"))
+        == "AMD EPYC 7R13 Processor, 2 cores, no AVX-512"
+    )
+    xeon = describe_cpu(lscpu("Intel(R) Xeon(R) Processor", "6", "avx512f avx512_bf16 amx_tile"))
+    assert xeon == "Intel(R) Xeon(R) Processor, 2 cores, AVX-512 BF16"
+    assert describe_cpu({}) == "?, ? cores, no AVX-512"
