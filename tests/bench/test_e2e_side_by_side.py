@@ -177,17 +177,14 @@ def test_targets_are_read_off_the_medians() -> None:
 def test_the_share_is_judged_again_against_the_engine_on_the_replicas_threads() -> None:
     # The engine on every core makes 2,000 tok/s, on the replica's one decode thread 1,250: a stack at
     # 1,000 serves 50% of the first (not met) and 80% of the second (met), and both are said.
-    runs = [
-        RunResult(SLUICE, 32, 0, 1000.0, 100.0, 200.0, 10.0, 15.0, 30.0),
-        RunResult(ENGINE, 32, 0, 2000.0, 20.0, 50.0, 3.0, 9.0, 12.0),
-        RunResult(ENGINE_TEAM, 32, 0, 1250.0, 20.0, 50.0, 3.0, 9.0, 12.0),
-    ]
+    runs = [result(SLUICE, 32, 0, 1000.0, 20.0), result(ENGINE, 32, 0, 2000.0, 5.0)]
+    runs.append(result(ENGINE_TEAM, 32, 0, 1250.0, 8.0))
     lines = target_lines(runs)
     assert lines[1].endswith("50% (at least 75%): not met")
     assert (
         lines[5] == "- served share of the engine alone on the replica's own threads 80% (at least 75%): met"
     )
-    slow = [RunResult(SLUICE, 32, 0, 900.0, 100.0, 200.0, 10.0, 15.0, 30.0), *runs[1:]]
+    slow = [result(SLUICE, 32, 0, 900.0, 20.0), *runs[1:]]
     assert target_lines(slow)[5].endswith("72% (at least 75%): not met")
     assert target_lines(runs[:2])[5].endswith("threads - (at least 75%): not measured")
 
