@@ -105,8 +105,7 @@ BENCHES: tuple[Bench, ...] = (
     # The seed's own mix (1,000-token prompts, 300 output tokens): fewer points, a request is ~10x longer.
     Bench("goodput-seed-mix", "bench.goodput",
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--mix", "seed",
-           "--concurrency", "1", "8", "16", "32", "--rates", "1", "2", "4", "--rounds", "1",
-           "--section", "goodput-seed-mix", "--write-docs"),
+           "--concurrency", "1", "8", "16", "32", "--rates", "1", "2", "4", "--rounds", "1", "--write-docs"),
           ("--model", CHECKPOINT, "--model-repository", ".sluice/model_repository", "--mix", "seed",
            "--quick"), 12),
     *(Bench(f"sim-{s}", "control_plane.sim.cli", ("--scenario", s, *_SIM), ("--scenario", s, *_SIM_QUICK),

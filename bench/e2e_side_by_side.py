@@ -50,7 +50,7 @@ from pathlib import Path
 from bench import engine_bench, plots
 from bench.cpu_split import CpuMeter, CpuSplit, machine_cores
 from bench.e2e_bench import plain_prompt_ids, run_load
-from bench.report import cpu_description, cpu_flags, load_average, write_section
+from bench.report import cpu_description, cpu_flags, load_average, slug, write_section
 from bench.servers import (
     REPO_ROOT,
     ProcId,
@@ -365,14 +365,10 @@ def run_all(setup: Setup, args: argparse.Namespace) -> list[RunResult]:
     return results
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def sweep_plot(section: str) -> Path:
     """The section's own plot (its numbers in a .json beside it): a run on another kind of CPU adds its
     section and its plot, and leaves the others' as they are."""
-    return IMAGES / f"{_slug(section)}.png"
+    return IMAGES / f"{slug(section)}.png"
 
 
 def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], command: str, plot: Path) -> str:
@@ -437,7 +433,7 @@ def section_name(args: argparse.Namespace) -> str:
     """One section per kind of CPU, so a run on another machine adds its table instead of replacing."""
     if args.section:
         return str(args.section)
-    return "e2e-vs-vllm " + _slug(cpu_description())
+    return "e2e-vs-vllm " + slug(cpu_description())
 
 
 def bench_tenants() -> list[tuple[Tenant, str]]:

@@ -71,7 +71,7 @@ from bench.goodput_core import (
     sweep_table,
     target_lines,
 )
-from bench.report import cpu_description, cpu_flags, load_average, write_section
+from bench.report import cpu_description, cpu_flags, load_average, slug, write_section
 from bench.servers import REPO_ROOT, log, start_when_quiet
 from bench.side_by_side import SLUICE, SLUICE_DEFAULT, TARGET_LABELS, VLLM
 from sluice.domain import Tenant
@@ -83,7 +83,7 @@ IMG = REPO_ROOT / "docs" / "img"
 
 def plot_paths(section: str) -> dict[str, Path]:
     """Each sweep's plot (docs/img), named by the docs section: a second section never overwrites the
-    first's (``goodput-concurrency.png`` for the default section ``goodput``)."""
+    first's (``goodput-X-concurrency.png`` for section ``goodput-X``)."""
     return {CONCURRENCY: IMG / f"{section}-concurrency.png", RATE: IMG / f"{section}-rate.png"}
 
 
@@ -143,7 +143,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_server_arguments(ap)
     ap.add_argument("--quick", action="store_true", help="smoke sizes (also BENCH_QUICK=1): writes no docs")
     ap.add_argument("--write-docs", action="store_true", help="write the result into docs/benchmarks.md")
-    ap.add_argument("--section", default="goodput", help="docs section name")
+    ap.add_argument(
+        "--section",
+        default=None,
+        help="docs section name (default: one per mix and kind of CPU, e.g. goodput-seed-mix-amd-epyc-...)",
+    )
     args = ap.parse_args(argv)
     args.quick = args.quick or os.environ.get("BENCH_QUICK", "") not in ("", "0")
     for name, value in (QUICK if args.quick else FULL).items():
@@ -162,7 +166,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     resolve_server_arguments(args)
     if args.seed is None:
         args.seed = int(time.time()) % 1_000_000 * 10_000
+    args.section = args.section or default_section(args.mix, cpu_description())
     return args
+
+
+def default_section(mix: str, cpu: str) -> str:
+    """The docs section (and plots' name) of a run of ``mix`` on ``cpu``: one per mix and kind of CPU, so a
+    run on one machine never overwrites another's."""
+    return f"goodput-{'seed-mix-' if mix == 'seed' else ''}{slug(cpu)}"
 
 
 def goodput_tenants() -> list[tuple[Tenant, str]]:

@@ -57,6 +57,11 @@ def describe_cpu(lscpu_fields: Mapping[str, str]) -> str:
     return f"{name}, {fields.get('CPU(s)', '?')} cores, {avx}"
 
 
+def slug(text: str) -> str:
+    """``text`` as lowercase words joined by hyphens: for section and file names."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 def load_average() -> str:
     """The machine's load averages, for beside a figure: other work on the same cores shows in them."""
     with open("/proc/loadavg") as f:

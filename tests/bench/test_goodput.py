@@ -282,3 +282,13 @@ def test_the_docs_section_and_plots_render(tmp_path: Path, monkeypatch: pytest.M
     assert "Concurrency sweep (closed loop):" in text and "Request-rate sweep (open loop, Poisson):" in text
     assert "goodput at least 2x vLLM's, on the full SLO and on the ITL SLO alone: **met**" in text
     assert "](img/gp-mix-concurrency.png)" in text and "](img/gp-mix-rate.png)" in text
+
+
+def test_each_mix_and_kind_of_cpu_has_its_own_section() -> None:
+    # A run on one machine must not overwrite another's: the Zen 1 EPYC's once replaced the Zen 3's.
+    zen1, zen3 = "AMD EPYC family 23, 2 cores, no AVX-512", "AMD EPYC family 25, 2 cores, no AVX-512"
+    assert goodput.default_section("random", zen1) == "goodput-amd-epyc-family-23-2-cores-no-avx-512"
+    assert goodput.default_section("seed", zen1) == "goodput-seed-mix-amd-epyc-family-23-2-cores-no-avx-512"
+    assert goodput.default_section("random", zen3) != goodput.default_section("random", zen1)
+    assert goodput.parse_args(["--mix", "seed"]).section.startswith("goodput-seed-mix-")
+    assert goodput.parse_args(["--section", "gp-mix"]).section == "gp-mix"
