@@ -135,12 +135,16 @@ def test_a_cancel_near_the_end_then_a_one_chunk_retry_bills_both_attempts(start:
 
 
 def test_a_key_reused_after_its_record_expired_is_a_new_billed_request(start: StartGateway) -> None:
-    gateway, engine = start(idempotency_ttl_s=0.3)
+    # The replay must come within the TTL on a slow, busy host too (a 0.3 s TTL ran out before it there,
+    # the usage read between taking 0.4 s); the wait after is counted from the first answer.
+    ttl_s = 2.0
+    gateway, engine = start(idempotency_ttl_s=ttl_s)
     first = post(gateway, "k-expire", max_tokens=3)
+    stored_by = time.monotonic()
     assert first.status_code == 200
     usage_rows(gateway, 1)
     assert post(gateway, "k-expire", max_tokens=3).json()["id"] == first.json()["id"]  # replayed
-    time.sleep(0.4)  # past the stored result's TTL: the key is forgotten
+    time.sleep(max(0.0, stored_by + ttl_s + 0.1 - time.monotonic()))  # past its TTL: the key is forgotten
     again = post(gateway, "k-expire", max_tokens=7)  # any body: a new request
     assert again.status_code == 200 and again.json()["id"] != first.json()["id"]
     rows = usage_rows(gateway, 2)
