@@ -46,8 +46,8 @@ def cpu_description() -> str:
 def describe_cpu(lscpu_fields: Mapping[str, str]) -> str:
     """Model, number of CPUs and AVX-512 class, e.g. "AMD EPYC family 25, 2 cores, AVX-512 BF16". An AMD
     name without a model number (a VM's "AMD EPYC") gets its CPU family, which tells the generations these
-    machines come in apart (23: Zen 1, 25: Zen 3 and Zen 4); bench.e2e_side_by_side names its sections by
-    this, so a Zen 1 run does not overwrite a Zen 3 one."""
+    machines come in apart (23: Zen 1, 25: Zen 3 and Zen 4); bench.e2e_side_by_side and bench.goodput
+    name their sections by this, so a Zen 1 run does not overwrite a Zen 3 one."""
     fields = {key.strip(): value.strip() for key, value in lscpu_fields.items()}
     flags = fields.get("Flags", "").split()
     avx = "AVX-512 BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "no AVX-512")
