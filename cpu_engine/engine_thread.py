@@ -18,6 +18,7 @@ from enum import StrEnum
 from cpu_engine.engine import LLMEngine, RequestOutput
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import EngineStats
+from cpu_engine.thread_names import ENGINE_THREAD, name_this_thread
 from sluice.wire import EngineErrorKind, EnginePriority, FinishReason, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,8 @@ class EngineThread:
 
     # ----- the engine thread -----
     def _run(self) -> None:
+        # NOTE: first, before any kernel: the OpenMP workers this thread starts take its name.
+        name_this_thread(ENGINE_THREAD)
         engine = self._engine
         while not self._stopping.is_set():
             # Block for work only when idle; otherwise apply what arrived and step again.

@@ -13,6 +13,7 @@ from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
 from cpu_engine.native import elementwise_ext
 from cpu_engine.sampling import SamplingParams
+from cpu_engine.thread_names import ENGINE_THREAD
 from sluice.wire import EnginePriority, FinishReason
 
 
@@ -44,6 +45,13 @@ def test_stream_delivers_every_token_once_and_finishes(engine_thread: EngineThre
     assert deltas[-1].finish_reason is FinishReason.LENGTH
     assert deltas[-1].num_prompt_tokens == 30 and deltas[-1].num_output_tokens == 12
     assert stream.take(timeout_s=0.01) is None  # nothing after the final delta
+
+
+def test_the_stepping_thread_carries_the_engines_kernel_name(engine_thread: EngineThread) -> None:
+    """So `top -H`, py-spy and bench.cpu_split tell the engine's CPU from the send path's."""
+    drain(engine_thread.submit("named", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0)))
+    native_id = engine_thread._thread.native_id
+    assert Path(f"/proc/self/task/{native_id}/comm").read_text().rstrip("\n") == ENGINE_THREAD
 
 
 def test_slow_reader_gets_tokens_coalesced(engine_thread: EngineThread) -> None:

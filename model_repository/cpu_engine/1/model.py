@@ -59,6 +59,7 @@ from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, error_kind
 from cpu_engine.stats import ENGINE_INFO_FAMILY, KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
+from cpu_engine.thread_names import METRICS_THREAD, SENDER_THREAD, name_this_thread
 from sluice.weights_digest import weights_digest
 from sluice.wire import EngineErrorKind, TokenLogprob
 
@@ -173,6 +174,7 @@ class TritonPythonModel:
         sender.submit(f"{self._id_prefix}{number}", converted, request, response_sender)
 
     def _metrics_loop(self, interval_s: float) -> None:
+        name_this_thread(METRICS_THREAD)
         while not self._stopping.wait(interval_s):
             self._metrics.update(self._engine.stats())
 
@@ -243,6 +245,7 @@ class _Sender:
         self._thread.join(timeout=2.0)
 
     def _run(self) -> None:
+        name_this_thread(SENDER_THREAD)
         while not self._stopping.is_set():
             timeout_s = _BUSY_POLL_S if self._live else _IDLE_POLL_S
             if self._held:
