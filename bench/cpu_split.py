@@ -1,6 +1,8 @@
 """Where the machine's cores go during a run: CPU seconds of each part of a server's process tree, and of
 this process (the load generator, or the engine itself when it runs alone), read from /proc and
-getrusage before and after.
+getrusage before and after. The CPU engine's Python backend is two parts: the threads its engine named
+``sluice-engine`` (the stepping thread and its OpenMP workers) and its other threads (the send path and
+Triton's stub), so the serving path's CPU per token can be read without the engine's.
 
 On a 2-core machine the client, the gateway, tritonserver and the engine share the same cores, so the
 share of the engine-alone tokens/s a served stack can deliver is bounded by what its other parts cost
@@ -23,9 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.servers import ProcId, process_tree
+from cpu_engine.thread_names import ENGINE_THREAD
 
 CLIENT = "client (this process)"
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# A Python backend process that runs the CPU engine is two parts: the threads named ENGINE_THREAD (the
+# stepping thread and the OpenMP workers it started) and the rest (the send path, Triton's stub threads).
+ENGINE_THREADS = ", engine thread"
+OTHER_THREADS = ", other threads"
 
 
 def part_of(cmdline: str) -> str:
@@ -50,14 +57,44 @@ def part_of(cmdline: str) -> str:
     return Path(argv[0]).name
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of every thread of ``pid`` so far (None if it is gone)."""
+def _stat_cpu_s(stat_path: str) -> float | None:
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(stat_path).read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # state is [0]; utime [11], stime [12]
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of every thread of ``pid`` so far, ended ones included (None if it is
+    gone)."""
+    return _stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def named_threads_cpu_s(pid: int, name: str) -> float | None:
+    """CPU seconds so far of ``pid``'s live threads whose kernel name is ``name``; None if it has none."""
+    found = None
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().rstrip("\n")
+        except OSError:
+            continue
+        if comm == name and (cpu := _stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")) is not None:
+            found = (found or 0.0) + cpu
+    return found
+
+
+def split_parts(part: str, process_s: float, engine_s: float | None) -> dict[str, float]:
+    """One process's CPU seconds by part: a Python backend with an engine thread as two parts (its
+    engine threads, and the rest: ``process_s`` less them), anything else whole."""
+    if engine_s is None or not part.startswith("Python backend:"):
+        return {part: process_s}
+    return {part + ENGINE_THREADS: engine_s, part + OTHER_THREADS: process_s - engine_s}
 
 
 def cmdline_of(pid: int) -> str:
@@ -134,15 +171,18 @@ class CpuMeter:
 
     def __init__(self, roots: Mapping[str, ProcId]):
         self.roots = dict(roots)
-        self._began: tuple[float, float, dict[int, tuple[str, float]]] | None = None
+        self._began: tuple[float, float, dict[int, dict[str, float]]] | None = None
 
-    def _sample(self) -> dict[int, tuple[str, float]]:
-        sample: dict[int, tuple[str, float]] = {}
+    def _sample(self) -> dict[int, dict[str, float]]:
+        """Per process of the trees, its CPU seconds so far by part (``split_parts``)."""
+        sample: dict[int, dict[str, float]] = {}
         for root in self.roots.values():
             for pid, _ in process_tree(root):
                 cpu = process_cpu_s(pid)
                 if cpu is not None and pid != os.getpid():
-                    sample[pid] = (part_of(cmdline_of(pid)), cpu)
+                    sample[pid] = split_parts(
+                        part_of(cmdline_of(pid)), cpu, named_threads_cpu_s(pid, ENGINE_THREAD)
+                    )
         return sample
 
     def start(self) -> None:
@@ -154,7 +194,8 @@ class CpuMeter:
         began_s, self_before, before = self._began
         after, self_after, wall_s = self._sample(), self_cpu_s(), time.monotonic() - began_s
         cpu_s: dict[str, float] = {CLIENT: self_after - self_before}
-        for pid, (part, cpu) in after.items():
-            cpu_s[part] = cpu_s.get(part, 0.0) + cpu - before.get(pid, (part, 0.0))[1]
+        for pid, parts in after.items():
+            for part, cpu in parts.items():
+                cpu_s[part] = cpu_s.get(part, 0.0) + cpu - before.get(pid, {}).get(part, 0.0)
         self._began = None
         return CpuSplit(wall_s, cpu_s, output_tokens, num_chunks)

@@ -72,6 +72,7 @@ from bench.side_by_side import (
     comparison_table,
     cpu_table,
     run_seed,
+    serving_path_lines,
     share_bound_lines,
     target_lines,
 )
@@ -408,10 +409,12 @@ def report(setup: Setup, args: argparse.Namespace, results: list[RunResult], com
             "",
             *target_lines(results),
             *share_bound_lines(results, 32, machine_cores()),
+            *serving_path_lines(results, 32),
             "",
             f"Where the {machine_cores()} cores went at {max(args.concurrency)} streams (medians over the "
             "rounds; the client is the bench's own load generator, on the same cores; a server's parts are "
-            "its processes, read from /proc before and after each run):",
+            "its processes, read from /proc before and after each run, the engine model's split into the "
+            "threads its engine named and the rest):",
             "",
             cpu_table(results, max(args.concurrency)),
             "",
@@ -526,7 +529,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"\nCPU: {cpu_description()}; flags: {cpu_flags()}\n")
     print(comparison_table(results, args.concurrency))
-    print("\n".join(["", *target_lines(results), *share_bound_lines(results, 32, machine_cores())]))
+    print(
+        "\n".join(
+            [
+                "",
+                *target_lines(results),
+                *share_bound_lines(results, 32, machine_cores()),
+                *serving_path_lines(results, 32),
+            ]
+        )
+    )
     print("\n" + cpu_table(results, max(args.concurrency)))
     if args.write_docs:
         plot = sweep_plot(section_name(args))

@@ -17,7 +17,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.cpu_split import CpuSplit, share_bound_us_per_token, share_ceiling
+from bench.cpu_split import (
+    CLIENT,
+    ENGINE_THREADS,
+    OTHER_THREADS,
+    CpuSplit,
+    share_bound_us_per_token,
+    share_ceiling,
+)
 from bench.report import pct
 
 SLUICE, SLUICE_DEFAULT, VLLM, ENGINE = "sluice", "sluice-default", "vllm", "engine"
@@ -327,4 +334,34 @@ def share_bound_lines(results: Sequence[RunResult], concurrency: int, num_cores:
         "output token for every process together, the load generator included; Sluice (safety none) "
         f"spent {spent_us:,.0f} (the engine alone, by itself, {engine_us}), at which the cores, fully busy, "
         f"serve at most {share_ceiling(num_cores, spent_us, engine_tps):.0%} of the engine-alone tokens/s",
+    ]
+
+
+# Issue 22, item 4: the serving path's CPU per output token at 32 streams, at most this.
+SERVING_PATH_TARGET_US = 120.0
+
+
+def serving_path_lines(results: Sequence[RunResult], concurrency: int) -> list[str]:
+    """Sluice's (safety none) serving path CPU per output token: the gateway, tritonserver and the engine
+    model's threads other than the engine's (its send path and Triton's stub), beside the engine thread's
+    and the client's. Empty unless the engine model's threads were told apart (``bench.cpu_split``)."""
+    splits = _cpu_splits(results, SLUICE, concurrency)
+    engine_parts = sorted({p for s in splits for p in s.cpu_s if p.endswith(ENGINE_THREADS)})
+    if not splits or len(engine_parts) != 1:
+        return []
+    backend = engine_parts[0].removesuffix(ENGINE_THREADS)
+    path = {
+        "gateway": "gateway",
+        "tritonserver": "tritonserver",
+        "the engine model's other threads": backend + OTHER_THREADS,
+    }
+    us = {label: _median_us_per_token(splits, part) for label, part in path.items()}
+    total_us = statistics.median(sum(s.us_per_token(part) for part in path.values()) for s in splits)
+    met = "met" if total_us <= SERVING_PATH_TARGET_US else "not met"
+    parts = " + ".join(f"{label} {value:,.0f}" for label, value in us.items())
+    return [
+        f"- the serving path's CPU per output token at {concurrency} streams (issue 22: at most "
+        f"{SERVING_PATH_TARGET_US:.0f} µs): {parts} = {total_us:,.0f} µs: {met} (beside it, the engine "
+        f"thread {_median_us_per_token(splits, engine_parts[0]):,.0f}, the client "
+        f"{_median_us_per_token(splits, CLIENT):,.0f})",
     ]

@@ -3,9 +3,13 @@ the bound a served share puts on CPU per token, and the meter on a real process 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import textwrap
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +17,15 @@ from bench.cpu_split import (
     CLIENT,
     CpuMeter,
     CpuSplit,
+    named_threads_cpu_s,
     part_of,
     share_bound_us_per_token,
     share_ceiling,
+    split_parts,
 )
 from bench.servers import proc_id
-from bench.side_by_side import ENGINE, SLUICE, RunResult, cpu_table, share_bound_lines
+from bench.side_by_side import ENGINE, SLUICE, RunResult, cpu_table, serving_path_lines, share_bound_lines
+from cpu_engine.thread_names import ENGINE_THREAD
 
 STUB = "/w/.sluice/triton/backends/python/triton_python_backend_stub"
 
@@ -122,3 +129,113 @@ def test_a_part_idle_through_the_runs_is_left_out_of_the_table() -> None:
     split = CpuSplit(10.0, {"gateway": 2.0, "Python backend: sluice-guard": 0.0, CLIENT: 1.0}, 10_000)
     table = cpu_table([_run(SLUICE, 1_000, split)], 32)
     assert "sluice-guard" not in table and "| Sluice (safety none) | gateway | 0.20 | 200 | - |" in table
+
+
+def test_an_engine_models_process_is_two_parts_and_any_other_one() -> None:
+    backend = "Python backend: sluice-tiny"
+    assert split_parts(backend, 3.0, 2.5) == {
+        f"{backend}, engine thread": 2.5,
+        f"{backend}, other threads": pytest.approx(0.5),
+    }
+    assert split_parts(backend, 3.0, None) == {backend: 3.0}  # no thread named by an engine
+    assert split_parts("gateway", 3.0, 2.5) == {"gateway": 3.0}  # only a Python backend holds an engine
+
+
+def test_the_cpu_of_threads_named_by_the_engine_is_read_from_proc() -> None:
+    done, named = threading.Event(), threading.Event()
+
+    def engine_like() -> None:
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(ENGINE_THREAD)
+        named.set()
+        began = time.thread_time()
+        while time.thread_time() - began < 0.3:
+            pass
+        done.wait(10)
+
+    thread = threading.Thread(target=engine_like)
+    thread.start()
+    try:
+        named.wait(10)
+        time.sleep(0.5)
+        assert named_threads_cpu_s(os.getpid(), ENGINE_THREAD) >= 0.25
+        assert named_threads_cpu_s(os.getpid(), "no-such-thread") is None
+    finally:
+        done.set()
+        thread.join(10)
+
+
+_BACKEND = """
+    import threading, time
+    from pathlib import Path
+
+    def burn(seconds):
+        began = time.thread_time()
+        while time.thread_time() - began < seconds:
+            pass
+
+    def engine():
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("sluice-engine")
+        time.sleep(0.5)
+        burn(0.6)
+        time.sleep(30)
+
+    threading.Thread(target=engine, daemon=True).start()
+    time.sleep(0.5)
+    burn(0.3)
+    time.sleep(30)
+"""
+
+
+def test_the_meter_splits_an_engine_models_process_by_its_threads(tmp_path: Path) -> None:
+    """A process that looks like the engine model's Triton stub (by its command line) and burns CPU in
+    a thread named as the engine names its own, and in another: two parts, each with its own CPU."""
+    stub = tmp_path / "triton_python_backend_stub"
+    stub.symlink_to(sys.executable)
+    model = tmp_path / "sluice-tiny" / "1" / "model.py"
+    model.parent.mkdir(parents=True)
+    model.write_text(textwrap.dedent(_BACKEND))
+    proc = subprocess.Popen([str(stub), str(model)])
+    try:
+        time.sleep(0.3)  # started and named, not burning yet
+        root = proc_id(proc.pid)
+        assert root is not None
+        meter = CpuMeter({"sluice": root})
+        meter.start()
+        time.sleep(3.0)  # both burns (0.9 s of CPU from 0.5 s on) end inside it, on a busy machine too
+        split = meter.stop(output_tokens=1_000)
+    finally:
+        proc.kill()
+        proc.wait()
+    engine = split.cpu_s["Python backend: sluice-tiny, engine thread"]
+    other = split.cpu_s["Python backend: sluice-tiny, other threads"]
+    assert 0.5 <= engine <= 0.8, split.cpu_s
+    assert 0.2 <= other <= 0.5, split.cpu_s
+    assert "Python backend: sluice-tiny" not in split.cpu_s
+
+
+def test_the_serving_path_line_adds_the_gateway_tritonserver_and_the_engine_models_other_threads() -> None:
+    backend = "Python backend: sluice-tiny"
+
+    def split(gateway_s: float) -> CpuSplit:
+        cpu_s = {
+            "gateway": gateway_s,
+            "tritonserver": 0.5,
+            f"{backend}, engine thread": 2.0,
+            f"{backend}, other threads": 0.5,
+            CLIENT: 1.0,
+        }
+        return CpuSplit(10.0, cpu_s, 20_000, 5_000)
+
+    results = [
+        _run(SLUICE, 2_000, split(1.0)),
+        _run(SLUICE, 2_000, split(2.0)),
+        _run(SLUICE, 2_000, split(3.0)),
+    ]
+    (line,) = serving_path_lines(results, 32)
+    # per token: gateway 50/100/150 -> median 100; tritonserver 25; other threads 25; total median 150
+    assert "gateway 100 + tritonserver 25 + the engine model's other threads 25 = 150 µs: not met" in line
+    assert "the engine thread 100, the client 50" in line
+    cheap = [_run(SLUICE, 2_000, split(0.2))]
+    assert serving_path_lines(cheap, 32)[0].count(": met") == 1  # 10 + 25 + 25 = 60 <= 120
+    whole = CpuSplit(10.0, {"gateway": 1.0, backend: 2.5, CLIENT: 1.0}, 20_000)
+    assert serving_path_lines([_run(SLUICE, 2_000, whole)], 32) == []  # threads not told apart
