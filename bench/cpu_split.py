@@ -89,6 +89,12 @@ def named_threads_cpu_s(pid: int, name: str) -> float | None:
     return found
 
 
+def on_serving_path(part: str) -> bool:
+    """Whether a part is on the serving path issue 22 measures per token: the gateway, tritonserver and the
+    engine model's threads other than its engine's (its send path, Triton's stub threads)."""
+    return part in ("gateway", "tritonserver") or part.endswith(OTHER_THREADS)
+
+
 def split_parts(part: str, process_s: float, engine_s: float | None) -> dict[str, float]:
     """One process's CPU seconds by part: a Python backend with an engine thread as two parts (its
     engine threads, and the rest: ``process_s`` less them), anything else whole."""
@@ -137,6 +143,10 @@ class CpuSplit:
             return None
         cpu_s = sum(self.cpu_s.values()) if part is None else self.cpu_s.get(part, 0.0)
         return cpu_s * 1e6 / self.num_chunks
+
+    @property
+    def serving_path_us_per_token(self) -> float:
+        return sum(self.us_per_token(p) for p in self.cpu_s if on_serving_path(p))
 
     @property
     def tokens_per_chunk(self) -> float | None:

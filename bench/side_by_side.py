@@ -22,6 +22,7 @@ from bench.cpu_split import (
     ENGINE_THREADS,
     OTHER_THREADS,
     CpuSplit,
+    on_serving_path,
     share_bound_us_per_token,
     share_ceiling,
 )
@@ -349,16 +350,12 @@ def serving_path_lines(results: Sequence[RunResult], concurrency: int) -> list[s
     engine_parts = sorted({p for s in splits for p in s.cpu_s if p.endswith(ENGINE_THREADS)})
     if not splits or len(engine_parts) != 1:
         return []
-    backend = engine_parts[0].removesuffix(ENGINE_THREADS)
-    path = {
-        "gateway": "gateway",
-        "tritonserver": "tritonserver",
-        "the engine model's other threads": backend + OTHER_THREADS,
-    }
-    us = {label: _median_us_per_token(splits, part) for label, part in path.items()}
-    total_us = statistics.median(sum(s.us_per_token(part) for part in path.values()) for s in splits)
+    labels = {"gateway": "gateway", "tritonserver": "tritonserver"}
+    labels[engine_parts[0].removesuffix(ENGINE_THREADS) + OTHER_THREADS] = "the engine model's other threads"
+    assert all(on_serving_path(part) for part in labels)  # the parts the sum below counts, each named
+    total_us = statistics.median(s.serving_path_us_per_token for s in splits)
     met = "met" if total_us <= SERVING_PATH_TARGET_US else "not met"
-    parts = " + ".join(f"{label} {value:,.0f}" for label, value in us.items())
+    parts = " + ".join(f"{label} {_median_us_per_token(splits, part):,.0f}" for part, label in labels.items())
     return [
         f"- the serving path's CPU per output token at {concurrency} streams (issue 22: at most "
         f"{SERVING_PATH_TARGET_US:.0f} µs): {parts} = {total_us:,.0f} µs: {met} (beside it, the engine "

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cpu_split import ENGINE_THREADS, CpuMeter, CpuSplit
 from bench.e2e_bench import Summary, run_load
 from bench.e2e_side_by_side import NONE_API_KEY
 from bench.engine_bench import machine_line
@@ -63,9 +64,14 @@ class RunFigures:
     itl_p95_ms: float
     later_itl_p95_ms: float  # ITL p95 of the requests after the first wave
     tokens_per_chunk: float  # what a text chunk carries: how the replica's send path coalesces tokens
+    # CPU per output token (issue 22, item 4): the serving path (gateway + tritonserver + the engine model's
+    # threads other than the engine's), the engine's threads, and every process (the client included).
+    serving_path_us: float
+    engine_us: float
+    all_us: float
 
     @classmethod
-    def of(cls, summary: Summary) -> RunFigures:
+    def of(cls, summary: Summary, cpu: CpuSplit) -> RunFigures:
         return cls(
             summary.output_tokens / summary.elapsed_s,
             pct(summary.ttft_ms, 50),
@@ -75,6 +81,9 @@ class RunFigures:
             pct(summary.itl_ms, 95),
             pct(summary.later_itl_ms, 95),
             summary.output_tokens / max(summary.num_chunks, 1),
+            cpu.serving_path_us_per_token,
+            sum(cpu.us_per_token(p) for p in cpu.cpu_s if p.endswith(ENGINE_THREADS)),
+            cpu.total_us_per_token,
         )
 
     def line(self) -> str:
@@ -83,7 +92,8 @@ class RunFigures:
             f"(after the first wave p95 {self.later_ttft_p95_ms:.0f}), "
             f"ITL p50/p95 {self.itl_p50_ms:.1f}/{self.itl_p95_ms:.1f} ms "
             f"(after the first wave p95 {self.later_itl_p95_ms:.1f}), "
-            f"{self.tokens_per_chunk:.2f} tokens a chunk"
+            f"{self.tokens_per_chunk:.2f} tokens a chunk; CPU per token: serving path "
+            f"{self.serving_path_us:.0f} µs, engine threads {self.engine_us:.0f}, all {self.all_us:.0f}"
         )
 
 
@@ -133,6 +143,10 @@ def run_once(variant: Variant, args: argparse.Namespace, concurrency: int, seed:
         stack.put_tenant(tenant, key)
     try:
         stack.start()
+        root = stack.root
+        assert root is not None  # started
+        meter = CpuMeter({variant.name: root})
+        meter.start()
         summary = asyncio.run(
             run_load(
                 f"{GATEWAY_URL}/v1",
@@ -147,9 +161,10 @@ def run_once(variant: Variant, args: argparse.Namespace, concurrency: int, seed:
                 variant.name,
             )
         )
+        cpu = meter.stop(summary.output_tokens, summary.num_chunks)
     finally:
         stack.stop()
-    return RunFigures.of(summary)
+    return RunFigures.of(summary, cpu)
 
 
 def main() -> None:
@@ -182,16 +197,18 @@ def main() -> None:
                 print(f"{label}: {run.line()}", flush=True)
     print(
         "\n| streams | variant | tok/s | TTFT p50 | TTFT p95 | TTFT p95 after wave 1 | ITL p50 | ITL p95 "
-        "| ITL p95 after wave 1 | tokens a chunk |"
+        "| ITL p95 after wave 1 | tokens a chunk | serving path µs/token | engine threads µs/token "
+        "| all µs/token |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (concurrency, variant_name), runs in figures.items():
         med = {k: float(np.median([getattr(r, k) for r in runs])) for k in RunFigures.__annotations__}
         print(
             f"| {concurrency} | {variant_name} | {med['tokens_per_s']:,.0f} | {med['ttft_p50_ms']:.0f} | "
             f"{med['ttft_p95_ms']:.0f} | {med['later_ttft_p95_ms']:.0f} | "
             f"{med['itl_p50_ms']:.1f} | {med['itl_p95_ms']:.1f} | {med['later_itl_p95_ms']:.1f} | "
-            f"{med['tokens_per_chunk']:.2f} |"
+            f"{med['tokens_per_chunk']:.2f} | {med['serving_path_us']:.0f} | {med['engine_us']:.0f} | "
+            f"{med['all_us']:.0f} |"
         )
     print(f"(medians of {args.rounds} rounds, ms; {load_average()} after the run)")
 
