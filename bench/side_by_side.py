@@ -352,10 +352,11 @@ def serving_path_lines(results: Sequence[RunResult], concurrency: int) -> list[s
         return []
     labels = {"gateway": "gateway", "tritonserver": "tritonserver"}
     labels[engine_parts[0].removesuffix(ENGINE_THREADS) + OTHER_THREADS] = "the engine model's other threads"
-    assert all(on_serving_path(part) for part in labels)  # the parts the sum below counts, each named
-    total_us = statistics.median(s.serving_path_us_per_token for s in splits)
+    assert all(on_serving_path(part) for part in labels)  # cpu_split's serving path, each part named
+    us = {label: _median_us_per_token(splits, part) for part, label in labels.items()}
+    total_us = sum(us.values())  # of the parts' medians, so the line adds up
     met = "met" if total_us <= SERVING_PATH_TARGET_US else "not met"
-    parts = " + ".join(f"{label} {_median_us_per_token(splits, part):,.0f}" for part, label in labels.items())
+    parts = " + ".join(f"{label} {value:,.0f}" for label, value in us.items())
     return [
         f"- the serving path's CPU per output token at {concurrency} streams (issue 22: at most "
         f"{SERVING_PATH_TARGET_US:.0f} µs): {parts} = {total_us:,.0f} µs: {met} (beside it, the engine "

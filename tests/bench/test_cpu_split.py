@@ -142,22 +142,21 @@ def test_an_engine_models_process_is_two_parts_and_any_other_one() -> None:
 
 
 def test_the_cpu_of_threads_named_by_the_engine_is_read_from_proc() -> None:
-    done, named = threading.Event(), threading.Event()
+    done, burnt = threading.Event(), threading.Event()
 
     def engine_like() -> None:
         Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(ENGINE_THREAD)
-        named.set()
         began = time.thread_time()
         while time.thread_time() - began < 0.3:
             pass
-        done.wait(10)
+        burnt.set()
+        done.wait(30)
 
     thread = threading.Thread(target=engine_like)
     thread.start()
     try:
-        named.wait(10)
-        time.sleep(0.5)
-        assert named_threads_cpu_s(os.getpid(), ENGINE_THREAD) >= 0.25
+        assert burnt.wait(30)
+        assert named_threads_cpu_s(os.getpid(), ENGINE_THREAD) >= 0.27  # /proc counts in 10 ms ticks
         assert named_threads_cpu_s(os.getpid(), "no-such-thread") is None
     finally:
         done.set()
@@ -177,12 +176,14 @@ _BACKEND = """
         Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("sluice-engine")
         time.sleep(0.5)
         burn(0.6)
-        time.sleep(30)
+        Path(__file__).with_name("engine-done").touch()
+        time.sleep(60)
 
     threading.Thread(target=engine, daemon=True).start()
     time.sleep(0.5)
     burn(0.3)
-    time.sleep(30)
+    Path(__file__).with_name("main-done").touch()
+    time.sleep(60)
 """
 
 
@@ -201,7 +202,11 @@ def test_the_meter_splits_an_engine_models_process_by_its_threads(tmp_path: Path
         assert root is not None
         meter = CpuMeter({"sluice": root})
         meter.start()
-        time.sleep(3.0)  # both burns (0.9 s of CPU from 0.5 s on) end inside it, on a busy machine too
+        deadline = time.monotonic() + 30
+        while not all((model.parent / done).exists() for done in ("engine-done", "main-done")):
+            assert time.monotonic() < deadline, "the burns did not end"
+            time.sleep(0.05)
+        time.sleep(0.1)  # the ticks of the burns' ends
         split = meter.stop(output_tokens=1_000)
     finally:
         proc.kill()
