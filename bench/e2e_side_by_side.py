@@ -76,7 +76,7 @@ from bench.side_by_side import (
     share_bound_lines,
     target_lines,
 )
-from cpu_engine.config import EngineConfig, check_dtype_setting
+from cpu_engine.config import EngineConfig, check_dtype_setting, prefill_num_threads_of
 from cpu_engine.cpu_features import detect_dtype
 from cpu_engine.native import elementwise_ext
 from replicas.launcher import engine_team, port_is_free
@@ -186,13 +186,9 @@ def repository_parameters(model_repository: Path, model_name: str) -> dict[str, 
 
 
 def replica_prefill_threads(params: dict[str, str]) -> int | None:
-    """The team a replica runs its prefill steps on, from its repository's ``prefill_num_threads`` as the
-    model reads it (model_repository/cpu_engine/1/replica_converters.py): "auto" is every CPU this
-    process may run on, empty or missing the decode team (None)."""
-    raw = params.get("prefill_num_threads", "")
-    if raw == "auto":
-        return len(os.sched_getaffinity(0))
-    return int(raw) if raw else None
+    """The team a replica runs its prefill steps on, from its repository's ``prefill_num_threads``, read
+    as the model reads it (``prefill_num_threads_of``); missing: the decode team (None)."""
+    return prefill_num_threads_of(params.get("prefill_num_threads", ""))
 
 
 def git_version() -> str:

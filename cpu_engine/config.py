@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,15 @@ LinearDType = Literal["float32", "bfloat16"]
 # than float32 (cpu_engine/cpu_features.py decides; LLMEngine.dtype_choice says what it chose and why).
 DTypeSetting = Literal["auto", "float32", "bfloat16"]
 DTYPE_SETTINGS: tuple[DTypeSetting, ...] = ("auto", "float32", "bfloat16")
+
+
+def prefill_num_threads_of(setting: str) -> int | None:
+    """The team a step with prefill runs on (``EngineConfig.prefill_num_threads``) from the replica's
+    ``prefill_num_threads`` setting: "auto" is every CPU this process may run on, "" None (every step on the
+    team the server started with), else the integer it names (ValueError if it names none)."""
+    if setting == "auto":
+        return len(os.sched_getaffinity(0))
+    return int(setting) if setting else None
 
 
 def check_dtype_setting(value: str, name: str = "dtype") -> DTypeSetting:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cpu_engine.config import EngineConfig
+from cpu_engine.config import EngineConfig, prefill_num_threads_of
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, StreamDelta, StreamError
 from cpu_engine.native import elementwise_ext
@@ -204,3 +205,13 @@ def test_a_step_with_enough_prefill_runs_on_the_prefill_team(dev_checkpoint: Pat
         EngineConfig(prefill_num_threads=0)
     with pytest.raises(ValueError, match="parallel_prefill_min_tokens must be at least 1"):
         EngineConfig(parallel_prefill_min_tokens=0)
+
+
+def test_the_prefill_num_threads_setting_reads_auto_empty_and_a_count() -> None:
+    """One reading of the replica's setting, for the model (replica_converters) and the bench's engine
+    on the replica's threads (bench.e2e_side_by_side) alike."""
+    assert prefill_num_threads_of("auto") == len(os.sched_getaffinity(0))
+    assert prefill_num_threads_of("3") == 3
+    assert prefill_num_threads_of("") is None  # every step on the team the server started with
+    with pytest.raises(ValueError):
+        prefill_num_threads_of("many")

@@ -10,7 +10,6 @@ a request with none of the sampling inputs; TensorRT-LLM's top-p of 0 is no cut.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from cpu_engine.config import DTYPE_SETTINGS, EngineConfig
+from cpu_engine.config import DTYPE_SETTINGS, EngineConfig, prefill_num_threads_of
 from cpu_engine.engine_thread import StreamDelta
 from cpu_engine.sampling import SamplingParams
 from cpu_engine.stats import KV_CACHE_FAMILY, REQUEST_FAMILY, EngineStats
@@ -244,12 +243,13 @@ def parameters_from_config(raw: Mapping[str, Mapping[str, str]]) -> ModelParamet
 
 
 def _prefill_num_threads(values: Mapping[str, str]) -> int | None:
-    """``prefill_num_threads``: "auto" is every CPU this process may run on; empty (or a repository
-    rendered before the parameter existed) leaves every step on the team the server started with."""
+    """``prefill_num_threads`` as ``prefill_num_threads_of`` reads it (a repository rendered before the
+    parameter existed: every step on the team the server started with)."""
     raw = values.get("prefill_num_threads", "")
-    if raw == "auto":
-        return len(os.sched_getaffinity(0))
-    return _parse(values, "prefill_num_threads", int) if raw else None
+    try:
+        return prefill_num_threads_of(raw)
+    except ValueError:
+        raise ValueError(f"model parameter 'prefill_num_threads' must be an integer, got {raw!r}") from None
 
 
 def _parse(values: Mapping[str, str], key: str, cast: Callable[[str], T]) -> T:
