@@ -149,6 +149,10 @@ class CpuSplit:
         return sum(self.us_per_token(p) for p in self.cpu_s if on_serving_path(p))
 
     @property
+    def engine_threads_us_per_token(self) -> float:
+        return sum(self.us_per_token(p) for p in self.cpu_s if p.endswith(ENGINE_THREADS))
+
+    @property
     def tokens_per_chunk(self) -> float | None:
         return self.output_tokens / self.num_chunks if self.num_chunks else None
 

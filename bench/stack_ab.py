@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cpu_split import ENGINE_THREADS, CpuMeter, CpuSplit
+from bench.cpu_split import CpuMeter, CpuSplit
 from bench.e2e_bench import Summary, run_load
 from bench.e2e_side_by_side import NONE_API_KEY
 from bench.engine_bench import machine_line
@@ -82,7 +82,7 @@ class RunFigures:
             pct(summary.later_itl_ms, 95),
             summary.output_tokens / max(summary.num_chunks, 1),
             cpu.serving_path_us_per_token,
-            sum(cpu.us_per_token(p) for p in cpu.cpu_s if p.endswith(ENGINE_THREADS)),
+            cpu.engine_threads_us_per_token,
             cpu.total_us_per_token,
         )
 
