@@ -4,7 +4,7 @@ threads, no clock."""
 from __future__ import annotations
 
 import pytest
-from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of_other_tenants
+from send_schedule import CancelSweep, SendBudget, SendQueue, StepClock, YieldPacer, top_of_other_tenants
 
 
 def drain(queue: SendQueue) -> list[str]:
@@ -139,9 +139,56 @@ def test_the_send_budget_holds_a_stream_only_after_its_first_token() -> None:
     assert budget.hold_until(last_send_s=10.0, num_live=1000, now_s=10.125) == 10.25
 
 
+def test_a_response_spans_the_interval_rounded_down_to_whole_steps_but_long_steps_go_two_at_a_time() -> None:
+    budget = SendBudget(max_interval_s=0.25, max_responses_per_s=64.0)  # binary fractions: exact sums
+    assert budget.steps_per_response(1000, step_s=0.0625) == 4  # an exact multiple: the whole interval
+    assert budget.steps_per_response(1000, step_s=0.09375) == 2  # 2.67 steps: two, the gap within it
+    # Steps over half the interval: two steps a response (a 0.375 s gap, the first token waiting one
+    # 0.1875 s step, under the interval), where rounding down would send every token alone.
+    assert budget.steps_per_response(1000, step_s=0.1875) == 2
+    assert budget.steps_per_response(1000, step_s=0.25) == 1  # a step as long as the interval: each step
+    assert budget.steps_per_response(1000, step_s=0.3) == 1
+    assert budget.steps_per_response(1, step_s=0.0625) == 1  # nearly alone: every token as it is made
+    with pytest.raises(ValueError):
+        budget.steps_per_response(8, step_s=0.0)
+
+
+def test_with_the_step_time_known_a_hold_ends_half_a_step_past_its_last_step_end() -> None:
+    """The sender lets a hold go at the last step end before its due time: half a step past the k-th
+    step end after the last send, that is the k-th, with up to half a step of jitter either way."""
+    budget = SendBudget(max_interval_s=0.25, max_responses_per_s=64.0)
+    step_s = 0.1875
+    due_s = budget.hold_until(last_send_s=10.0, num_live=1000, now_s=10.0, step_s=step_s)
+    assert due_s == 10.0 + 2.5 * step_s
+    # Let go "at the last step end before its due time": one step ahead of now (model.py's horizon).
+    step_ends = [10.0 + k * step_s for k in range(1, 4)]
+    for jitter_s in (-0.09, 0.0, 0.09):
+        first_let_go = next(end for end in step_ends if end + jitter_s + step_s >= due_s)
+        assert first_let_go == step_ends[1]  # the second step end: a response of two steps
+    assert budget.hold_until(last_send_s=10.0, num_live=1000, now_s=10.5, step_s=step_s) is None  # due
+    assert budget.hold_until(last_send_s=10.0, num_live=1000, now_s=10.0, step_s=0.3) is None  # 1 step
+    assert budget.hold_until(last_send_s=None, num_live=1000, now_s=10.0, step_s=step_s) is None
+
+
 def test_a_send_budget_of_zero_holds_nothing_and_bad_values_are_refused() -> None:
     assert SendBudget(0.0, 1.0).hold_until(last_send_s=10.0, num_live=1000, now_s=10.0) is None
     with pytest.raises(ValueError):
         SendBudget(-0.001, 1000.0)
     with pytest.raises(ValueError):
         SendBudget(0.02, 0.0)
+
+
+def test_the_step_clock_keeps_the_last_steps_and_a_moving_average_one_long_step_barely_moves() -> None:
+    clock = StepClock(window_steps=4)
+    assert clock.last_s == clock.typical_s == 0.0  # nothing seen yet: the budget's interval alone decides
+    clock.observe(num_steps_total=2, step_ms_sum=20.0)
+    assert clock.last_s == clock.typical_s == 0.010  # the first look sets both
+    clock.observe(num_steps_total=2, step_ms_sum=20.0)  # no step ran: nothing changes
+    assert clock.typical_s == 0.010
+    clock.observe(num_steps_total=3, step_ms_sum=50.0)  # one 30 ms step (a prompt's chunk on it)
+    assert clock.last_s == 0.030  # how far off the next step end may be
+    assert clock.typical_s == 0.015  # a quarter of the way: responses keep spanning the usual steps
+    clock.observe(num_steps_total=103, step_ms_sum=1050.0)  # a hundred 10 ms steps: back to them
+    assert clock.last_s == 0.010 and abs(clock.typical_s - 0.010) < 1e-9
+    with pytest.raises(ValueError):
+        StepClock(window_steps=0)

@@ -54,7 +54,7 @@ from replica_converters import (
     request_from_tensors,
     response_tensors,
 )
-from send_schedule import CancelSweep, SendBudget, SendQueue, YieldPacer, top_of_other_tenants
+from send_schedule import CancelSweep, SendBudget, SendQueue, StepClock, YieldPacer, top_of_other_tenants
 
 from cpu_engine.engine import LLMEngine
 from cpu_engine.engine_thread import EngineThread, RequestStream, StreamDelta, error_kind
@@ -94,7 +94,8 @@ class _Live:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     first_token_sent: bool = False
-    last_send_s: float | None = None  # streaming: when its last response was sent
+    # Streaming: when the update its last response carried was seen (see _Sender._seen_update_s).
+    last_send_s: float | None = None
     cancelled: bool = False
     num_answers: int = 1  # n
 
@@ -208,8 +209,11 @@ class _Sender:
         self._held: list[tuple[float, str]] = []  # (due_s, request_id): a heap of streams the pacer holds
         self._held_ids: set[str] = set()
         self._released_ids: set[str] = set()  # let go of before their due time: sent as they are
-        self._step_s = 0.0  # the engine's recent step time: how far ahead a hold is let go
-        self._seen_steps, self._seen_step_ms_sum = 0, 0.0
+        self._steps = StepClock()  # how far ahead a hold is let go; how many steps a response spans
+        # When this thread last took an update from the dirty queue: a step end, as this thread sees it.
+        # A response's hold is timed from it rather than from its send, which comes later the further
+        # back in a step's batch of sends it is: holds then end at step ends whatever a stream's place.
+        self._seen_update_s = 0.0
         self._last_check_step, self._last_check_s = -1, 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -254,6 +258,8 @@ class _Sender:
                 first = self._dirty.get(timeout=timeout_s)
             except queue.Empty:
                 first = None
+            else:
+                self._seen_update_s = time.monotonic()
             released = self._release_held()
             if first is None and not released:
                 self._abort_cancelled(idle=True)
@@ -273,6 +279,8 @@ class _Sender:
     def _queue_dirty(self, request_ids: list[str] | None = None) -> None:
         """Move ``request_ids``, then the ids marked dirty that are waiting, into the send queue."""
         request_ids = [] if request_ids is None else request_ids
+        if not self._dirty.empty():
+            self._seen_update_s = time.monotonic()
         while not self._dirty.empty():  # only this thread takes from the queue
             request_ids.append(self._dirty.get_nowait())
         with self._lock:
@@ -301,11 +309,8 @@ class _Sender:
     def _recent_step_s(self) -> float:
         """The engine's mean step time over the steps since the last look (kept while none ran)."""
         stats = self._engine.stats()
-        num_steps = stats.num_steps_total - self._seen_steps
-        if num_steps > 0:
-            self._step_s = (stats.step_ms_sum - self._seen_step_ms_sum) / num_steps / 1000.0
-            self._seen_steps, self._seen_step_ms_sum = stats.num_steps_total, stats.step_ms_sum
-        return self._step_s
+        self._steps.observe(stats.num_steps_total, stats.step_ms_sum)
+        return self._steps.last_s
 
     def _flush(self, request_id: str, top_of_others: Callable[[str], int | None]) -> None:
         with self._lock:
@@ -353,7 +358,7 @@ class _Sender:
         another tenant's higher-priority work is live, the yield pacer."""
         now_s = time.monotonic()
         dues = (
-            self._budget.hold_until(live.last_send_s, len(self._live), now_s),
+            self._budget.hold_until(live.last_send_s, len(self._live), now_s, self._steps.typical_s),
             self._pacer.hold_until(live.priority, top_other_priority, live.last_send_s, now_s),
         )
         return max((due for due in dues if due is not None), default=None)
@@ -368,7 +373,7 @@ class _Sender:
                 return False
             live.sender.send(_response(response_tensors(delta, delta.token_ids, delta.logprobs)), flags=flags)
             live.first_token_sent = True
-            live.last_send_s = time.monotonic()
+            live.last_send_s = self._seen_update_s
             return True
         tokens = live.tokens.setdefault(delta.index, [])
         tokens.extend(delta.token_ids)

@@ -91,12 +91,21 @@ class SendBudget:
     Every response costs the whole serving path the same whatever it carries (this process's IPC to
     Triton, Triton's gRPC frame, the gateway's decode, detokenise and SSE write, the client's read), so
     at load, responses per token is what decides how much of the cores is left to make tokens. A stream
-    that has had its first token is sent at most once per ``interval_s(num_live)``: the live streams
-    over ``max_responses_per_s``, capped at ``max_interval_s``. Nearly alone, that is shorter than a step
-    and every token leaves as it is made; at load the replica's responses stay near
-    ``max_responses_per_s`` however many tokens a step makes, and no token waits longer than
-    ``max_interval_s`` (the ITL target's share left after the step's own time). First tokens and ends
-    are never held (the caller's rule, as for ``YieldPacer``).
+    that has had its first token is sent about once per ``interval_s(num_live)``: the live streams over
+    ``max_responses_per_s``, capped at ``max_interval_s``. Nearly alone, that is shorter than a step and
+    every token leaves as it is made; at load the replica's responses stay near ``max_responses_per_s``
+    however many tokens a step makes. First tokens and ends are never held (the caller's rule, as for
+    ``YieldPacer``).
+
+    Tokens are made at step ends, so once the step time is known a response spans a whole number of
+    steps (``steps_per_response``): the interval rounded down to steps, so a gap stays within it, except
+    when a step takes over half the interval: then two steps, not one. Rounded down there, every token
+    would leave alone just when steps are long (long prompts at load) and the cores are scarcest; two
+    steps keep a gap under the interval plus a step, the ITL target's two halves (a step is bounded by
+    the running cap's ``target_step_ms``), and the first token made after a send waits one step, under
+    the interval. Rounding up everywhere was measured too: at short steps the longer gaps take the
+    headroom the batch bound keeps under the ITL target, and the smaller batch cost more than the
+    fewer messages saved (docs/benchmarks.md, issue 22 on the Xeon, 2026-12-05 evening).
     """
 
     def __init__(self, max_interval_s: float, max_responses_per_s: float) -> None:
@@ -109,13 +118,68 @@ class SendBudget:
         """The least time between two responses of one stream while ``num_live`` streams are live."""
         return min(self.max_interval_s, num_live / self.max_responses_per_s)
 
-    def hold_until(self, last_send_s: float | None, num_live: int, now_s: float) -> float | None:
+    def steps_per_response(self, num_live: int, step_s: float) -> int:
+        """How many engine steps of ``step_s`` (> 0) a stream's response spans while ``num_live`` streams
+        are live: ``interval_s`` rounded down to whole steps; two if that is one but the interval is
+        longer than a step; one if it is not."""
+        if step_s <= 0:
+            raise ValueError("step_s must be positive")
+        # NOTE: the epsilon keeps an exact multiple (a 20 ms interval over 5 ms steps) at 4 steps, not 3.
+        steps = self.interval_s(num_live) / step_s
+        if steps <= 1 + 1e-9:
+            return 1
+        return max(2, math.floor(steps + 1e-9))
+
+    def hold_until(
+        self, last_send_s: float | None, num_live: int, now_s: float, step_s: float = 0.0
+    ) -> float | None:
         """When a stream last sent at ``last_send_s`` (None: never) may be sent next, if later than
-        ``now_s``; else None (send now)."""
+        ``now_s``; else None (send now). ``step_s``: the engine's recent step time (0: not known yet, the
+        interval alone decides); ``last_send_s`` is then best the time the step end whose tokens the last
+        response carried was seen, not the send's own (which comes later the further back in a step's
+        batch of sends it is).
+
+        The sender lets a hold go at the last step end before its due time, so the due time for a
+        response of k steps is half a step past the k-th step end after the last send: the k-th step
+        end is then the one it leaves at whatever the jitter, up to half a step either way."""
         if last_send_s is None:
             return None
-        due_s = last_send_s + self.interval_s(num_live)
+        if step_s > 0:
+            num_steps = self.steps_per_response(num_live, step_s)
+            if num_steps == 1:
+                return None
+            due_s = last_send_s + (num_steps + 0.5) * step_s
+        else:
+            due_s = last_send_s + self.interval_s(num_live)
         return due_s if due_s > now_s else None
+
+
+class StepClock:
+    """The engine's step time as the sender sees it, from the engine's running totals: the mean of the
+    steps since the last look (``last_s``: how far off the next step end is) and a moving average over
+    about the last ``window`` steps (``typical_s``: how many steps a response spans, ``SendBudget``).
+    One long step (a prompt's chunk rides on it) must not make every stream it ends send alone."""
+
+    def __init__(self, window_steps: int = 8) -> None:
+        if window_steps < 1:
+            raise ValueError("window_steps must be at least 1")
+        self._keep = 1.0 - 1.0 / window_steps  # the old average's weight per new step
+        self._seen_steps = 0
+        self._seen_ms_sum = 0.0
+        self.last_s = 0.0  # 0 until a step is seen
+        self.typical_s = 0.0
+
+    def observe(self, num_steps_total: int, step_ms_sum: float) -> None:
+        """The engine's step count and summed step time now; nothing changes while no step ran."""
+        num_steps = num_steps_total - self._seen_steps
+        if num_steps <= 0:
+            return
+        self.last_s = (step_ms_sum - self._seen_ms_sum) / num_steps / 1000.0
+        if self.typical_s == 0.0:
+            self.typical_s = self.last_s
+        else:
+            self.typical_s += (1.0 - self._keep**num_steps) * (self.last_s - self.typical_s)
+        self._seen_steps, self._seen_ms_sum = num_steps_total, step_ms_sum
 
 
 class YieldPacer:
