@@ -15,7 +15,8 @@ cpu_engine/attention.py).
 
 --baseline REV builds the kernel as it was at git revision REV (with setup.py's flags, into a temporary
 directory) and times it against the one installed, call by call, on the shapes above and on the seed
-mix's (32 decodes at context 1,100, a 1,000-token prompt): before/after figures from one run.
+mix's (32 decodes at context 1,100, a 1,000-token prompt), over both cache dtypes: before/after figures
+from one run.
 """
 
 from __future__ import annotations
@@ -241,7 +242,8 @@ def build_kernel_at(revision: str, build_dir: Path) -> ModuleType:
 
 
 def bench_against(revision: str, repeats: int) -> None:
-    """The kernel at ``revision`` against the installed one, float32 KV, alternating call by call."""
+    """The kernel at ``revision`` against the installed one, over a float32 and a bf16 KV cache (the
+    engine's default), alternating call by call."""
     with tempfile.TemporaryDirectory() as tmp:
         old = build_kernel_at(revision, Path(tmp))
     cases = {
@@ -250,20 +252,23 @@ def bench_against(revision: str, repeats: int) -> None:
         "prefill 512-token chunk (0..511)": make_case(1, 512, 512),
         "prefill 1,000-token prompt (0..999)": make_case(1, 1000, 1000),
     }
-    print(f"| one layer, float32 KV ({KERNEL_SIMD}) | {revision} ms | now ms | speed-up |")
-    print("|---|---:|---:|---:|")
-    for name, case in cases.items():
-        args = (np.empty_like(case.q), *case.args())
+    print(f"| one layer ({KERNEL_SIMD}) | KV cache | {revision} ms | now ms | speed-up |")
+    print("|---|---|---:|---:|---:|")
+    for name, f32_case in cases.items():
+        for kv_name, case in (("float32", f32_case), ("bfloat16", as_bf16_case(f32_case))):
+            args = (np.empty_like(case.q), *case.args())
 
-        def before(args: tuple[Any, ...] = args) -> None:
-            old.paged_attention(*args)
+            def before(args: tuple[Any, ...] = args) -> None:
+                old.paged_attention(*args)
 
-        def now(args: tuple[Any, ...] = args) -> None:
-            paged_attention_ext.paged_attention(*args)
+            def now(args: tuple[Any, ...] = args) -> None:
+                paged_attention_ext.paged_attention(*args)
 
-        many = case.q.shape[0] < 100  # decode: fast calls, many of them
-        before_ms, now_ms = median_ms_alternating([before, now], repeats if many else max(repeats // 10, 10))
-        print(f"| {name} | {before_ms:.2f} | {now_ms:.2f} | {before_ms / now_ms:.1f}x |")
+            many = case.q.shape[0] < 100  # decode: fast calls, many of them
+            before_ms, now_ms = median_ms_alternating(
+                [before, now], repeats if many else max(repeats // 10, 10)
+            )
+            print(f"| {name} | {kv_name} | {before_ms:.2f} | {now_ms:.2f} | {before_ms / now_ms:.2f}x |")
 
 
 def main() -> None:
